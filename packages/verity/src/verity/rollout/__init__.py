@@ -1,0 +1,1 @@
+"""verity.rollout."""
