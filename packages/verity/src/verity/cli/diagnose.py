@@ -1,0 +1,360 @@
+"""``verity diagnose``: what a user pastes into a bug report.
+
+Prints the versions of the stack, the detected hardware backend and its
+devices, the torch.distributed backends compiled in, and Ray's status.
+
+    verity diagnose            # human-readable, fast (no Ray start)
+    verity diagnose --json     # machine-readable
+    verity diagnose --ray      # also start (and stop) a local Ray instance,
+                               # and join the cluster at RAY_ADDRESS if set
+
+Package versions come from installed metadata, without importing the package
+(importing vLLM or SGLang takes seconds); a package is "not installed" when
+neither its metadata nor its module can be found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import verity
+
+NOT_INSTALLED = "not installed"
+
+# (display name, distribution names to try, import name)
+STACK_PACKAGES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("torch", ("torch",), "torch"),
+    ("transformers", ("transformers",), "transformers"),
+    ("ray", ("ray",), "ray"),
+    ("tensordict", ("tensordict",), "tensordict"),
+    ("hydra-core", ("hydra-core",), "hydra"),
+    ("omegaconf", ("omegaconf",), "omegaconf"),
+    ("mlflow", ("mlflow", "mlflow-skinny"), "mlflow"),
+    ("math-verify", ("math-verify",), "math_verify"),
+    ("datasets", ("datasets",), "datasets"),
+    ("safetensors", ("safetensors",), "safetensors"),
+    ("tokenizers", ("tokenizers",), "tokenizers"),
+    ("numpy", ("numpy",), "numpy"),
+    ("vllm", ("vllm",), "vllm"),
+    ("sglang", ("sglang",), "sglang"),
+    ("megatron-core", ("megatron-core", "megatron_core"), "megatron.core"),
+    ("torch_npu", ("torch-npu", "torch_npu"), "torch_npu"),
+    ("flash-attn", ("flash-attn", "flash_attn"), "flash_attn"),
+)
+
+ENV_VARS_SHOWN = (
+    "VERITY_DEVICE",
+    "RAY_ADDRESS",
+    "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "ASCEND_RT_VISIBLE_DEVICES",
+    "MLFLOW_TRACKING_URI",
+)
+
+
+def package_version(dist_names: tuple[str, ...], import_name: str) -> str:
+    """Installed version of a package, "installed (version unknown)", or "not installed"."""
+    for dist in dist_names:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            return importlib.metadata.version(dist)
+    try:
+        found = importlib.util.find_spec(import_name) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a broken one
+        found = False
+    return "installed (version unknown)" if found else NOT_INSTALLED
+
+
+def collect_versions() -> dict[str, Any]:
+    """Versions of python, verity, torch (with its CUDA/HIP builds) and the rest of the stack."""
+    import torch
+
+    versions: dict[str, Any] = {
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "platform": platform.platform(),
+        "verity": verity.__version__,
+        "verity_location": os.path.dirname(verity.__file__),
+    }
+    for display, dists, module in STACK_PACKAGES:
+        if display != "torch":
+            versions[display] = package_version(dists, module)
+            continue
+        versions["torch"] = torch.__version__
+        versions["torch cuda"] = torch.version.cuda or "none (not a CUDA build)"
+        versions["torch hip"] = getattr(torch.version, "hip", None) or "none (not a ROCm build)"
+        if torch.cuda.is_available():
+            with contextlib.suppress(Exception):
+                versions["cudnn"] = torch.backends.cudnn.version()
+            with contextlib.suppress(Exception):
+                versions["nccl"] = ".".join(str(part) for part in torch.cuda.nccl.version())
+    return versions
+
+
+def collect_hardware() -> dict[str, Any]:
+    """The backend verity would pick, and a line per visible device."""
+    import torch
+
+    from verity.hardware import available_backends, get_backend
+
+    try:
+        backend = get_backend()
+    except (ValueError, RuntimeError) as error:  # e.g. a bad VERITY_DEVICE
+        return {"error": str(error), "available_backends": available_backends()}
+    info: dict[str, Any] = {
+        "backend": backend.name,
+        "available_backends": available_backends(),
+        "device_type": backend.device_type,
+        "dist_backend": backend.dist_backend,
+        "collective_library": backend.collective_library,
+        "ray_resource": backend.ray_resource,
+        "visible_devices_env": backend.visible_devices_env,
+        "visible_devices": backend.visible_devices(),
+        "cpu_count": os.cpu_count(),
+    }
+    devices = []
+    if backend.name == "cpu":
+        stats = backend.memory_stats()
+        devices.append(
+            {
+                "index": 0,
+                "name": backend.device_name(),
+                "memory_total_bytes": stats["total"],
+                "peak_bf16_flops": None,
+            }
+        )
+    else:
+        for index in range(backend.device_count()):
+            devices.append(
+                {
+                    "index": index,
+                    "name": backend.device_name(index),
+                    "memory_total_bytes": backend.memory_stats(index)["total"],
+                    "peak_bf16_flops": backend.peak_flops(torch.bfloat16, index),
+                }
+            )
+    info["device_count"] = backend.device_count()
+    info["devices"] = devices
+    return info
+
+
+def collect_distributed() -> dict[str, bool]:
+    """Which torch.distributed backends this torch build (plus torch_npu) can use."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return {"available": False}
+
+    def check(fn_name: str) -> bool:
+        fn = getattr(dist, fn_name, None)
+        try:
+            return bool(fn()) if callable(fn) else False
+        except Exception:
+            return False
+
+    return {
+        "available": True,
+        "gloo": check("is_gloo_available"),
+        "nccl": check("is_nccl_available"),
+        "mpi": check("is_mpi_available"),
+        "ucc": check("is_ucc_available"),
+        "xccl": check("is_xccl_available"),
+        "hccl": package_version(("torch-npu", "torch_npu"), "torch_npu") != NOT_INSTALLED,
+    }
+
+
+def _ray_address_host_port(address: str) -> tuple[str, int] | None:
+    """(host, port) of a RAY_ADDRESS value; "auto" reads the file Ray writes for a local cluster."""
+    if address == "auto":
+        temp_root = os.environ.get("RAY_TMPDIR", tempfile.gettempdir())
+        record = os.path.join(temp_root, "ray", "ray_current_cluster")
+        try:
+            with open(record, encoding="utf-8") as f:
+                address = f.read().strip()
+        except OSError:
+            return None
+    for prefix in ("ray://", "http://", "https://"):
+        if address.startswith(prefix):
+            address = address[len(prefix) :]
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return None
+    return host, int(port)
+
+
+def tcp_reachable(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    """Whether a TCP connection to host:port opens within ``timeout_s`` seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def start_local_ray() -> dict[str, Any]:
+    """Start a private local Ray instance (1 CPU, own temp dir), read its resources, stop it."""
+    import ray
+
+    temp_dir = tempfile.mkdtemp(prefix="verity-ray-")
+    began = time.perf_counter()
+    try:
+        ray.init(
+            address="local",
+            num_cpus=1,
+            object_store_memory=128 * 2**20,
+            _temp_dir=temp_dir,
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+        resources = {
+            key: float(value) for key, value in ray.cluster_resources().items() if "node:" not in key
+        }
+        return {"ok": True, "seconds": round(time.perf_counter() - began, 2), "resources": resources}
+    except Exception as error:
+        return {"ok": False, "error": f"{type(error).__name__}: {error}"}
+    finally:
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def join_ray_cluster(address: str) -> dict[str, Any]:
+    """Connect to the cluster at ``address`` as a driver, read its resources, disconnect."""
+    import ray
+
+    try:
+        ray.init(address=address, log_to_driver=False)
+        resources = {
+            key: float(value) for key, value in ray.cluster_resources().items() if "node:" not in key
+        }
+        return {"ok": True, "nodes": len(ray.nodes()), "resources": resources}
+    except Exception as error:
+        return {"ok": False, "error": f"{type(error).__name__}: {error}"}
+    finally:
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+
+
+def collect_ray(
+    start_local: bool,
+    *,
+    local_starter: Callable[[], dict[str, Any]] | None = None,
+    cluster_joiner: Callable[[str], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Ray's status: the cluster at RAY_ADDRESS (TCP check; joined with --ray) and a local start.
+
+    ``local_starter`` / ``cluster_joiner`` default to :func:`start_local_ray` /
+    :func:`join_ray_cluster`; tests pass stand-ins.
+    """
+    local_starter = local_starter or start_local_ray
+    cluster_joiner = cluster_joiner or join_ray_cluster
+    address = os.environ.get("RAY_ADDRESS") or None
+    info: dict[str, Any] = {"ray_address": address}
+    if address is None:
+        info["cluster"] = "RAY_ADDRESS not set: verity starts a private local Ray instance"
+    else:
+        host_port = _ray_address_host_port(address)
+        if host_port is None:
+            info["cluster_reachable"] = False
+            info["cluster"] = f"cannot find a host:port in RAY_ADDRESS={address!r}"
+        else:
+            info["cluster_reachable"] = tcp_reachable(*host_port)
+            info["cluster"] = f"{host_port[0]}:{host_port[1]} " + (
+                "accepts connections" if info["cluster_reachable"] else "does not answer"
+            )
+        if start_local:
+            info["cluster_join"] = cluster_joiner(address)
+    info["local_start"] = local_starter() if start_local else "not tried (pass --ray to start Ray locally)"
+    return info
+
+
+def collect(start_ray: bool = False) -> dict[str, Any]:
+    """The whole report as a JSON-able dict with sections versions/hardware/distributed/ray/env."""
+    return {
+        "versions": collect_versions(),
+        "hardware": collect_hardware(),
+        "distributed": collect_distributed(),
+        "ray": collect_ray(start_ray),
+        "env": {name: os.environ.get(name) for name in ENV_VARS_SHOWN if name in os.environ},
+    }
+
+
+def _format_bytes(n: int | None) -> str:
+    if not n:
+        return "unknown"
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _format_flops(flops: float | None) -> str:
+    return "unknown" if flops is None else f"{flops / 1e12:.1f} TFLOP/s"
+
+
+def _format_value(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, list | tuple):
+        return ", ".join(str(item) for item in value) or "-"
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return str(value)
+
+
+def render_text(report: dict[str, Any]) -> str:
+    """The report as aligned ``key: value`` lines under section headings."""
+    lines: list[str] = []
+
+    def section(title: str, rows: dict[str, Any]) -> None:
+        lines.append(f"== {title} ==")
+        width = max((len(key) for key in rows), default=0)
+        lines.extend(f"  {key:<{width}}  {_format_value(value)}" for key, value in rows.items())
+        lines.append("")
+
+    section("versions", report["versions"])
+    hardware = dict(report["hardware"])
+    devices = hardware.pop("devices", [])
+    for device in devices:
+        hardware[f"device {device['index']}"] = (
+            f"{device['name']} | memory {_format_bytes(device['memory_total_bytes'])}"
+            f" | peak bf16 {_format_flops(device['peak_bf16_flops'])}"
+        )
+    section("hardware", hardware)
+    dist = report["distributed"]
+    section(
+        "torch.distributed",
+        {
+            "available": dist.get("available"),
+            "backends": ", ".join(k for k, v in dist.items() if k != "available" and v),
+        },
+    )
+    section("ray", report["ray"])
+    section("environment", report["env"] or {"(none of the variables verity reads are set)": ""})
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """``verity diagnose [--json] [--ray]``; returns 0."""
+    parser = argparse.ArgumentParser(prog="verity diagnose", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument(
+        "--ray", action="store_true", help="also start a local Ray instance (and join RAY_ADDRESS if set)"
+    )
+    args = parser.parse_args(argv)
+    report = collect(start_ray=args.ray)
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=False, default=str))
+    else:
+        print(render_text(report), end="")
+    return 0

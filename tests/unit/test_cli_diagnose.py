@@ -1,0 +1,132 @@
+"""verity diagnose: the report's content, text and JSON forms, Ray checks without starting Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import verity
+from verity.cli import diagnose
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in ("VERITY_DEVICE", "RAY_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_json_report_names_the_stack_and_the_hardware(capsys):
+    assert diagnose.main(["--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report) == {"versions", "hardware", "distributed", "ray", "env"}
+    versions = report["versions"]
+    assert versions["verity"] == verity.__version__
+    assert versions["torch"] == torch.__version__
+    assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
+    for name in (
+        "transformers",
+        "ray",
+        "tensordict",
+        "hydra-core",
+        "omegaconf",
+        "mlflow",
+        "math-verify",
+        "datasets",
+    ):
+        assert versions[name] != diagnose.NOT_INSTALLED, name
+    for optional in ("vllm", "sglang", "megatron-core"):
+        assert optional in versions
+    assert report["distributed"]["gloo"] is True
+    assert report["ray"]["local_start"].startswith("not tried")
+    if not torch.cuda.is_available():
+        hardware = report["hardware"]
+        assert (hardware["backend"], hardware["dist_backend"], hardware["ray_resource"]) == (
+            "cpu",
+            "gloo",
+            "CPU",
+        )
+        assert hardware["devices"][0]["memory_total_bytes"] > 0
+
+
+def test_text_report_has_sections_and_versions(capsys):
+    assert diagnose.main([]) == 0
+    out = capsys.readouterr().out
+    for heading in ("== versions ==", "== hardware ==", "== torch.distributed ==", "== ray =="):
+        assert heading in out
+    assert torch.__version__ in out
+    assert "gloo" in out
+
+
+def test_missing_package_reads_not_installed():
+    assert diagnose.package_version(("no-such-dist-xyz",), "no_such_module_xyz") == "not installed"
+    assert diagnose.package_version(("no-such-dist-xyz",), "json") == "installed (version unknown)"
+
+
+def test_bad_device_override_is_reported_not_raised(monkeypatch, capsys):
+    monkeypatch.setenv("VERITY_DEVICE", "tpu")
+    assert diagnose.main(["--json"]) == 0
+    hardware = json.loads(capsys.readouterr().out)["hardware"]
+    assert "tpu" in hardware["error"]
+    assert hardware["available_backends"][-1] == "cpu"
+
+
+def test_ray_address_reachability_is_a_tcp_check(monkeypatch):
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+        info = diagnose.collect_ray(start_local=False)
+        assert info["cluster_reachable"] is True
+        assert info["ray_address"] == f"127.0.0.1:{port}"
+    # the listener is closed now: nothing answers on that port
+    info = diagnose.collect_ray(start_local=False)
+    assert info["cluster_reachable"] is False
+
+
+def test_ray_address_forms_are_parsed(tmp_path, monkeypatch):
+    assert diagnose._ray_address_host_port("ray://head.example:10001") == ("head.example", 10001)
+    assert diagnose._ray_address_host_port("10.0.0.5:6379") == ("10.0.0.5", 6379)
+    assert diagnose._ray_address_host_port("nonsense") is None
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    assert diagnose._ray_address_host_port("auto") is None
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("10.1.2.3:6380\n")
+    assert diagnose._ray_address_host_port("auto") == ("10.1.2.3", 6380)
+
+
+def test_ray_flag_starts_locally_and_joins_the_cluster(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
+    calls = []
+    info = diagnose.collect_ray(
+        start_local=True,
+        local_starter=lambda: calls.append("local") or {"ok": True},
+        cluster_joiner=lambda address: calls.append(address) or {"ok": False},
+    )
+    assert calls == ["127.0.0.1:9", "local"]
+    assert info["local_start"] == {"ok": True}
+    assert info["cluster_join"] == {"ok": False}
+
+
+def test_diagnose_runs_as_a_module_in_a_fresh_process(tmp_path):
+    src = str(Path(verity.__file__).resolve().parents[1])
+    env = {key: value for key, value in os.environ.items() if key not in ("VERITY_DEVICE", "RAY_ADDRESS")}
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    result = subprocess.run(
+        [sys.executable, "-m", "verity.cli.main", "diagnose", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["versions"]["verity"] == verity.__version__
+    assert report["distributed"]["gloo"] is True

@@ -1,0 +1,55 @@
+"""The verity command: usage, --version, unknown commands, lazy dispatch to verity.cli.<name>."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import verity
+from verity.cli import main as cli
+
+
+def test_version(capsys):
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"verity {verity.__version__}"
+
+
+def test_help_lists_every_command_with_its_line(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in ("train", "sft", "eval", "quickstart", "data", "export", "diagnose"):
+        assert f"  {name} " in out
+    assert cli.COMMANDS["diagnose"] in out
+
+
+def test_no_command_prints_usage_and_exits_2(capsys):
+    assert cli.main([]) == 2
+    assert "usage: verity <command>" in capsys.readouterr().err
+
+
+def test_unknown_command_is_named(capsys):
+    assert cli.main(["trian", "x=1"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'trian'" in err
+    assert "usage:" in err
+
+
+def test_dispatch_passes_the_remaining_arguments(monkeypatch):
+    received = []
+    fake = types.ModuleType("verity.cli.fakecmd")
+    fake.main = lambda argv: received.append(argv) or 7
+    monkeypatch.setitem(sys.modules, "verity.cli.fakecmd", fake)
+    monkeypatch.setitem(cli.COMMANDS, "fakecmd", "a test command")
+    assert cli.main(["fakecmd", "a=1", "--flag"]) == 7
+    assert received == [["a=1", "--flag"]]
+
+
+def test_command_without_a_module_says_so(monkeypatch, capsys):
+    monkeypatch.setitem(cli.COMMANDS, "ghostcmd", "not written")
+    assert cli.main(["ghostcmd"]) == 1
+    assert "'ghostcmd' is not available" in capsys.readouterr().err
+
+
+def test_diagnose_dispatches(capsys):
+    assert cli.main(["diagnose", "--json"]) == 0
+    assert '"versions"' in capsys.readouterr().out
