@@ -1,0 +1,125 @@
+"""The training-engine interface every backend (FSDP2, Megatron-core) implements.
+
+An engine owns one model replica's share of parameters, gradients and optimizer
+state inside a data-parallel group (the default ``torch.distributed`` process group,
+created by the caller; no group means a single process). The trainer talks to it in
+whole mini-batches of the verl layout (see ``verity.batch``):
+
+- :meth:`TrainingEngine.compute_logprobs` scores the response tokens without grad;
+- :meth:`TrainingEngine.train_step` runs forward/backward over micro-batches with a
+  loss callable, clips gradients, steps the optimizer and the LR schedule;
+- :attr:`TrainingEngine.model` is what ``verity.resharding`` gathers full weights
+  from, in buckets, for the rollout (weight sync);
+- :meth:`TrainingEngine.state_dict_for_checkpoint` /
+  :meth:`TrainingEngine.load_checkpoint_state` for ``torch.distributed.checkpoint``.
+
+Loss callables follow the gradient-equality contract: the engine computes an
+aggregation context of counts over the WHOLE mini-batch (all micro-batches, all
+data-parallel ranks) and passes it to ``loss_fn``; each micro-batch loss is scaled so
+that the SUM over micro-batches and ranks is the mini-batch loss, and engines reduce
+gradients across ranks by SUM. The gradient therefore does not depend on the
+micro-batch size or the number of workers.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: ``loss_fn(micro_batch, logprobs [b, R], entropy [b, R], agg_ctx) -> (loss scalar, metrics)``
+LossFn = Callable[[Any, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Mapping[str, float]]]
+
+
+@dataclass(frozen=True)
+class EngineAggregationContext:
+    """Counts over a whole mini-batch, used when ``verity.algorithms`` is not importable.
+
+    Same fields and meaning as ``verity.algorithms.AggregationContext``:
+    ``global_tokens`` = sum of ``response_mask`` over all rows of all ranks,
+    ``global_seqs`` = number of rows with at least one response token over all ranks,
+    ``max_response_len`` = the response width ``R`` (max over ranks).
+    """
+
+    global_tokens: float
+    global_seqs: float
+    max_response_len: int
+
+
+def make_aggregation_context(global_tokens: float, global_seqs: float, max_response_len: int) -> Any:
+    """Build ``verity.algorithms.AggregationContext`` (or the engine's stand-in with the same fields)."""
+    try:
+        from verity.algorithms import AggregationContext  # type: ignore[attr-defined]
+    except ImportError:
+        AggregationContext = EngineAggregationContext  # noqa: N806
+    return AggregationContext(
+        global_tokens=float(global_tokens),
+        global_seqs=float(global_seqs),
+        max_response_len=int(max_response_len),
+    )
+
+
+class TrainingEngine(abc.ABC):
+    """Interface of a data-parallel training backend (see the module docstring)."""
+
+    #: rank and size of the data-parallel group (0 and 1 in a single process)
+    rank: int
+    world_size: int
+    device: torch.device
+
+    @abc.abstractmethod
+    def compute_logprobs(
+        self,
+        batch: Any,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        *,
+        compute_entropy: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per-token log-probs and entropy of ``responses`` under the current weights.
+
+        Args:
+            batch: the local rows: ``input_ids [B, P+R]``, ``attention_mask [B, P+R]``,
+                ``position_ids [B, P+R]``, ``responses [B, R]``.
+            micro_batch_size: rows per forward pass.
+            temperature: logits are divided by it.
+
+        Returns:
+            ``(logprobs [B, R], entropy [B, R] or None)``, float32 on CPU, no grad.
+        """
+
+    @abc.abstractmethod
+    def train_step(
+        self,
+        batch: Any,
+        loss_fn: LossFn,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+    ) -> dict[str, float]:
+        """One optimizer step on the local mini-batch; returns metrics (same on every rank).
+
+        ``batch`` additionally needs ``response_mask [B, R]`` and whatever ``loss_fn`` reads.
+        """
+
+    @property
+    @abc.abstractmethod
+    def model(self) -> torch.nn.Module:
+        """The module holding this rank's weights (FSDP2: ``DTensor`` shards).
+
+        ``verity.resharding`` gathers full tensors from it for weight sync.
+        """
+
+    @abc.abstractmethod
+    def state_dict_for_checkpoint(self) -> dict[str, Any]:
+        """Sharded model + optimizer + schedule state for ``torch.distributed.checkpoint``."""
+
+    @abc.abstractmethod
+    def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict_for_checkpoint` returned (after ``dcp.load``)."""
+
+
+class EngineUnavailableError(RuntimeError):
+    """The requested engine cannot run here (missing hardware or an unimplemented backend)."""

@@ -1,0 +1,415 @@
+"""FSDP2 training engine: ``torch.distributed.fsdp.fully_shard`` per decoder layer, then the root.
+
+Runs in one process (no process group: the model stays an ordinary module) or in N
+processes over the default process group (gloo on CPU, nccl on CUDA) created by the
+caller. Parameters, gradients and AdamW state are sharded on dim 0 across ranks.
+
+Gradient reduction is a SUM over ranks, not FSDP's default mean: every micro-batch
+loss is already normalised by counts over the whole mini-batch (see
+:mod:`verity.engines.base`), so ``sum_ranks sum_micro grad(loss)`` is the gradient of
+the mini-batch loss. Where the FSDP2 API allows (``set_gradient_divide_factor(1.0)``
+with sum-only collectives) the reduction itself is a sum; otherwise the backward loss
+is multiplied by the world size to undo the mean.
+
+Mixed precision (CUDA only, on by default there): parameters are all-gathered and
+computed in bfloat16, gradients reduced in float32, and the sharded master weights
+and optimizer state stay float32. On CPU everything is float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from verity.engines.base import LossFn, TrainingEngine, make_aggregation_context
+from verity.engines.logprobs import DEFAULT_CHUNK_TOKENS, response_logprobs
+from verity.engines.micro_batches import (
+    LOGPROB_KEYS,
+    TRAIN_KEYS,
+    get_tensor,
+    model_inputs,
+    num_rows,
+    take_rows,
+    validate_layout,
+)
+from verity.engines.optim import OptimConfig, build_lr_scheduler, build_optimizer, clip_gradients
+
+
+def default_device() -> torch.device:
+    """``cuda:$LOCAL_RANK`` when CUDA is available, else ``cpu``."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks to shard one by one.
+
+    HF models name them in ``_no_split_modules`` (``Qwen2DecoderLayer`` ...); otherwise
+    the children of the first non-empty ``nn.ModuleList`` are used.
+    """
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if layers:
+        return layers
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0:
+            return list(module)
+    return []
+
+
+def load_causal_lm(model_path: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """Load an HF causal LM from a local directory (no download)."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(model_path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model path {str(path)!r} is not a directory with an HF checkpoint")
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+
+
+class FSDP2Engine(TrainingEngine):
+    """Data-parallel training of a causal LM with FSDP2 (see the module docstring).
+
+    Args:
+        model: an ``nn.Module`` (HF causal LM) or a local checkpoint directory.
+        optim_config: AdamW and LR-schedule settings; ``None`` makes an inference-only
+            engine (e.g. the reference policy): :meth:`train_step` then raises.
+        device: where this rank computes; default :func:`default_device`.
+        mixed_precision: bf16 compute / fp32 reduction; default True on CUDA, False
+            on CPU (where it is refused).
+        gradient_checkpointing: recompute activations in backward (HF models).
+        reshard_after_forward: free gathered layer weights after forward (saves
+            memory, costs an extra all-gather in backward).
+        logprob_chunk_tokens: row chunk for the no-grad log-prob pass.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | str | Path,
+        optim_config: OptimConfig | None = None,
+        *,
+        device: torch.device | str | None = None,
+        mixed_precision: bool | None = None,
+        gradient_checkpointing: bool = False,
+        reshard_after_forward: bool = True,
+        logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    ) -> None:
+        self.device = torch.device(device) if device is not None else default_device()
+        if mixed_precision is None:
+            mixed_precision = self.device.type == "cuda"
+        if mixed_precision and self.device.type == "cpu":
+            raise ValueError("mixed_precision=True needs a GPU device; on CPU training runs in float32")
+        self.mixed_precision = mixed_precision
+        self.logprob_chunk_tokens = logprob_chunk_tokens
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+
+        module = load_causal_lm(model) if isinstance(model, (str, Path)) else model
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"model must be an nn.Module or a checkpoint path, got {type(model).__name__}")
+        module.to(self.device)
+        if getattr(module, "config", None) is not None and hasattr(module.config, "use_cache"):
+            module.config.use_cache = False
+        if gradient_checkpointing:
+            if not hasattr(module, "gradient_checkpointing_enable"):
+                raise ValueError(
+                    "gradient_checkpointing=True needs an HF model with gradient_checkpointing_enable()"
+                )
+            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self._module = module
+        self._loss_scale = 1.0
+        self.fsdp_modules: list[nn.Module] = []
+        if self.distributed:
+            self._shard(reshard_after_forward)
+
+        self.optim_config = optim_config
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+        if optim_config is not None:
+            self.optimizer = build_optimizer(self._module.parameters(), optim_config)
+            self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_config)
+        else:
+            self._module.requires_grad_(False)
+        self.global_step = 0
+
+    # ------------------------------------------------------------------ setup
+    def _shard(self, reshard_after_forward: bool) -> None:
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if self.mixed_precision
+            else MixedPrecisionPolicy()
+        )
+        for layer in decoder_layers(self._module):
+            fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(self._module, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        self.fsdp_modules = [m for m in self._module.modules() if hasattr(m, "set_gradient_divide_factor")]
+        sum_api = all(hasattr(m, "set_force_sum_reduction_for_comms") for m in self.fsdp_modules)
+        if sum_api:
+            for m in self.fsdp_modules:
+                m.set_gradient_divide_factor(1.0)
+                m.set_force_sum_reduction_for_comms(True)
+        else:
+            # FSDP averages over ranks; scaling the backward loss by W turns the mean into a sum.
+            self._loss_scale = float(self.world_size)
+
+    @property
+    def model(self) -> nn.Module:
+        """The (possibly FSDP2-sharded) module; its parameters are ``DTensor`` shards when distributed."""
+        return self._module
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.mixed_precision and not self.distributed:
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------ collectives
+    def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
+        if not self.distributed or self.world_size == 1:
+            return list(values)
+        comm_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        t = torch.tensor(values, dtype=torch.float64, device=comm_device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def _num_micro_batches(self, rows: int, micro_batch_size: int) -> tuple[int, int]:
+        """(local count, max count over ranks); ranks below the max run zero-weight passes."""
+        if micro_batch_size <= 0:
+            raise ValueError(f"micro_batch_size must be > 0, got {micro_batch_size}")
+        local = math.ceil(rows / micro_batch_size)
+        return local, int(self._all_reduce([float(local)], op="max")[0])
+
+    # --------------------------------------------------------------- log-probs
+    @torch.no_grad()
+    def compute_logprobs(
+        self,
+        batch: Any,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        *,
+        compute_entropy: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """See :meth:`TrainingEngine.compute_logprobs`; returns float32 CPU tensors ``[B, R]``."""
+        validate_layout(batch, LOGPROB_KEYS)
+        rows = num_rows(batch)
+        local_count, max_count = self._num_micro_batches(rows, micro_batch_size)
+        self._module.eval()
+        logprob_parts, entropy_parts = [], []
+        for i in range(max_count):
+            start = i * micro_batch_size if i < local_count else 0
+            end = min(start + micro_batch_size, rows) if i < local_count else 1
+            micro = model_inputs(take_rows(batch, start, end, self.device))
+            with self._autocast():
+                logprobs, entropy = response_logprobs(
+                    self._module,
+                    micro,
+                    temperature=temperature,
+                    compute_entropy=compute_entropy,
+                    chunk_tokens=self.logprob_chunk_tokens,
+                )
+            if i < local_count:
+                logprob_parts.append(logprobs.float().cpu())
+                if entropy is not None:
+                    entropy_parts.append(entropy.float().cpu())
+        entropy_out = torch.cat(entropy_parts) if compute_entropy else None
+        return torch.cat(logprob_parts), entropy_out
+
+    # ---------------------------------------------------------------- training
+    def _require_optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise RuntimeError("this engine was built without optim_config (inference only); it cannot train")
+        return self.optimizer
+
+    def forward_backward(
+        self,
+        batch: Any,
+        loss_fn: LossFn,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        *,
+        entropy_requires_grad: bool = False,
+    ) -> dict[str, float]:
+        """Accumulate gradients of ``loss_fn`` over the local mini-batch (no optimizer step).
+
+        Gradient contract: ``loss_fn(micro_batch, logprobs [b, R], entropy [b, R], agg)``
+        returns a scalar whose SUM over micro-batches and ranks is the mini-batch loss,
+        using ``agg.global_tokens`` (sum of ``response_mask`` over all ranks),
+        ``agg.global_seqs`` (rows with >= 1 response token over all ranks; padding rows
+        with an all-zero mask count in neither) and ``agg.max_response_len`` (``R``).
+
+        Returns:
+            ``loss`` (global mini-batch loss), ``entropy`` (token-mean over the
+            mini-batch), ``response_tokens``, ``tokens`` (attention-mask tokens over
+            all ranks) and each ``loss_fn`` metric averaged over micro-batches and ranks.
+        """
+        self._require_optimizer()
+        validate_layout(batch, TRAIN_KEYS)
+        rows = num_rows(batch)
+        response_mask = get_tensor(batch, "response_mask").float()
+        attention_mask = get_tensor(batch, "attention_mask")
+        token_sum, seq_sum, all_tokens = self._all_reduce(
+            [
+                float(response_mask.sum()),
+                float((response_mask.sum(-1) > 0).sum()),
+                float(attention_mask.sum()),
+            ]
+        )
+        max_response_len = int(self._all_reduce([float(response_mask.shape[1])], op="max")[0])
+        if token_sum <= 0:
+            raise ValueError("response_mask is all zero over the whole mini-batch: nothing to train on")
+        agg = make_aggregation_context(token_sum, seq_sum, max_response_len)
+        local_count, max_count = self._num_micro_batches(rows, micro_batch_size)
+
+        self._module.train()
+        loss_total = 0.0
+        entropy_total = 0.0
+        metric_sums: dict[str, float] = {}
+        for i in range(max_count):
+            real = i < local_count
+            start = i * micro_batch_size if real else 0
+            end = min(start + micro_batch_size, rows) if real else 1
+            micro = take_rows(batch, start, end, self.device)
+            with self._autocast():
+                logprobs, entropy = response_logprobs(
+                    self._module, model_inputs(micro), temperature=temperature, compute_entropy=True
+                )
+            if not entropy_requires_grad:
+                entropy = entropy.detach()
+            loss, metrics = loss_fn(micro, logprobs, entropy, agg)
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                raise TypeError("loss_fn must return (scalar loss tensor, metrics dict)")
+            weight = self._loss_scale if real else 0.0
+            (loss * weight).backward()
+            if real:
+                loss_total += float(loss.detach())
+                mask = get_tensor(micro, "response_mask").float()
+                entropy_total += float((entropy.detach() * mask).sum())
+                for key, value in (metrics or {}).items():
+                    metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
+
+        keys = sorted(metric_sums)
+        reduced = self._all_reduce(
+            [loss_total, entropy_total, float(local_count)] + [metric_sums[k] for k in keys]
+        )
+        loss_global, entropy_global, count_global = reduced[:3]
+        out = {
+            "loss": loss_global,
+            "entropy": entropy_global / token_sum,
+            "response_tokens": token_sum,
+            "tokens": all_tokens,
+        }
+        for key, value in zip(keys, reduced[3:], strict=True):
+            out[key] = value / count_global
+        return out
+
+    def optimizer_step(self) -> dict[str, float]:
+        """Clip gradients, step AdamW and the LR schedule, zero gradients.
+
+        A non-finite gradient norm skips the AdamW update (the schedule still advances).
+
+        Returns:
+            ``grad_norm`` (global L2 norm before clipping), ``lr`` (used by this
+            step), ``step_skipped`` (1.0 when the update was skipped).
+        """
+        optimizer = self._require_optimizer()
+        assert self.optim_config is not None and self.lr_scheduler is not None
+        grad_norm = clip_gradients(self._module.parameters(), self.optim_config.max_grad_norm)
+        lr = float(optimizer.param_groups[0]["lr"])
+        finite = math.isfinite(grad_norm)
+        if finite:
+            optimizer.step()
+        self.lr_scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        self.global_step += 1
+        return {"grad_norm": grad_norm, "lr": lr, "step_skipped": 0.0 if finite else 1.0}
+
+    def train_step(
+        self,
+        batch: Any,
+        loss_fn: LossFn,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        *,
+        entropy_requires_grad: bool = False,
+    ) -> dict[str, float]:
+        """:meth:`forward_backward` then :meth:`optimizer_step`; adds ``step_seconds`` and ``tokens_per_s``."""
+        start = time.perf_counter()
+        metrics = self.forward_backward(
+            batch, loss_fn, micro_batch_size, temperature, entropy_requires_grad=entropy_requires_grad
+        )
+        metrics.update(self.optimizer_step())
+        seconds = time.perf_counter() - start
+        metrics["step_seconds"] = seconds
+        metrics["tokens_per_s"] = metrics["tokens"] / max(seconds, 1e-9)
+        return metrics
+
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) gradient of every parameter that has one, on CPU (collective).
+
+        For checks and diagnostics; gathers the whole model's gradients at once.
+        """
+        out = {}
+        for name, param in self._module.named_parameters():
+            if param.grad is None:
+                continue
+            grad = param.grad
+            if hasattr(grad, "full_tensor"):
+                grad = grad.full_tensor()
+            out[name] = grad.detach().float().cpu()
+        return out
+
+    # ------------------------------------------------------------- checkpoint
+    def state_dict_for_checkpoint(self) -> dict[str, Any]:
+        """``{"model", "optimizer", "lr_scheduler", "global_step"}``; model/optimizer sharded (DTensor).
+
+        Save with ``torch.distributed.checkpoint.save(state, checkpoint_id=dir)`` on every rank.
+        """
+        options = StateDictOptions(full_state_dict=False)
+        state: dict[str, Any] = {"global_step": self.global_step}
+        if self.optimizer is not None:
+            model_sd, optim_sd = get_state_dict(self._module, self.optimizer, options=options)
+            state["optimizer"] = optim_sd
+            state["lr_scheduler"] = self.lr_scheduler.state_dict() if self.lr_scheduler else {}
+        else:
+            model_sd = get_model_state_dict(self._module, options=options)
+        state["model"] = model_sd
+        return state
+
+    def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict_for_checkpoint` (filled in place by ``dcp.load``)."""
+        if "model" not in state:
+            raise KeyError("checkpoint state has no 'model' entry")
+        options = StateDictOptions(full_state_dict=False)
+        if self.optimizer is not None and "optimizer" in state:
+            set_state_dict(
+                self._module,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optimizer"],
+                options=options,
+            )
+            if self.lr_scheduler is not None and state.get("lr_scheduler"):
+                self.lr_scheduler.load_state_dict(dict(state["lr_scheduler"]))
+        else:
+            set_model_state_dict(self._module, state["model"], options=options)
+        self.global_step = int(state.get("global_step", 0))

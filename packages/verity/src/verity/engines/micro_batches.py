@@ -1,0 +1,95 @@
+"""Reading tensors from a mini-batch and cutting it into micro-batches.
+
+A mini-batch is either a ``verity.batch.Batch`` or a plain mapping of name to tensor
+``[B, ...]``. Micro-batches keep the mini-batch's type, so a loss callable sees the
+same kind of object whatever the micro-batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+LOGPROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+TRAIN_KEYS = (*LOGPROB_KEYS, "response_mask")
+
+
+def get_tensor(batch: Any, key: str) -> torch.Tensor:
+    """``batch[key]`` as a tensor, or a ``KeyError``/``TypeError`` naming the key."""
+    try:
+        value = batch[key]
+    except KeyError:
+        keys = list(batch.keys()) if hasattr(batch, "keys") else "?"
+        raise KeyError(f"batch is missing required key {key!r}; it has {keys}") from None
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"batch[{key!r}] must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def num_rows(batch: Any) -> int:
+    """Number of rows ``B`` of the mini-batch (from ``input_ids``)."""
+    return int(get_tensor(batch, "input_ids").shape[0])
+
+
+def validate_layout(batch: Any, keys: tuple[str, ...]) -> None:
+    """Check the verl layout of ``keys`` before any compute; raise ``ValueError`` if broken.
+
+    ``input_ids``, ``attention_mask``, ``position_ids``: ``[B, P+R]``; ``responses`` and
+    ``response_mask``: ``[B, R]`` with ``input_ids[:, P:] == responses``.
+    """
+    tensors = {k: get_tensor(batch, k) for k in keys}
+    input_ids = tensors["input_ids"]
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [B, P+R], got shape {tuple(input_ids.shape)}")
+    if input_ids.shape[0] == 0:
+        raise ValueError("the batch has no rows")
+    for k in ("attention_mask", "position_ids"):
+        if k in tensors and tensors[k].shape != input_ids.shape:
+            raise ValueError(
+                f"{k} must have the shape of input_ids {tuple(input_ids.shape)}, got {tuple(tensors[k].shape)}"
+            )
+    responses = tensors["responses"]
+    if responses.dim() != 2 or responses.shape[0] != input_ids.shape[0]:
+        raise ValueError(f"responses must be [B={input_ids.shape[0]}, R], got {tuple(responses.shape)}")
+    response_len = responses.shape[1]
+    if not 0 < response_len < input_ids.shape[1]:
+        raise ValueError(
+            f"responses width R={response_len} must be in [1, P+R-1] for input_ids of width {input_ids.shape[1]}"
+        )
+    if not torch.equal(input_ids[:, -response_len:], responses.to(input_ids.dtype)):
+        raise ValueError("input_ids[:, P:] must equal responses (input_ids = cat(prompts, responses))")
+    if "response_mask" in tensors and tensors["response_mask"].shape != responses.shape:
+        raise ValueError(
+            f"response_mask must have the shape of responses {tuple(responses.shape)}, "
+            f"got {tuple(tensors['response_mask'].shape)}"
+        )
+
+
+def take_rows(batch: Any, start: int, end: int, device: torch.device) -> Any:
+    """Rows ``start:end`` of the mini-batch, moved to ``device``, same type as ``batch``.
+
+    A ``verity.batch.Batch`` is cut with ``batch.index(LongTensor)`` and moved with
+    ``.to(device)``; a mapping becomes a ``dict`` with every tensor sliced and moved
+    (non-tensor values are kept as they are if not a list of length ``B``).
+    """
+    if hasattr(batch, "index") and hasattr(batch, "to") and not isinstance(batch, dict):
+        return batch.index(torch.arange(start, end)).to(device)
+    if isinstance(batch, Mapping):
+        rows = num_rows(batch)
+        out: dict[str, Any] = {}
+        for key, value in batch.items():
+            if isinstance(value, torch.Tensor):
+                out[key] = value[start:end].to(device)
+            elif isinstance(value, list) and len(value) == rows:
+                out[key] = value[start:end]
+            else:
+                out[key] = value
+        return out
+    raise TypeError(f"batch must be a verity.batch.Batch or a mapping of tensors, got {type(batch).__name__}")
+
+
+def model_inputs(micro_batch: Any) -> dict[str, torch.Tensor]:
+    """The four tensors a causal-LM forward pass needs, from a micro-batch."""
+    return {k: get_tensor(micro_batch, k) for k in LOGPROB_KEYS}

@@ -1,0 +1,146 @@
+"""Weight sync: hand the trainer's current weights to a rollout engine.
+
+``sync_weights(engine, rollout)`` streams full tensors gathered bucket by bucket
+(:mod:`verity.resharding.gather`) through an optional name mapper into
+``rollout.load_weights(named_tensors)``.
+
+Colocated (the rollout lives in the same process as the trainer rank, the default
+on one machine): the gathered tensors are copied straight into the rollout model's
+parameters with ``Tensor.copy_`` (:func:`copy_named_tensors_into`); nothing is
+serialised or sent over a socket, and on a GPU the copy stays on the device.
+
+Every rank of the training group must call :func:`sync_weights` (gathering is a
+collective); ranks without a rollout pass ``rollout=None`` and only take part in the
+gathering.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from verity.resharding.gather import DEFAULT_BUCKET_BYTES, iter_full_state_dict
+from verity.resharding.names import NameMapper, map_names
+
+
+@dataclass
+class SyncStats:
+    """What one weight sync moved: tensor count, bytes (in the sent dtype), wall seconds."""
+
+    num_tensors: int
+    num_bytes: int
+    seconds: float
+
+
+@torch.no_grad()
+def copy_named_tensors_into(
+    module: nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]], *, strict: bool = True
+) -> set[str]:
+    """Copy ``(name, tensor)`` pairs into ``module``'s parameters/buffers in place.
+
+    Shapes must match; dtype and device are converted by ``copy_``. Tied parameters
+    are filled through any of their names.
+
+    Args:
+        module: the receiving model (e.g. the rollout's HF model).
+        named_tensors: full tensors named as in ``module.named_parameters()``.
+        strict: raise ``KeyError`` for an unknown name, and after the copy if some
+            parameter of ``module`` received no value.
+
+    Returns:
+        the names that were copied.
+    """
+    targets: dict[str, torch.Tensor] = dict(module.named_parameters(remove_duplicate=False))
+    targets.update(dict(module.named_buffers(remove_duplicate=False)))
+    loaded: set[str] = set()
+    filled: set[int] = set()
+    for name, tensor in named_tensors:
+        target = targets.get(name)
+        if target is None:
+            if strict:
+                raise KeyError(f"weight {name!r} has no counterpart in the receiving {type(module).__name__}")
+            continue
+        if target.shape != tensor.shape:
+            raise ValueError(
+                f"weight {name!r}: shape {tuple(tensor.shape)} != receiver's {tuple(target.shape)}"
+            )
+        target.copy_(tensor)
+        loaded.add(name)
+        filled.add(id(target))
+    if strict:
+        missing = [n for n, p in module.named_parameters() if id(p) not in filled]
+        if missing:
+            raise KeyError(f"no weight was sent for {len(missing)} parameters, e.g. {missing[:5]}")
+    return loaded
+
+
+class ModuleWeightReceiver:
+    """Makes a plain ``nn.Module`` a sync target: ``load_weights`` copies in place (in-process)."""
+
+    def __init__(self, module: nn.Module, *, strict: bool = True) -> None:
+        self.module = module
+        self.strict = strict
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy the stream into :attr:`module` (see :func:`copy_named_tensors_into`)."""
+        return copy_named_tensors_into(self.module, named_tensors, strict=self.strict)
+
+
+def _source_module(engine: Any) -> nn.Module:
+    if isinstance(engine, nn.Module):
+        return engine
+    module = getattr(engine, "model", None)
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"sync_weights needs a training engine with a .model module, got {type(engine).__name__}"
+        )
+    return module
+
+
+def sync_weights(
+    engine: Any,
+    rollout: Any | None,
+    *,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    name_mapper: NameMapper | None = None,
+) -> SyncStats:
+    """Send ``engine``'s full weights to ``rollout.load_weights`` (collective over the training group).
+
+    Args:
+        engine: a training engine (its ``.model``) or a module.
+        rollout: anything with ``load_weights(iterable of (name, tensor))``, e.g.
+            ``verity.rollout.HFRollout`` or :class:`ModuleWeightReceiver`; ``None`` on
+            ranks that only help gather.
+        bucket_bytes: gathering bucket capacity (bounds peak extra memory).
+        dtype: cast floating-point weights (e.g. ``torch.bfloat16``) before sending.
+        device: where gathered tensors go (default: the trainer's device).
+        name_mapper: trainer name -> rollout name (``None`` skips a weight).
+
+    Returns:
+        :class:`SyncStats` for this rank.
+    """
+    start = time.perf_counter()
+    counts = {"tensors": 0, "bytes": 0}
+
+    def counted(stream: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in stream:
+            counts["tensors"] += 1
+            counts["bytes"] += tensor.numel() * tensor.element_size()
+            yield name, tensor
+
+    full = iter_full_state_dict(_source_module(engine), bucket_bytes, dtype=dtype, device=device)
+    stream = counted(map_names(full, name_mapper))
+    if rollout is not None:
+        rollout.load_weights(stream)
+    for _ in stream:  # finish the collective gathering even if the receiver stopped early
+        pass
+    return SyncStats(
+        num_tensors=counts["tensors"], num_bytes=counts["bytes"], seconds=time.perf_counter() - start
+    )
