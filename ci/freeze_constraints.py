@@ -1,0 +1,52 @@
+"""Write constraints.txt: the exact versions, from this environment, of verity's dependency closure.
+
+    python ci/freeze_constraints.py > constraints.txt
+
+Run it in an environment where the runtime was installed with its test extra; torch is
+pinned separately (its CPU wheel must be installed first).
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import metadata
+
+ROOTS = ["verity", "nox", "ruff", "pytest", "pytest-timeout"]
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_names(dist: metadata.Distribution) -> list[str]:
+    names = []
+    for req in dist.requires or []:
+        head, _, marker = req.partition(";")
+        if "extra ==" in marker and "extra == \"test\"" not in marker:
+            continue
+        names.append(canonical(re.split(r"[\s\[<>=!~(]", head.strip(), maxsplit=1)[0]))
+    return names
+
+
+def closure() -> dict[str, str]:
+    seen: dict[str, str] = {}
+    todo = [canonical(r) for r in ROOTS]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        seen[name] = dist.version
+        todo.extend(requirement_names(dist))
+    seen.pop("verity", None)
+    return seen
+
+
+if __name__ == "__main__":
+    print("# Exact versions CI installs (python ci/freeze_constraints.py > constraints.txt).")
+    print("# torch is installed first from its local CPU wheel: torch==2.13.0.")
+    for name, version in sorted(closure().items()):
+        print(f"{name}=={version}")

@@ -1,0 +1,117 @@
+"""The structured run configuration: one dataclass per component, composed by Hydra.
+
+Every field has a default here and only here (no YAML defaults that drift). A recipe
+YAML or a command-line override (``actor.optim.lr=1e-5``) changes fields; an unknown
+key is an error. Units are in the field comments; batch sizes count *prompts* unless
+the name says rows (a row is one prompt with one response, so rows = prompts x n).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from verity.algorithms.configs import AdvantageConfig, KLConfig, PolicyLossConfig
+
+
+@dataclass
+class ModelConfig:
+    # "embedded" builds (or reuses) the tiny Qwen2 model + character tokenizer warm-started
+    # by SFT on the arithmetic task; otherwise a local HF checkpoint folder.
+    path: str = "embedded"
+    tokenizer_path: str | None = None  # defaults to `path`
+    dtype: str = "float32"  # parameter dtype for training: float32 | bfloat16
+    attn_implementation: str = "sdpa"
+    gradient_checkpointing: bool = False
+    # embedded default only: SFT warm-start steps and cache folder
+    embedded_sft_steps: int = 300
+    embedded_cache_dir: str = "~/.cache/verity/embedded"
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = field(default_factory=list)  # parquet/jsonl in the verl schema
+    val_files: list[str] = field(default_factory=list)
+    train_batch_size: int = 32  # prompts per RL step
+    val_batch_size: int = 256  # prompts per evaluation generate call
+    max_prompt_length: int = 64  # tokens
+    max_response_length: int = 16  # tokens
+    truncation: str = "error"  # error | filter | truncate_left | truncate_right
+    shuffle: bool = True
+    val_max_samples: int = -1  # -1: the whole validation set
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"
+    n: int = 8  # samples per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k
+    val_temperature: float = 0.0  # 0: greedy evaluation
+    micro_batch_size: int = 256  # rows per generate call inside a worker
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    warmup_steps: int = 0  # optimizer steps of linear warm-up
+    scheduler: str = "constant"  # constant | cosine
+    min_lr_ratio: float = 0.0  # cosine floor, as a fraction of lr
+    grad_clip: float = 1.0  # max global grad norm; <= 0 disables
+
+
+@dataclass
+class ActorConfig:
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    ppo_mini_batch_size: int = 32  # prompts per optimizer step
+    ppo_epochs: int = 1
+    micro_batch_size: int = 64  # rows per forward/backward inside a worker
+    entropy_coeff: float = 0.0  # entropy bonus: loss -= coeff * aggregate(entropy)
+
+
+@dataclass
+class AlgorithmConfig:
+    # advantage estimator (algorithm.advantage.estimator=grpo|rloo|gae|...) and KL
+    # regularisation (in the reward and/or as a loss term); see docs/algorithms.md
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    kl: KLConfig = field(default_factory=KLConfig)
+
+
+@dataclass
+class RewardConfig:
+    num_workers: int = 1  # processes scoring rewards
+    timeout_s: float = 10.0  # per sample
+    failure_score: float = 0.0  # score of a sample whose verifier timed out or crashed
+    custom_path: str | None = None  # file with a user reward function
+    custom_name: str = "compute_score"
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 60
+    n_workers: int = 2  # actor data-parallel workers (Ray actors)
+    device: str = "auto"  # auto | cpu | cuda | rocm | npu
+    seed: int = 0
+    output_dir: str = "outputs/run"
+    experiment_name: str = "verity"
+    run_name: str | None = None
+    tracking_uri: str | None = None  # None: sqlite store in output_dir
+    val_before_train: bool = True
+    val_every: int = 0  # steps; 0: only before and after
+    ray_address: str | None = None  # None: a private local Ray cluster
+    cpus_per_worker: float = 1.0
+    progress: bool = True
+
+
+@dataclass
+class VerityConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
