@@ -1,0 +1,75 @@
+"""The run config: Hydra composition, overrides, and validation before compute."""
+
+from __future__ import annotations
+
+import pytest
+
+from verity.config import ConfigError, VerityConfig, config_to_dict, load_config
+
+
+def test_defaults_compose_to_the_dataclass() -> None:
+    cfg = load_config()
+    assert isinstance(cfg, VerityConfig)
+    assert cfg.algorithm.advantage.estimator == "grpo"
+    assert cfg.actor.policy_loss.loss_agg_mode == "token-mean"
+
+
+def test_overrides_reach_nested_fields() -> None:
+    cfg = load_config(["actor.optim.lr=1e-5", "algorithm.advantage.estimator=rloo", "rollout.n=4"])
+    assert cfg.actor.optim.lr == pytest.approx(1e-5)
+    assert cfg.algorithm.advantage.estimator == "rloo"
+    assert cfg.rollout.n == 4
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["actor.optim.lrr=1"], "lrr"),
+        (["actor.optim.lr=abc"], "actor.optim.lr"),
+        (["data.train_batch_size=30"], "actor.ppo_mini_batch_size (32 prompts)"),
+        (["trainer.n_workers=3"], "32 x 8 = 256 rows does not divide over trainer.n_workers = 3"),
+        (["rollout.n=0"], "rollout.n must be >= 1"),
+        (["algorithm.advantage.estimator=nope"], "algorithm.advantage.estimator"),
+        (["actor.policy_loss.name=nope"], "actor.policy_loss.name"),
+        (["actor.policy_loss.loss_agg_mode=mean"], "loss_agg_mode"),
+        (["actor.policy_loss.clip_ratio_c=0.5"], "clip_ratio_c"),
+        (["data.truncation=cut"], "data.truncation"),
+        (["data.train_files=[/no/such/file.parquet]"], "/no/such/file.parquet"),
+        (["model.path=/no/such/model"], "model.path"),
+    ],
+)
+def test_bad_config_is_named(overrides: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides)
+    assert needle in str(err.value)
+
+
+def test_unknown_algorithm_lists_known_names() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(["algorithm.advantage.estimator=nope"])
+    assert "grpo" in str(err.value) and "rloo" in str(err.value)
+
+
+def test_config_file_and_overrides(tmp_path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("defaults:\n  - verity\n  - _self_\nrollout:\n  n: 4\ntrainer:\n  total_steps: 7\n")
+    cfg = load_config(["trainer.total_steps=9"], config_file=path)
+    assert (cfg.rollout.n, cfg.trainer.total_steps) == (4, 9)
+
+
+def test_config_file_must_name_the_schema(tmp_path) -> None:
+    path = tmp_path / "bare.yaml"
+    path.write_text("rollout:\n  n: 4\n")
+    with pytest.raises(ConfigError, match="defaults"):
+        load_config(config_file=path)
+
+
+def test_missing_config_file() -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(config_file="/no/such.yaml")
+
+
+def test_config_to_dict_is_plain() -> None:
+    d = config_to_dict(load_config())
+    assert d["actor"]["optim"]["lr"] == pytest.approx(1e-6)
+    assert isinstance(d["data"]["train_files"], list)
