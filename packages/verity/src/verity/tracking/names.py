@@ -1,0 +1,109 @@
+"""Every metric name verity logs, in one place.
+
+Names are ``<section>/<quantity>``; MLflow and the console group by section.
+Per-step training metrics (one value per RL step):
+
+| name | meaning | unit |
+|---|---|---|
+| ``reward/mean``, ``reward/max``, ``reward/min`` | sequence reward (``scores``) over the step's samples | reward |
+| ``acc/mean`` | fraction of samples the verifier judged correct | 0..1 |
+| ``response_length/mean``, ``/max`` | response tokens per sample (``response_mask`` sum) | tokens |
+| ``response_length/clip_ratio`` | fraction of responses that hit the max-new-tokens limit | 0..1 |
+| ``actor/pg_loss`` | policy-gradient loss of the update (mean over mini-batches) | — |
+| ``actor/kl`` | KL(actor ‖ reference), mean per response token | nats |
+| ``actor/kl_loss`` | the KL term added to the loss (before its coefficient) | nats |
+| ``actor/entropy`` | policy entropy, mean per response token | nats |
+| ``actor/clip_frac`` | fraction of response tokens whose ratio was clipped | 0..1 |
+| ``actor/grad_norm`` | global gradient L2 norm before clipping | — |
+| ``actor/lr`` | learning rate in effect | — |
+| ``critic/value_loss``, ``critic/vf_clip_frac`` | value loss and its clip fraction (PPO) | — |
+| ``timing/<stage>_s`` | wall seconds spent in one stage of the step | s |
+| ``perf/tokens_per_s`` | tokens (prompt + response) processed per second of step time | tokens/s |
+| ``perf/mfu`` | model-FLOPs utilisation of the actor update (see verity.hardware.mfu) | 0..1 |
+| ``perf/max_memory_gb`` | peak device memory on the driver's device | GiB |
+| ``eval/acc``, ``eval/reward`` | held-out greedy accuracy / reward | 0..1 / reward |
+"""
+
+from __future__ import annotations
+
+import re
+
+REWARD_MEAN = "reward/mean"
+REWARD_MAX = "reward/max"
+REWARD_MIN = "reward/min"
+ACC_MEAN = "acc/mean"
+RESPONSE_LENGTH_MEAN = "response_length/mean"
+RESPONSE_LENGTH_MAX = "response_length/max"
+RESPONSE_LENGTH_CLIP_RATIO = "response_length/clip_ratio"
+ACTOR_PG_LOSS = "actor/pg_loss"
+ACTOR_KL = "actor/kl"
+ACTOR_KL_LOSS = "actor/kl_loss"
+ACTOR_ENTROPY = "actor/entropy"
+ACTOR_CLIP_FRAC = "actor/clip_frac"
+ACTOR_GRAD_NORM = "actor/grad_norm"
+ACTOR_LR = "actor/lr"
+CRITIC_VALUE_LOSS = "critic/value_loss"
+CRITIC_VF_CLIP_FRAC = "critic/vf_clip_frac"
+PERF_TOKENS_PER_S = "perf/tokens_per_s"
+PERF_MFU = "perf/mfu"
+PERF_MAX_MEMORY_GB = "perf/max_memory_gb"
+EVAL_ACC = "eval/acc"
+EVAL_REWARD = "eval/reward"
+
+# Stages of one RL step, in order; plug-ins may time further stages with timing().
+STAGES: tuple[str, ...] = (
+    "generate",
+    "reward",
+    "old_logprob",
+    "ref",
+    "values",
+    "adv",
+    "critic_update",
+    "actor_update",
+    "weight_sync",
+    "step",
+)
+
+# Keys that may appear in MLflow metric and param names (MLflow's own rule).
+_VALID_NAME = re.compile(r"^[/\w.\- :]+$")
+_STAGE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+# Short labels for the console progress line.
+SHORT_LABELS: dict[str, str] = {
+    REWARD_MEAN: "reward",
+    ACC_MEAN: "acc",
+    RESPONSE_LENGTH_MEAN: "len",
+    ACTOR_KL: "kl",
+    ACTOR_ENTROPY: "ent",
+    ACTOR_GRAD_NORM: "gnorm",
+    PERF_TOKENS_PER_S: "tok/s",
+    EVAL_ACC: "eval_acc",
+}
+
+# The live metrics shown on the progress line by default.
+PROGRESS_KEYS: tuple[str, ...] = (REWARD_MEAN, ACC_MEAN, RESPONSE_LENGTH_MEAN, ACTOR_KL, PERF_TOKENS_PER_S)
+
+# Which direction is "better" when a run records its best value of a metric.
+BEST_GOALS: dict[str, str] = {REWARD_MEAN: "max", ACC_MEAN: "max", EVAL_ACC: "max", EVAL_REWARD: "max"}
+
+
+def timing(stage: str) -> str:
+    """Metric name for the seconds spent in ``stage``: ``timing/<stage>_s``."""
+    if not isinstance(stage, str) or not _STAGE_NAME.match(stage):
+        raise ValueError(f"stage must be a lower-case identifier such as 'generate', got {stage!r}")
+    return f"timing/{stage}_s"
+
+
+def metric(section: str, quantity: str) -> str:
+    """A metric name ``<section>/<quantity>`` checked against MLflow's allowed characters."""
+    name = f"{section}/{quantity}"
+    check_name(name)
+    return name
+
+
+def check_name(name: str) -> None:
+    """Raise ValueError unless ``name`` is a non-empty MLflow-valid metric/param name."""
+    if not isinstance(name, str) or not _VALID_NAME.match(name):
+        raise ValueError(
+            f"metric name {name!r} is invalid: use letters, digits, and _ - . / : or spaces (non-empty)"
+        )
