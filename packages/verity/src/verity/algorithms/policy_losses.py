@@ -201,7 +201,8 @@ def cispo_loss(
     ratio = torch.exp(log_ratio(logprobs, old_logprobs, config.log_ratio_clamp)).detach()
     low = 0.0 if config.cispo_clip_ratio_low is None else 1.0 - config.cispo_clip_ratio_low
     high = 1.0 + config.cispo_clip_ratio_high
-    weight = ratio.clamp(min=low, max=high)
+    # 0 off the mask, so a non-finite log-prob on a padded position cannot leak into the gradient
+    weight = torch.where(mask > 0, ratio.clamp(min=low, max=high), torch.zeros_like(ratio))
     per_token = -weight * advantages * logprobs
     loss = aggregate_loss(per_token, mask, config.loss_agg_mode, agg)
     with torch.no_grad():
