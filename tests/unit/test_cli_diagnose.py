@@ -130,3 +130,45 @@ def test_diagnose_runs_as_a_module_in_a_fresh_process(tmp_path):
     report = json.loads(result.stdout)
     assert report["versions"]["verity"] == verity.__version__
     assert report["distributed"]["gloo"] is True
+
+
+def test_devices_of_a_faked_rocm_machine_are_listed(monkeypatch):
+    from verity.hardware import Probes
+
+    class FakeRuntime:
+        def device_count(self):
+            return 2
+
+        def get_device_name(self, index=0):
+            return "AMD Instinct MI300X"
+
+        def memory_allocated(self, index=0):
+            return 0
+
+        def memory_reserved(self, index=0):
+            return 0
+
+        def max_memory_allocated(self, index=0):
+            return 0
+
+        def get_device_properties(self, index=0):
+            return type("Props", (), {"total_memory": 192 * 2**30})()
+
+    probes = Probes(
+        cuda_available=lambda: True,
+        hip_version=lambda: "6.2.0",
+        npu_available=lambda: False,
+        cuda_runtime=FakeRuntime,
+    )
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "0,1")
+    info = diagnose.collect_hardware(probes)
+    assert (info["backend"], info["collective_library"], info["device_count"]) == ("rocm", "RCCL", 2)
+    assert info["visible_devices"] == ["0", "1"]
+    assert info["devices"][1] == {
+        "index": 1,
+        "name": "AMD Instinct MI300X",
+        "memory_total_bytes": 192 * 2**30,
+        "peak_bf16_flops": pytest.approx(1307.4e12),
+    }
+    text = diagnose.render_text({"versions": {}, "hardware": info, "distributed": {}, "ray": {}, "env": {}})
+    assert "device 1             AMD Instinct MI300X | memory 192.0 GiB | peak bf16 1307.4 TFLOP/s" in text

@@ -28,9 +28,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import verity
+
+if TYPE_CHECKING:
+    from verity.hardware import Probes
 
 NOT_INSTALLED = "not installed"
 
@@ -104,19 +107,23 @@ def collect_versions() -> dict[str, Any]:
     return versions
 
 
-def collect_hardware() -> dict[str, Any]:
-    """The backend verity would pick, and a line per visible device."""
+def collect_hardware(probes: Probes | None = None) -> dict[str, Any]:
+    """The backend verity would pick, and a line per visible device.
+
+    ``probes`` (default: the real machine) lets tests fake other hardware.
+    """
     import torch
 
-    from verity.hardware import available_backends, get_backend
+    from verity.hardware import DEFAULT_PROBES, available_backends, get_backend
 
+    probes = probes or DEFAULT_PROBES
     try:
-        backend = get_backend()
+        backend = get_backend(probes=probes)
     except (ValueError, RuntimeError) as error:  # e.g. a bad VERITY_DEVICE
-        return {"error": str(error), "available_backends": available_backends()}
+        return {"error": str(error), "available_backends": available_backends(probes)}
     info: dict[str, Any] = {
         "backend": backend.name,
-        "available_backends": available_backends(),
+        "available_backends": available_backends(probes),
         "device_type": backend.device_type,
         "dist_backend": backend.dist_backend,
         "collective_library": backend.collective_library,
