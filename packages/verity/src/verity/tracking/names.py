@@ -5,9 +5,9 @@ Per-step training metrics (one value per RL step):
 
 | name | meaning | unit |
 |---|---|---|
-| ``reward/mean``, ``reward/max``, ``reward/min`` | sequence reward (``scores``) over the step's samples | reward |
+| ``reward/mean``, ``/std``, ``/max``, ``/min`` | sequence reward (``scores``) over the step's samples | reward |
 | ``acc/mean`` | fraction of samples the verifier judged correct | 0..1 |
-| ``response_length/mean``, ``/max`` | response tokens per sample (``response_mask`` sum) | tokens |
+| ``response_length/mean``, ``/max``, ``/min`` | response tokens per sample (``response_mask`` sum) | tokens |
 | ``response_length/clip_ratio`` | fraction of responses that hit the max-new-tokens limit | 0..1 |
 | ``actor/pg_loss`` | policy-gradient loss of the update (mean over mini-batches) | — |
 | ``actor/kl`` | KL(actor ‖ reference), mean per response token | nats |
@@ -19,9 +19,12 @@ Per-step training metrics (one value per RL step):
 | ``critic/value_loss``, ``critic/vf_clip_frac`` | value loss and its clip fraction (PPO) | — |
 | ``timing/<stage>_s`` | wall seconds spent in one stage of the step | s |
 | ``perf/tokens_per_s`` | tokens (prompt + response) processed per second of step time | tokens/s |
+| ``perf/generated_tokens_per_s`` | response tokens sampled per second of the generate stage | tokens/s |
+| ``perf/total_tokens`` | prompt + response tokens in the step's batch | tokens |
 | ``perf/mfu`` | model-FLOPs utilisation of the actor update (see verity.hardware.mfu) | 0..1 |
 | ``perf/max_memory_gb`` | peak device memory on the driver's device | GiB |
-| ``eval/acc``, ``eval/reward`` | held-out greedy accuracy / reward | 0..1 / reward |
+| ``val/acc``, ``val/reward`` | held-out (validation) accuracy / mean reward | 0..1 / reward |
+| ``val/response_length`` | mean response tokens on the validation set | tokens |
 """
 
 from __future__ import annotations
@@ -29,11 +32,13 @@ from __future__ import annotations
 import re
 
 REWARD_MEAN = "reward/mean"
+REWARD_STD = "reward/std"
 REWARD_MAX = "reward/max"
 REWARD_MIN = "reward/min"
 ACC_MEAN = "acc/mean"
 RESPONSE_LENGTH_MEAN = "response_length/mean"
 RESPONSE_LENGTH_MAX = "response_length/max"
+RESPONSE_LENGTH_MIN = "response_length/min"
 RESPONSE_LENGTH_CLIP_RATIO = "response_length/clip_ratio"
 ACTOR_PG_LOSS = "actor/pg_loss"
 ACTOR_KL = "actor/kl"
@@ -45,10 +50,13 @@ ACTOR_LR = "actor/lr"
 CRITIC_VALUE_LOSS = "critic/value_loss"
 CRITIC_VF_CLIP_FRAC = "critic/vf_clip_frac"
 PERF_TOKENS_PER_S = "perf/tokens_per_s"
+PERF_GENERATED_TOKENS_PER_S = "perf/generated_tokens_per_s"
+PERF_TOTAL_TOKENS = "perf/total_tokens"
 PERF_MFU = "perf/mfu"
 PERF_MAX_MEMORY_GB = "perf/max_memory_gb"
-EVAL_ACC = "eval/acc"
-EVAL_REWARD = "eval/reward"
+VAL_ACC = "val/acc"
+VAL_REWARD = "val/reward"
+VAL_RESPONSE_LENGTH = "val/response_length"
 
 # Stages of one RL step, in order; plug-ins may time further stages with timing().
 STAGES: tuple[str, ...] = (
@@ -77,14 +85,14 @@ SHORT_LABELS: dict[str, str] = {
     ACTOR_ENTROPY: "ent",
     ACTOR_GRAD_NORM: "gnorm",
     PERF_TOKENS_PER_S: "tok/s",
-    EVAL_ACC: "eval_acc",
+    VAL_ACC: "val_acc",
 }
 
 # The live metrics shown on the progress line by default.
 PROGRESS_KEYS: tuple[str, ...] = (REWARD_MEAN, ACC_MEAN, RESPONSE_LENGTH_MEAN, ACTOR_KL, PERF_TOKENS_PER_S)
 
 # Which direction is "better" when a run records its best value of a metric.
-BEST_GOALS: dict[str, str] = {REWARD_MEAN: "max", ACC_MEAN: "max", EVAL_ACC: "max", EVAL_REWARD: "max"}
+BEST_GOALS: dict[str, str] = {REWARD_MEAN: "max", ACC_MEAN: "max", VAL_ACC: "max", VAL_REWARD: "max"}
 
 
 def timing(stage: str) -> str:

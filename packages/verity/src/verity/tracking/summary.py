@@ -118,7 +118,7 @@ class BestMetrics:
 
     Args:
         goals: metric name → "max" or "min"; defaults to ``names.BEST_GOALS``
-            (reward, accuracy, eval accuracy/reward: higher is better).
+            (reward, accuracy, validation accuracy/reward: higher is better).
     """
 
     def __init__(self, goals: Mapping[str, str] | None = None) -> None:
