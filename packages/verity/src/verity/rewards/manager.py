@@ -1,0 +1,340 @@
+"""RewardManager: score a batch of responses with rule rewards, in worker processes, never stalling.
+
+For every sample the manager picks a reward function by ``data_source``
+(:func:`verity.rewards.registry.resolve_spec`), then runs all of them in a
+:class:`~verity.rewards.process_pool.TimeoutPool`. A sample whose function
+times out, raises, returns a non-score or kills its worker gets
+``failure_score`` (default 0.0); it is counted in ``reward/timeouts`` or
+``reward/errors``, logged with its data source, response and ground truth
+(logger ``verity.rewards``), and marked in ``extra["reward_status"]``. The step
+goes on: a hung worker is killed at the timeout and replaced.
+
+``num_workers=0`` scores in the calling process instead (no timeouts: only for
+trusted, fast functions, e.g. in a debugger).
+
+The manager can live in the trainer's driver process or inside a Ray actor
+(the pool uses ``forkserver``, which is safe from threaded parents). It pickles
+without its pool, so it can be shipped to an actor and starts its own there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+
+from verity.rewards.process_pool import TaskOutcome, TimeoutPool
+from verity.rewards.registry import call_reward, custom_spec_from, resolve_spec
+
+logger = logging.getLogger("verity.rewards")
+
+_PRELOAD = ("verity.rewards.registry", "verity.rewards.builtin", "verity.rewards.code", "math_verify")
+
+
+@dataclass
+class RewardManagerConfig:
+    """How rewards are computed.
+
+    ``num_workers``: reward processes (0: score in the calling process, without timeouts);
+    ``timeout_s``: seconds one sample may take; ``timeout_overrides``: per ``data_source``;
+    ``failure_score``: the score of a sample that timed out or failed;
+    ``custom_path``/``custom_name``: a user reward function (a ``.py`` file or a module, and
+    the function name) used for every data source; ``custom_kwargs``: extra keyword
+    arguments passed to it; ``overrides``: ``{data_source: spec}`` replacing the default table;
+    ``start_method``: multiprocessing start method of the pool; ``skip_special_tokens``:
+    when decoding response ids; ``log_chars``: how much of a failing response to log.
+    """
+
+    num_workers: int = 1
+    timeout_s: float = 10.0
+    failure_score: float = 0.0
+    custom_path: str | None = None
+    custom_name: str = "compute_score"
+    custom_kwargs: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, str] = field(default_factory=dict)
+    timeout_overrides: dict[str, float] = field(default_factory=dict)
+    start_method: str = "forkserver"
+    skip_special_tokens: bool = True
+    log_chars: int = 400
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_workers, int) or self.num_workers < 0:
+            raise ValueError(f"reward num_workers: expected an int >= 0, got {self.num_workers!r}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"reward timeout_s: expected > 0 seconds, got {self.timeout_s!r}")
+        for source, seconds in self.timeout_overrides.items():
+            if not seconds > 0:
+                raise ValueError(
+                    f"reward timeout_overrides[{source!r}]: expected > 0 seconds, got {seconds!r}"
+                )
+        if not math.isfinite(float(self.failure_score)):
+            raise ValueError(f"reward failure_score: expected a finite number, got {self.failure_score!r}")
+
+    @classmethod
+    def from_any(cls, config: Any) -> RewardManagerConfig:
+        """Build from None, this class, a mapping, or any object with matching attributes.
+
+        Also accepts a nested ``custom_reward`` with ``path``/``name``/``kwargs`` (verl style).
+        """
+        if config is None:
+            return cls()
+        if isinstance(config, cls):
+            return config
+        get = (
+            config.get
+            if isinstance(config, Mapping)
+            else lambda key, default=None: getattr(config, key, default)
+        )
+        values: dict[str, Any] = {}
+        for item in fields(cls):
+            value = get(item.name, None)
+            if value is not None:
+                values[item.name] = dict(value) if isinstance(value, Mapping) else value
+        custom = get("custom_reward", None)
+        if custom is not None:
+            cget = custom.get if isinstance(custom, Mapping) else lambda k, d=None: getattr(custom, k, d)
+            if cget("path", None):
+                values["custom_path"] = cget("path")
+                values["custom_name"] = cget("name", None) or "compute_score"
+                values["custom_kwargs"] = dict(cget("kwargs", None) or {})
+        return cls(**values)
+
+
+def _score_sample(
+    spec: str, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any, kwargs: dict
+) -> tuple[float, dict[str, Any]]:
+    """Worker-side entry: score one sample (module-level so the pool can pickle it by reference)."""
+    return call_reward(spec, data_source, solution_str, ground_truth, extra_info, kwargs)
+
+
+def _cleanup_after_killed_worker(pid: int) -> None:
+    from verity.rewards.sandbox import cleanup_after_worker
+
+    cleanup_after_worker(pid)
+
+
+def _column(batch: Any, key: str) -> Any:
+    """``batch[key]`` for a Batch or a mapping; None when absent."""
+    keys = batch.keys() if hasattr(batch, "keys") else ()
+    if key in keys or key in getattr(batch, "non_tensors", {}):
+        return batch[key]
+    return None
+
+
+class RewardManager:
+    """Scores responses with rule rewards (see the module docstring).
+
+    Args:
+        config: a :class:`RewardManagerConfig`, a mapping, or an object with those
+            attributes (e.g. the run config's ``reward`` section); None for defaults.
+        tokenizer: decodes ``responses`` token ids when a batch carries no
+            ``response_text``.
+    """
+
+    def __init__(self, config: Any = None, tokenizer: Any = None) -> None:
+        self.config = RewardManagerConfig.from_any(config)
+        self.tokenizer = tokenizer
+        self._custom_spec = custom_spec_from(self.config.custom_path, self.config.custom_name)
+        self._pool: TimeoutPool | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def _get_pool(self) -> TimeoutPool:
+        if self._pool is None:
+            self._pool = TimeoutPool(
+                self.config.num_workers,
+                start_method=self.config.start_method,
+                preload=_PRELOAD,
+                on_worker_killed=_cleanup_after_killed_worker,
+            )
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the worker processes (a later :meth:`score` starts new ones)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> RewardManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_pool"] = None
+        return state
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self.close()
+
+    # -- inputs ----------------------------------------------------------------------------------
+    def _decode(self, batch: Any) -> list[str]:
+        responses = _column(batch, "responses")
+        mask = _column(batch, "response_mask")
+        if responses is None:
+            raise ValueError("batch: needs 'response_text' (list of str) or 'responses' token ids [B, R]")
+        if self.tokenizer is None:
+            raise ValueError("RewardManager: decoding 'responses' needs a tokenizer (pass tokenizer=...)")
+        if mask is None:
+            mask = torch.ones_like(responses)
+        ids = [row[m.bool()].tolist() for row, m in zip(responses, mask, strict=True)]
+        return self.tokenizer.batch_decode(ids, skip_special_tokens=self.config.skip_special_tokens)
+
+    def _rows_from_batch(self, batch: Any) -> list[dict[str, Any]]:
+        texts = _column(batch, "response_text")
+        if texts is None:
+            texts = self._decode(batch)
+        sources = _column(batch, "data_source")
+        truths = _column(batch, "ground_truth")
+        if sources is None or truths is None:
+            raise ValueError("batch: needs non-tensor lists 'data_source' and 'ground_truth' of length B")
+        extras = _column(batch, "extra_info")
+        if extras is None:
+            extras = [None] * len(texts)
+        if not len(texts) == len(sources) == len(truths) == len(extras):
+            raise ValueError(
+                f"batch: response_text/data_source/ground_truth/extra_info lengths differ: "
+                f"{len(texts)}/{len(sources)}/{len(truths)}/{len(extras)}"
+            )
+        return [
+            {"data_source": s, "solution_str": t, "ground_truth": g, "extra_info": e}
+            for t, s, g, e in zip(texts, sources, truths, extras, strict=True)
+        ]
+
+    @staticmethod
+    def _normalize_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for i, row in enumerate(rows):
+            text = row.get("solution_str", row.get("response_text", row.get("response")))
+            truth = row.get("ground_truth")
+            if truth is None and isinstance(row.get("reward_model"), Mapping):
+                truth = row["reward_model"].get("ground_truth")
+            if not isinstance(text, str):
+                raise ValueError(f"rows[{i}]: needs 'solution_str' (or 'response_text'/'response') as str")
+            if not isinstance(row.get("data_source"), str):
+                raise ValueError(f"rows[{i}]: needs 'data_source' as str, got {row.get('data_source')!r}")
+            out.append(
+                {
+                    "data_source": row["data_source"],
+                    "solution_str": text,
+                    "ground_truth": truth,
+                    "extra_info": row.get("extra_info"),
+                }
+            )
+        return out
+
+    # -- scoring ---------------------------------------------------------------------------------
+    def score(self, batch_or_rows: Any) -> tuple[torch.Tensor, dict[str, list], dict[str, float]]:
+        """Score every sample.
+
+        Input: a ``Batch``/mapping with non-tensors ``data_source``, ``ground_truth``,
+        optional ``extra_info``, and either ``response_text`` (list of str) or
+        ``responses`` [B, R] + ``response_mask`` [B, R] (decoded with the tokenizer);
+        or a list of row dicts with ``data_source``, ``solution_str``, ``ground_truth``,
+        optional ``extra_info``.
+
+        Returns ``(scores [B] float32, extra, metrics)``: ``extra`` maps every extra key a
+        reward function returned (e.g. ``acc``, ``pred``) plus ``reward_status``
+        (``ok``/``timeout``/``error``) and ``reward_error`` to a list of length B (None
+        where absent); ``metrics`` has ``reward/mean``, ``reward/timeouts``,
+        ``reward/errors``, ``reward/<data_source>/mean`` and the mean of each numeric extra
+        as ``reward/<key>``.
+        """
+        if isinstance(batch_or_rows, Sequence) and not isinstance(batch_or_rows, str | bytes):
+            rows = self._normalize_rows(batch_or_rows)
+        else:
+            rows = self._rows_from_batch(batch_or_rows)
+        specs = [resolve_spec(r["data_source"], self.config.overrides, self._custom_spec) for r in rows]
+        kwargs = dict(self.config.custom_kwargs) if self._custom_spec else {}
+        tasks = [
+            (spec, r["data_source"], r["solution_str"], r["ground_truth"], r["extra_info"], kwargs)
+            for spec, r in zip(specs, rows, strict=True)
+        ]
+        timeouts = [self.config.timeout_overrides.get(r["data_source"], self.config.timeout_s) for r in rows]
+        if self.config.num_workers == 0:
+            outcomes = [self._run_inline(task) for task in tasks]
+        else:
+            outcomes = self._get_pool().map(_score_sample, tasks, timeouts) if tasks else []
+        return self._collect(rows, specs, outcomes)
+
+    @staticmethod
+    def _run_inline(task: tuple) -> TaskOutcome:
+        try:
+            return TaskOutcome("ok", value=_score_sample(*task))
+        except Exception as error:  # any failure of a reward function is scored, not raised
+            return TaskOutcome("error", error=f"{type(error).__name__}: {error}")
+
+    def _collect(
+        self, rows: list[dict[str, Any]], specs: list[str], outcomes: list[TaskOutcome]
+    ) -> tuple[torch.Tensor, dict[str, list], dict[str, float]]:
+        n = len(rows)
+        scores = torch.full((n,), float(self.config.failure_score), dtype=torch.float32)
+        extra: dict[str, list] = {"reward_status": [o.status for o in outcomes], "reward_error": [None] * n}
+        for i, (row, spec, outcome) in enumerate(zip(rows, specs, outcomes, strict=True)):
+            if outcome.status == "ok":
+                score, extras = outcome.value
+                scores[i] = score
+                for key, value in extras.items():
+                    extra.setdefault(key, [None] * n)[i] = value
+            else:
+                extra["reward_error"][i] = outcome.error
+                logger.warning(
+                    "reward %s for sample %d (data_source=%r, reward=%r), scored %s: %s | response=%r | ground_truth=%r",
+                    outcome.status,
+                    i,
+                    row["data_source"],
+                    spec,
+                    self.config.failure_score,
+                    (outcome.error or "").strip().splitlines()[-1] if outcome.error else "",
+                    row["solution_str"][: self.config.log_chars],
+                    row["ground_truth"],
+                )
+        metrics: dict[str, float] = {
+            "reward/mean": float(scores.mean()) if n else 0.0,
+            "reward/timeouts": float(sum(o.status == "timeout" for o in outcomes)),
+            "reward/errors": float(sum(o.status == "error" for o in outcomes)),
+        }
+        by_source: dict[str, list[float]] = {}
+        for row, value in zip(rows, scores.tolist(), strict=True):
+            by_source.setdefault(row["data_source"], []).append(value)
+        for source, values in by_source.items():
+            metrics[f"reward/{source}/mean"] = sum(values) / len(values)
+        for key, values in extra.items():
+            numbers = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+            numbers += [float(v) for v in values if isinstance(v, bool)]
+            if numbers and key not in ("reward_status", "reward_error"):
+                metrics[f"reward/{key}"] = sum(numbers) / len(numbers)
+        return scores, extra, metrics
+
+
+def token_rewards_from_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Place each sequence score on its last real response token.
+
+    Args:
+        scores: [B] sequence rewards.
+        response_mask: [B, R], 1 on real response tokens (a prefix of each row), 0 after.
+
+    Returns:
+        token_rewards: [B, R] float32, zero except ``scores[b]`` at the last position where
+        ``response_mask[b]`` is 1. A row with an empty response gets no reward anywhere.
+    """
+    if scores.dim() != 1 or response_mask.dim() != 2 or scores.shape[0] != response_mask.shape[0]:
+        raise ValueError(
+            f"scores [B] and response_mask [B, R] expected, got {tuple(scores.shape)} and {tuple(response_mask.shape)}"
+        )
+    mask = response_mask.to(torch.bool)
+    width = mask.shape[1]
+    positions = torch.arange(width, device=mask.device).expand_as(mask)
+    last = torch.where(mask, positions, torch.full_like(positions, -1)).amax(dim=1)
+    token_rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    has_response = last >= 0
+    rows = torch.nonzero(has_response, as_tuple=True)[0]
+    token_rewards[rows, last[rows]] = scores.to(torch.float32).to(mask.device)[rows]
+    return token_rewards

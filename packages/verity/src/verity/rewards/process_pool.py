@@ -1,0 +1,285 @@
+"""A process pool whose tasks each have a deadline, and whose hung workers are killed and replaced.
+
+``concurrent.futures.ProcessPoolExecutor`` cannot stop one running task: a
+verifier stuck in an infinite loop holds its worker forever, and a worker that
+dies breaks the whole executor. :class:`TimeoutPool` keeps one task in flight
+per worker, waits on all workers' pipes at once, and
+
+- at a task's deadline SIGKILLs its worker, records ``"timeout"`` and starts a fresh worker;
+- when a worker dies mid-task (segfault, ``os._exit``, out of memory) records ``"error"``
+  and starts a fresh worker;
+- when the task raises, records ``"error"`` with the traceback (the worker lives on).
+
+So :meth:`TimeoutPool.map` always returns, in at most about
+``ceil(len(tasks) / num_workers) * timeout`` seconds. Tasks are a picklable
+module-level function plus picklable arguments. The pool can be used from any
+thread of the driver or of a Ray actor; calls to :meth:`map` are serialised by a lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+
+@dataclass
+class TaskOutcome:
+    """What happened to one task: ``status`` is ``"ok"``, ``"timeout"`` or ``"error"``."""
+
+    status: str
+    value: Any = None
+    error: str | None = None
+    elapsed_s: float = 0.0
+
+
+def _worker_main(conn: Connection) -> None:
+    """Worker loop: receive ``(func, args)``, send back ``("ok", value)`` or ``("error", traceback)``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's business
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        func, args = message
+        try:
+            reply: tuple[str, Any] = ("ok", func(*args))
+        except BaseException as error:  # a task may raise anything, even SystemExit
+            reply = ("error", f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=8)}")
+        try:
+            conn.send(reply)
+        except Exception as error:  # e.g. an unpicklable return value
+            conn.send(("error", f"result could not be sent back: {type(error).__name__}: {error}"))
+
+
+_start_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Hide ``__main__``'s file and spec while starting a worker.
+
+    ``spawn``/``forkserver`` children normally re-import the parent's main script (as
+    ``__mp_main__``); a worker here needs nothing from it, and re-running a user's
+    unguarded training script (or a Ray worker's entry module, or ``<stdin>``) in every
+    reward worker would be wrong. Without a file or spec, the child skips that import.
+    """
+    main = sys.modules.get("__main__")
+    with _start_lock:
+        if main is None:
+            yield
+            return
+        saved = {key: main.__dict__.pop(key) for key in ("__file__", "__spec__") if key in main.__dict__}
+        main.__spec__ = None
+        try:
+            yield
+        finally:
+            if "__spec__" not in saved:
+                del main.__spec__
+            main.__dict__.update(saved)
+
+
+class _Worker:
+    def __init__(self, context: mp.context.BaseContext) -> None:
+        parent_conn, child_conn = context.Pipe(duplex=True)
+        self.process = context.Process(target=_worker_main, args=(child_conn,), daemon=True)
+        with _main_module_hidden():
+            self.process.start()
+        child_conn.close()
+        self.conn = parent_conn
+        self.task_index: int | None = None
+        self.started = 0.0
+        self.deadline = 0.0
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.process.kill()
+        self.process.join(timeout=5)
+        self.conn.close()
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError, BrokenPipeError):
+            self.conn.send(None)
+        self.process.join(timeout=2)
+        if self.process.is_alive():
+            self.kill()
+        else:
+            self.conn.close()
+
+
+class TimeoutPool:
+    """``num_workers`` processes that run tasks with per-task deadlines.
+
+    Args:
+        num_workers: worker processes (>= 1).
+        start_method: ``"forkserver"`` (default: safe from threaded parents such as
+            Ray actors, and fast to restart a worker), ``"spawn"`` or ``"fork"``.
+        preload: modules imported once by the fork server, so fresh workers start warm
+            (forkserver only).
+        on_worker_killed: called with the pid of every worker the pool kills at a
+            deadline, after the kill (to clean up what the worker may have left behind).
+    """
+
+    def __init__(
+        self,
+        num_workers: int,
+        start_method: str = "forkserver",
+        preload: Sequence[str] = (),
+        on_worker_killed: Callable[[int], None] | None = None,
+    ) -> None:
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers: expected an int >= 1, got {num_workers!r}")
+        if start_method not in mp.get_all_start_methods():
+            raise ValueError(
+                f"start_method: {start_method!r} is not available here; choose from {mp.get_all_start_methods()}"
+            )
+        self._context = mp.get_context(start_method)
+        if start_method == "forkserver" and preload:
+            self._context.set_forkserver_preload(list(preload))
+        self._num_workers = num_workers
+        self._on_worker_killed = on_worker_killed
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self.workers_replaced = 0
+
+    @property
+    def num_workers(self) -> int:
+        """How many worker processes the pool keeps."""
+        return self._num_workers
+
+    def worker_pids(self) -> list[int]:
+        """The pids of the live workers (starts them if not yet started)."""
+        with self._lock:
+            self._ensure_workers()
+            return [w.process.pid for w in self._workers if w.process.pid is not None]
+
+    def _ensure_workers(self) -> None:
+        if self._closed:
+            raise RuntimeError("TimeoutPool: used after close()")
+        self._workers = [w for w in self._workers if w.process.is_alive()]
+        while len(self._workers) < self._num_workers:
+            self._workers.append(_Worker(self._context))
+
+    def _replace(self, worker: _Worker, killed: bool) -> _Worker:
+        pid = worker.process.pid
+        worker.kill()
+        if killed and self._on_worker_killed is not None and pid is not None:
+            with contextlib.suppress(Exception):  # cleanup must not break scoring
+                self._on_worker_killed(pid)
+        self.workers_replaced += 1
+        fresh = _Worker(self._context)
+        self._workers[self._workers.index(worker)] = fresh
+        return fresh
+
+    def map(
+        self,
+        func: Callable[..., Any],
+        args_list: Sequence[tuple],
+        timeout_s: float | Sequence[float],
+    ) -> list[TaskOutcome]:
+        """Run ``func(*args)`` for every ``args`` in ``args_list``; one :class:`TaskOutcome` per task, in order.
+
+        ``timeout_s``: seconds each task may run (one number, or one per task), counted
+        from when a worker receives it.
+        """
+        timeouts = (
+            [float(timeout_s)] * len(args_list) if isinstance(timeout_s, int | float) else list(timeout_s)
+        )
+        if len(timeouts) != len(args_list):
+            raise ValueError(f"timeout_s: expected {len(args_list)} values, got {len(timeouts)}")
+        if any(t <= 0 for t in timeouts):
+            raise ValueError("timeout_s: every timeout must be > 0 seconds")
+        outcomes: list[TaskOutcome | None] = [None] * len(args_list)
+        with self._lock:
+            self._ensure_workers()
+            pending = deque(range(len(args_list)))
+            while pending or any(w.task_index is not None for w in self._workers):
+                for worker in list(self._workers):
+                    if worker.task_index is None and pending:
+                        index = pending.popleft()
+                        try:
+                            worker.conn.send((func, args_list[index]))
+                        except (OSError, BrokenPipeError):
+                            worker = self._replace(worker, killed=False)
+                            worker.conn.send((func, args_list[index]))
+                        worker.task_index = index
+                        worker.started = time.monotonic()
+                        worker.deadline = worker.started + timeouts[index]
+                busy = [w for w in self._workers if w.task_index is not None]
+                if not busy:
+                    continue
+                wait_s = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+                ready = wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=wait_s)
+                now = time.monotonic()
+                for worker in busy:
+                    index = worker.task_index
+                    assert index is not None
+                    elapsed = now - worker.started
+                    if worker.conn in ready or (worker.process.sentinel in ready and worker.conn.poll()):
+                        try:
+                            status, payload = worker.conn.recv()
+                        except (EOFError, OSError):
+                            outcomes[index] = TaskOutcome(
+                                "error", error=self._death_note(worker), elapsed_s=elapsed
+                            )
+                            self._replace(worker, killed=False)
+                            continue
+                        worker.task_index = None
+                        if status == "ok":
+                            outcomes[index] = TaskOutcome("ok", value=payload, elapsed_s=elapsed)
+                        else:
+                            outcomes[index] = TaskOutcome("error", error=payload, elapsed_s=elapsed)
+                    elif worker.process.sentinel in ready:
+                        outcomes[index] = TaskOutcome(
+                            "error", error=self._death_note(worker), elapsed_s=elapsed
+                        )
+                        self._replace(worker, killed=False)
+                    elif now >= worker.deadline:
+                        outcomes[index] = TaskOutcome(
+                            "timeout", error=f"no result after {timeouts[index]:.3g} s", elapsed_s=elapsed
+                        )
+                        self._replace(worker, killed=True)
+        return [o if o is not None else TaskOutcome("error", error="lost task") for o in outcomes]
+
+    @staticmethod
+    def _death_note(worker: _Worker) -> str:
+        worker.process.join(timeout=1)
+        code = worker.process.exitcode
+        if code is not None and code < 0:
+            try:
+                return f"worker process died from signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"worker process died from signal {-code}"
+        return f"worker process died (exit code {code})"
+
+    def close(self) -> None:
+        """Stop all workers (idempotent)."""
+        with self._lock:
+            for worker in self._workers:
+                worker.stop()
+            self._workers = []
+            self._closed = True
+
+    def __enter__(self) -> TimeoutPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True) and os is not None:
+            with contextlib.suppress(Exception):  # interpreter shutdown
+                self.close()
