@@ -259,19 +259,20 @@ class FSDP2Engine(TrainingEngine):
 
         Returns:
             ``loss`` (global mini-batch loss), ``entropy`` (token-mean over the
-            mini-batch), ``response_tokens``, ``tokens`` (attention-mask tokens over
-            all ranks) and each ``loss_fn`` metric averaged over micro-batches and ranks.
+            mini-batch), ``response_tokens``, ``tokens`` (attention-mask tokens of the
+            non-padding rows over all ranks) and each ``loss_fn`` metric averaged over micro-batches and ranks.
         """
         self._require_optimizer()
         validate_layout(batch, TRAIN_KEYS)
         rows = num_rows(batch)
         response_mask = get_tensor(batch, "response_mask").float()
         attention_mask = get_tensor(batch, "attention_mask")
+        real_rows = response_mask.sum(-1) > 0  # padding rows have an all-zero response mask
         token_sum, seq_sum, all_tokens = self._all_reduce(
             [
                 float(response_mask.sum()),
-                float((response_mask.sum(-1) > 0).sum()),
-                float(attention_mask.sum()),
+                float(real_rows.sum()),
+                float(attention_mask[real_rows].sum()),
             ]
         )
         max_response_len = int(self._all_reduce([float(response_mask.shape[1])], op="max")[0])

@@ -1,0 +1,226 @@
+"""FSDP2Engine over 2 gloo processes vs one process: same gradients, log-probs, losses, checkpoints.
+
+The 2-rank run is spawned once per module (torch.multiprocessing, gloo on CPU); each
+scenario's results are saved per rank and compared with a single-process reference
+computed here. The global mini-batch has 7 real rows; rank 0 gets rows 0-3, rank 1
+rows 4-6 plus one padding row with an all-zero response mask (as ``Batch.split`` pads).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from verity.engines import FSDP2Engine, OptimConfig
+
+VOCAB, P, R = 100, 5, 6
+WORLD = 2
+
+
+def tiny_qwen2(seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
+    return Qwen2ForCausalLM(cfg)
+
+
+def make_batch(rows: int = 7, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Left-padded prompts, right-padded responses of varying length, random advantages."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_lens = torch.randint(2, P + 1, (rows,), generator=g)
+    response_lens = torch.randint(1, R + 1, (rows,), generator=g)
+    prompts = torch.randint(1, VOCAB, (rows, P), generator=g)
+    responses = torch.randint(1, VOCAB, (rows, R), generator=g)
+    prompt_mask = (torch.arange(P) >= P - prompt_lens[:, None]).long()
+    response_mask = (torch.arange(R) < response_lens[:, None]).long()
+    prompts = prompts * prompt_mask
+    responses = responses * response_mask
+    input_ids = torch.cat([prompts, responses], 1)
+    attention_mask = torch.cat([prompt_mask, response_mask], 1)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "responses": responses,
+        "response_mask": response_mask.float(),
+        "advantages": torch.randn(rows, R, generator=g),
+    }
+
+
+def rank_shard(batch: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+    """Rows 0-3 for rank 0; rows 4-6 plus a zero-mask padding copy of row 6 for rank 1."""
+    if rank == 0:
+        return {k: v[:4] for k, v in batch.items()}
+    shard = {k: torch.cat([v[4:], v[6:7]]) for k, v in batch.items()}
+    shard["response_mask"][-1] = 0
+    return shard
+
+
+def token_mean_loss(mb, logprobs, entropy, agg):
+    """sum_tokens(-logprob * advantage) / global_tokens."""
+    mask = mb["response_mask"]
+    return -(logprobs * mb["advantages"] * mask).sum() / agg.global_tokens, {}
+
+
+def seq_mean_token_mean_loss(mb, logprobs, entropy, agg):
+    """sum_rows(token-mean of the row) / global_seqs."""
+    mask = mb["response_mask"]
+    per_row = (-(logprobs * mb["advantages"]) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_row.sum() / agg.global_seqs, {}
+
+
+LOSSES = {"token_mean": token_mean_loss, "seq_mean_token_mean": seq_mean_token_mean_loss}
+CFG = OptimConfig(lr=1e-2, warmup_steps=2, max_grad_norm=1.0)
+
+
+def run_scenarios(engine_factory, shard_of, out: dict) -> None:
+    """The scenarios run identically by the reference and by each rank."""
+    batch = shard_of(make_batch())
+    engine = engine_factory()
+    for loss_name, loss_fn in LOSSES.items():
+        for mbs in (1, 4):
+            engine.forward_backward(batch, loss_fn, mbs)
+            out[f"grad/{loss_name}/{mbs}"] = engine.full_gradients()
+            engine.optimizer.zero_grad(set_to_none=True)
+    out["logprobs"] = engine.compute_logprobs(batch, micro_batch_size=3, temperature=0.8)
+    out["metrics"] = [engine.train_step(batch, token_mean_loss, 2) for _ in range(2)]
+    out["weights"] = {
+        n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        for n, p in engine.model.named_parameters()
+    }
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    try:
+        out: dict = {}
+        run_scenarios(lambda: FSDP2Engine(tiny_qwen2(), CFG), lambda b: rank_shard(b, rank), out)
+        out["sharded"] = type(next(iter(FSDP2Engine(tiny_qwen2(), None).model.parameters()))).__name__
+        ckpt_dir = os.path.join(out_dir, "dcp")
+        checkpoint_scenario(rank, ckpt_dir, out)
+        torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def checkpoint_scenario(rank: int, ckpt_dir: str, out: dict) -> None:
+    """Train 1 step, save with DCP, restore into a differently initialised engine, train both once more."""
+    import torch.distributed.checkpoint as dcp
+
+    batch = rank_shard(make_batch(seed=3), rank)
+    a = FSDP2Engine(tiny_qwen2(seed=0), CFG)
+    a.train_step(batch, token_mean_loss, 4)
+    dcp.save(a.state_dict_for_checkpoint(), checkpoint_id=ckpt_dir)
+    b = FSDP2Engine(tiny_qwen2(seed=9), CFG)
+    state = b.state_dict_for_checkpoint()
+    dcp.load(state, checkpoint_id=ckpt_dir)
+    b.load_checkpoint_state(state)
+    a.train_step(batch, token_mean_loss, 4)
+    b.train_step(batch, token_mean_loss, 4)
+    out["ckpt_max_diff"] = max(
+        float((pa.full_tensor() - pb.full_tensor()).abs().max().detach())
+        for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True)
+    )
+    out["ckpt_step"] = b.global_step
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    out_dir = str(tmp_path_factory.mktemp("fsdp2"))
+    mp.spawn(_worker, args=(_free_port(), out_dir), nprocs=WORLD, join=True)
+    return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(WORLD)]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    out: dict = {}
+    run_scenarios(lambda: FSDP2Engine(tiny_qwen2(), CFG), lambda b: b, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """World size 1 with a real (1-rank gloo) process group: FSDP2 is applied."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        out: dict = {}
+        run_scenarios(lambda: FSDP2Engine(tiny_qwen2(), CFG), lambda b: b, out)
+        out["sharded"] = type(next(iter(FSDP2Engine(tiny_qwen2(), None).model.parameters()))).__name__
+    finally:
+        dist.destroy_process_group()
+    return out
+
+
+def assert_same_tensors(got: dict, want: dict, what: str, atol: float = 1e-6) -> None:
+    assert set(got) == set(want), what
+    for name in want:
+        torch.testing.assert_close(
+            got[name], want[name], rtol=1e-4, atol=atol, msg=lambda m, n=name: f"{what}: {n}: {m}"
+        )
+
+
+@pytest.mark.parametrize("loss_name", list(LOSSES))
+@pytest.mark.parametrize("mbs", [1, 4])
+def test_gradient_equal_for_1_and_2_workers_and_micro_batch_sizes(
+    two_ranks, reference, one_rank_group, loss_name, mbs
+):
+    want = reference[f"grad/{loss_name}/1"]
+    assert any(g.abs().max() > 1e-4 for g in want.values())
+    assert_same_tensors(reference[f"grad/{loss_name}/{mbs}"], want, "1 process")
+    assert_same_tensors(one_rank_group[f"grad/{loss_name}/{mbs}"], want, "1-rank group")
+    for rank in range(WORLD):
+        assert_same_tensors(two_ranks[rank][f"grad/{loss_name}/{mbs}"], want, f"2 ranks, rank {rank}")
+
+
+def test_parameters_really_are_sharded(two_ranks, one_rank_group):
+    assert two_ranks[0]["sharded"] == "DTensor" and one_rank_group["sharded"] == "DTensor"
+
+
+def test_logprobs_of_each_rank_match_its_rows(two_ranks, reference):
+    lp_ref, ent_ref = reference["logprobs"]
+    lp0, ent0 = two_ranks[0]["logprobs"]
+    lp1, ent1 = two_ranks[1]["logprobs"]
+    assert lp0.shape == (4, R) and lp1.shape == (4, R)
+    torch.testing.assert_close(torch.cat([lp0, lp1[:3]]), lp_ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(torch.cat([ent0, ent1[:3]]), ent_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_train_steps_match_single_process(two_ranks, reference):
+    for step, want in enumerate(reference["metrics"]):
+        for rank in range(WORLD):
+            got = two_ranks[rank]["metrics"][step]
+            for key in ("loss", "grad_norm", "lr", "tokens", "response_tokens", "entropy"):
+                assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (step, rank, key)
+    # AdamW moves each weight by about lr = 1e-2 per step, and divides by sqrt(v): a gradient
+    # entry near 0 turns float summation-order noise into ~1e-5 of weight; 1e-4 is 1% of a step.
+    for rank in range(WORLD):
+        assert_same_tensors(
+            two_ranks[rank]["weights"], reference["weights"], "weights after 2 steps", atol=1e-4
+        )
+
+
+def test_checkpoint_round_trip_on_two_ranks(two_ranks):
+    for rank in range(WORLD):
+        assert two_ranks[rank]["ckpt_step"] == 2
+        assert two_ranks[rank]["ckpt_max_diff"] == 0.0
