@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from verity.config import ConfigError, VerityConfig, config_to_dict, load_config
 
 

@@ -351,6 +351,7 @@ _CORE_KEYS = [
     ("advantages", ("B", "R"), "float", "advantage of each response token"),
     ("returns", ("B", "R"), "float", "return (value target) of each response token"),
     ("scores", ("B",), "float", "sequence-level reward of each sample"),
+    ("acc", ("B",), "float", "1.0 where the verifier judged the answer correct, else 0.0"),
     ("group", ("B",), "int", "group id: the prompt index shared by the n samples of one prompt"),
     ("data_source", ("B",), "object", "dataset name that selects the reward function"),
     ("ground_truth", ("B",), "object", "reference answer given to the verifier"),

@@ -1,0 +1,151 @@
+"""The one RL loop: for each step, run the stages in order, time them, log the metrics.
+
+The loop knows nothing of a particular algorithm: the stages chosen from the
+config (:func:`verity.trainer.stages.default_stages`) carry that. It evaluates
+held-out accuracy (greedy) before training, every ``trainer.val_every`` steps and
+at the end, logs everything to MLflow, and writes ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from verity.batch import Batch
+from verity.config.schema import VerityConfig
+from verity.trainer.metrics import StageTimer, batch_metrics
+from verity.trainer.stages import Stage, StepContext, default_stages
+
+
+@dataclass
+class TrainResult:
+    """What a finished run reports (also written to ``summary.json``)."""
+
+    history: list[dict[str, float]] = field(default_factory=list)  # per-step metrics
+    validation: list[dict[str, float]] = field(default_factory=list)  # with a "step" key
+    wall_seconds: float = 0.0
+
+
+class RLTrainer:
+    """Drives the worker groups through ``trainer.total_steps`` RL steps.
+
+    Args:
+        cfg: the validated run config.
+        actor: the actor/rollout/reference worker group.
+        rewards: a :class:`verity.rewards.RewardManager`.
+        train_batches: a loader with ``next_batch()`` giving prompt batches (``input_ids``/``attention_mask``/
+            ``position_ids`` ``[B, P]`` left-padded, non-tensors ``data_source``,
+            ``ground_truth``), ``data.train_batch_size`` prompts each.
+        val_batches: a callable returning an iterable of held-out prompt batches.
+        tracker: a :class:`verity.tracking.Tracker` (or ``None``).
+        kl_controller: for KL in the reward.
+        stages: override the stage list (default from the config).
+        progress: a callable ``(step, metrics)`` for console progress, or ``None``.
+    """
+
+    def __init__(
+        self,
+        cfg: VerityConfig,
+        *,
+        actor: Any,
+        rewards: Any,
+        train_batches: Any,
+        val_batches: Any,
+        tracker: Any | None = None,
+        kl_controller: Any | None = None,
+        stages: list[Stage] | None = None,
+        progress: Any | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.actor = actor
+        self.rewards = rewards
+        self.train_batches = train_batches
+        self.val_batches = val_batches
+        self.tracker = tracker
+        self.kl_controller = kl_controller
+        self.stages = stages if stages is not None else default_stages(cfg)
+        self.progress = progress
+
+    # ---------------------------------------------------------------- validation
+    def validate(self, step: int) -> dict[str, float]:
+        """Greedy accuracy and mean score on the held-out prompts: ``val/acc``, ``val/reward``."""
+        correct = total = 0.0
+        score_sum = 0.0
+        per_source: dict[str, list[float]] = {}
+        lengths = 0.0
+        for prompts in self.val_batches():
+            prompts.meta["sampling"] = {
+                "do_sample": False,
+                "temperature": 0.0,
+                "max_new_tokens": self.cfg.data.max_response_length,
+                "n": 1,
+            }
+            out = self.actor.generate(prompts)
+            scores, extra, _ = self.rewards.score(out)
+            acc = extra.get("acc")
+            accs = [
+                float(a) if a is not None else float(s > 0)
+                for a, s in zip(acc or [None] * len(scores), scores.tolist(), strict=True)
+            ]
+            correct += sum(accs)
+            score_sum += float(scores.sum())
+            total += len(accs)
+            lengths += float(out["response_mask"].float().sum())
+            for source, a in zip(out["data_source"], accs, strict=True):
+                per_source.setdefault(source, []).append(a)
+        if total == 0:
+            raise ValueError("validation set is empty: give data.val_files or use the embedded task")
+        metrics = {
+            "val/acc": correct / total,
+            "val/reward": score_sum / total,
+            "val/response_length": lengths / total,
+            "val/samples": total,
+        }
+        for source, accs in per_source.items():
+            metrics[f"val/{source}/acc"] = sum(accs) / len(accs)
+        if self.tracker is not None:
+            self.tracker.log_metrics(metrics, step=step)
+        return metrics
+
+    # ------------------------------------------------------------------ training
+    def step(self, step: int, prompts: Batch) -> dict[str, float]:
+        """Run every stage once on one batch of prompts; returns the step's metrics."""
+        ctx = StepContext(self.cfg, self.actor, self.rewards, self.kl_controller, step=step)
+        timer = StageTimer()
+        batch = prompts
+        for stage in self.stages:
+            with timer.stage(stage.name):
+                batch = stage.run(ctx, batch)
+        metrics = batch_metrics(batch)
+        metrics.update(ctx.metrics)
+        metrics.update(timer.metrics())
+        tokens = float(batch["attention_mask"].sum())
+        metrics["perf/total_tokens"] = tokens
+        metrics["perf/tokens_per_s"] = tokens / max(metrics["timing/step_s"], 1e-9)
+        metrics["perf/generated_tokens_per_s"] = float(batch["response_mask"].sum()) / max(
+            metrics.get("timing/generate_s", 0.0), 1e-9
+        )
+        return metrics
+
+    def fit(self) -> TrainResult:
+        """Validate, train ``trainer.total_steps`` steps (validating every ``val_every``), validate."""
+        cfg = self.cfg.trainer
+        result = TrainResult()
+        start = time.perf_counter()
+        if cfg.val_before_train:
+            result.validation.append({"step": 0, **self.validate(0)})
+        for step in range(1, cfg.total_steps + 1):
+            prompts = self.train_batches.next_batch()
+            metrics = self.step(step, prompts)
+            metrics["train/step"] = float(step)
+            result.history.append(metrics)
+            if self.tracker is not None:
+                self.tracker.log_metrics(metrics, step=step)
+            if self.progress is not None:
+                self.progress(step, metrics)
+            last = step == cfg.total_steps
+            if (cfg.val_every and step % cfg.val_every == 0) or last:
+                result.validation.append({"step": step, **self.validate(step)})
+        result.wall_seconds = time.perf_counter() - start
+        return result

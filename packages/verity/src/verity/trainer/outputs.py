@@ -1,0 +1,97 @@
+"""What a finished run leaves in its output directory.
+
+- ``summary.json``: final and best metrics, ``accuracy_before``/``accuracy_after``
+  (held-out greedy accuracy before and after training), ``steps``, ``wall_seconds``,
+  the config hash and the MLflow run id;
+- ``metrics.jsonl``: one JSON object of metrics per step;
+- ``validation.jsonl``: one JSON object per evaluation;
+- ``curves.png``: training reward and accuracy per step, held-out accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from verity.trainer.loop import TrainResult
+
+BEST_KEYS = ("val/acc", "reward/mean", "acc/mean")
+
+
+def _write_jsonl(rows: list[dict[str, Any]], path: Path) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def best_metrics(result: TrainResult) -> dict[str, dict[str, float]]:
+    """Highest value and its step for each of :data:`BEST_KEYS` seen during the run."""
+    best: dict[str, dict[str, float]] = {}
+    rows = [(int(v["step"]), v) for v in result.validation]
+    rows += [(i + 1, m) for i, m in enumerate(result.history)]
+    for step, metrics in rows:
+        for key in BEST_KEYS:
+            if key in metrics and (key not in best or metrics[key] > best[key]["value"]):
+                best[key] = {"value": float(metrics[key]), "step": step}
+    return best
+
+
+def plot_curves(result: TrainResult, path: Path) -> None:
+    """Reward and accuracy per training step, and held-out accuracy, in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    steps = [i + 1 for i in range(len(result.history))]
+    for key, label in (("reward/mean", "train reward"), ("acc/mean", "train accuracy")):
+        values = [m.get(key) for m in result.history]
+        if steps and all(v is not None for v in values):
+            ax.plot(steps, values, label=label, linewidth=1.2)
+    if result.validation:
+        ax.plot(
+            [v["step"] for v in result.validation],
+            [v["val/acc"] for v in result.validation],
+            "o-",
+            label="held-out accuracy (greedy)",
+            linewidth=2,
+        )
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("value")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_run_outputs(
+    out_dir: Path, result: TrainResult, cfg_dict: dict[str, Any], cfg_hash: str, tracker: Any | None
+) -> dict[str, Any]:
+    """Write every output file listed in the module docstring; return the summary dict."""
+    from verity.tracking import write_summary
+
+    _write_jsonl(result.history, out_dir / "metrics.jsonl")
+    _write_jsonl(result.validation, out_dir / "validation.jsonl")
+    (out_dir / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
+    plot_curves(result, out_dir / "curves.png")
+    before = (
+        result.validation[0]["val/acc"] if result.validation and result.validation[0]["step"] == 0 else None
+    )
+    after = result.validation[-1]["val/acc"] if result.validation else None
+    final = dict(result.history[-1]) if result.history else {}
+    if result.validation:
+        final.update({k: v for k, v in result.validation[-1].items() if k != "step"})
+    extra = {
+        "accuracy_before": before,
+        "accuracy_after": after,
+        "steps": len(result.history),
+        "run_id": getattr(tracker, "run_id", None),
+        "tracking_uri": getattr(tracker, "tracking_uri", None),
+    }
+    path = write_summary(out_dir, final, best_metrics(result), result.wall_seconds, cfg_hash, extra)
+    if tracker is not None:
+        for name in ("summary.json", "curves.png", "config.json"):
+            tracker.log_artifact(out_dir / name)
+    return json.loads(path.read_text())

@@ -1,0 +1,160 @@
+"""Build everything a run needs from its config, train, and write the run's outputs.
+
+    summary = run_training(load_config(["trainer.total_steps=50"]))
+
+Order of work: validate and resolve inputs (model folder, data files) -> start Ray
+(a private local cluster unless ``trainer.ray_address``) -> reserve a resource pool
+-> start the actor worker group -> score, train, evaluate -> write
+``summary.json``, ``metrics.jsonl`` and ``curves.png`` into ``trainer.output_dir``.
+Nothing is downloaded: ``model.path=embedded`` builds (or reuses) the tiny model.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verity.config.loader import ConfigError, config_to_dict
+from verity.config.schema import VerityConfig
+
+logger = logging.getLogger("verity.trainer")
+
+
+@dataclass
+class ResolvedInputs:
+    """Local paths a run reads: an HF model folder, its tokenizer, verl-schema data files."""
+
+    model_path: str
+    tokenizer_path: str
+    train_files: list[str]
+    val_files: list[str]
+
+
+def resolve_inputs(cfg: VerityConfig) -> ResolvedInputs:
+    """Resolve ``model.path=embedded`` (build or reuse the warm-started tiny model and task files)."""
+    d = cfg.data
+    if cfg.model.path == "embedded":
+        from verity.data.embedded import ensure_embedded_default
+
+        paths = ensure_embedded_default(
+            Path(cfg.model.embedded_cache_dir).expanduser(), sft_steps=cfg.model.embedded_sft_steps
+        )
+        model_path = str(paths.model_dir)
+        train = list(d.train_files) or [str(paths.train_file)]
+        val = list(d.val_files) or [str(paths.test_file)]
+    else:
+        model_path = str(Path(cfg.model.path).expanduser())
+        train, val = list(d.train_files), list(d.val_files)
+        if not train:
+            raise ConfigError(
+                "data.train_files is empty: give at least one parquet/jsonl file in the verl schema"
+            )
+        if not val:
+            raise ConfigError(
+                "data.val_files is empty: give a held-out parquet/jsonl file in the verl schema"
+            )
+    tokenizer_path = (
+        str(Path(cfg.model.tokenizer_path).expanduser()) if cfg.model.tokenizer_path else model_path
+    )
+    return ResolvedInputs(model_path, tokenizer_path, train, val)
+
+
+def run_training(cfg: VerityConfig) -> dict[str, Any]:
+    """Train as configured; return the summary dict (also written to ``summary.json``)."""
+    from transformers import AutoTokenizer
+
+    from verity.algorithms.kl_control import build_kl_controller
+    from verity.controller import ResourcePool, WorkerGroup, init_ray, shutdown_ray
+    from verity.data.prompt_loader import PromptDataLoader
+    from verity.data.verl_dataset import PromptDataset
+    from verity.hardware import get_backend
+    from verity.rewards.manager import RewardManager
+    from verity.tracking import ProgressLine, Tracker, config_hash
+    from verity.trainer.loop import RLTrainer
+    from verity.trainer.outputs import write_run_outputs
+    from verity.workers.actor_rollout import ActorRolloutRefWorker
+
+    inputs = resolve_inputs(cfg)
+    out_dir = Path(cfg.trainer.output_dir).expanduser()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(inputs.tokenizer_path)
+    d = cfg.data
+    train_set = PromptDataset(
+        inputs.train_files, tokenizer, max_prompt_length=d.max_prompt_length, truncation=d.truncation
+    )
+    val_set = PromptDataset(
+        inputs.val_files,
+        tokenizer,
+        max_prompt_length=d.max_prompt_length,
+        truncation=d.truncation,
+        max_samples=None if d.val_max_samples < 0 else d.val_max_samples,
+    )
+    if len(train_set) < d.train_batch_size:
+        raise ConfigError(
+            f"data.train_batch_size = {d.train_batch_size} prompts but the training files hold only {len(train_set)}"
+        )
+    train_loader = PromptDataLoader(train_set, d.train_batch_size, shuffle=d.shuffle, seed=cfg.trainer.seed)
+    val_loader = PromptDataLoader(val_set, d.val_batch_size, shuffle=False, drop_last=False)
+
+    backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
+    cfg_dict = config_to_dict(cfg)
+    tracker = Tracker(
+        out_dir,
+        experiment=cfg.trainer.experiment_name,
+        tracking_uri=cfg.trainer.tracking_uri,
+        run_name=cfg.trainer.run_name,
+        tags={
+            "backend": backend.name,
+            "rollout_engine": cfg.rollout.engine,
+            "algorithm": cfg.algorithm.advantage.estimator,
+        },
+    )
+    tracker.log_params(cfg_dict)
+    rewards = RewardManager(cfg.reward, tokenizer=tokenizer)
+    init_ray(
+        cfg.trainer.ray_address,
+        **({"num_cpus": max(2, os.cpu_count() or 2)} if cfg.trainer.ray_address is None else {}),
+    )
+    pool = None
+    status = "FAILED"
+    try:
+        n = cfg.trainer.n_workers
+        if backend.ray_resource == "CPU":
+            pool = ResourcePool([n], cpus_per_bundle=cfg.trainer.cpus_per_worker, name="actor")
+        else:
+            pool = ResourcePool(
+                [n], resource=backend.ray_resource, cpus_per_bundle=cfg.trainer.cpus_per_worker, name="actor"
+            )
+        actor = WorkerGroup(
+            pool, ActorRolloutRefWorker, cfg, inputs.model_path, inputs.tokenizer_path, name="actor"
+        )
+        facts = actor.init_model()
+        tracker.log_params({"model.n_params": facts[0]["n_params"]})
+        show = cfg.trainer.progress and cfg.trainer.total_steps > 0
+        progress = ProgressLine(cfg.trainer.total_steps, desc="train") if show else None
+        trainer = RLTrainer(
+            cfg,
+            actor=actor,
+            rewards=rewards,
+            train_batches=train_loader,
+            val_batches=lambda: iter(val_loader),
+            tracker=tracker,
+            kl_controller=build_kl_controller(cfg.algorithm.kl),
+            progress=(lambda step, m: progress.update(step, m)) if progress else None,
+        )
+        result = trainer.fit()
+        if progress is not None:
+            progress.close()
+        summary = write_run_outputs(out_dir, result, cfg_dict, config_hash(cfg_dict), tracker)
+        status = "FINISHED"
+        return summary
+    finally:
+        tracker.finish(status)
+        rewards.close()
+        if pool is not None:
+            pool.remove()
+        if cfg.trainer.ray_address is None:
+            shutdown_ray()

@@ -1,0 +1,156 @@
+"""The stages of one RL step, each a small function ``stage(ctx, batch) -> batch``.
+
+The one RL loop (:mod:`verity.trainer.loop`) runs a list of :class:`Stage` in
+order and times each. The default list for a policy-gradient algorithm with a
+verifiable reward is::
+
+    generate -> reward -> old_log_prob -> ref_log_prob -> advantage -> update_actor
+
+(the weight sync to the rollout happens inside ``update_actor``, timed as
+``timing/weight_sync_s``). ``ref_log_prob`` runs only when a KL term needs the
+reference. An algorithm that needs another step (a critic, a process reward)
+adds a stage; it never copies the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from verity.algorithms.advantages import compute_advantages
+from verity.algorithms.kl_control import apply_kl_penalty
+from verity.batch import Batch
+from verity.config.schema import VerityConfig
+from verity.rewards.manager import token_rewards_from_scores
+
+
+@dataclass
+class StepContext:
+    """What the stages of one step share: the config, the worker groups, the step number."""
+
+    cfg: VerityConfig
+    actor: Any  # the actor/rollout/reference worker group
+    rewards: Any  # verity.rewards.RewardManager
+    kl_controller: Any | None
+    step: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+StageFn = Callable[[StepContext, Batch], Batch]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: StageFn
+
+
+def sampling_for_training(cfg: VerityConfig) -> dict[str, Any]:
+    """The rollout's sampling parameters during training (one sample per already-repeated row)."""
+    r = cfg.rollout
+    return {
+        "temperature": r.temperature,
+        "top_p": r.top_p,
+        "top_k": r.top_k if r.top_k > 0 else -1,
+        "max_new_tokens": cfg.data.max_response_length,
+        "do_sample": r.temperature > 0,
+        "n": 1,
+    }
+
+
+def generate(ctx: StepContext, prompts: Batch) -> Batch:
+    """Repeat each prompt ``rollout.n`` times (interleaved) and sample one response per row."""
+    n = ctx.cfg.rollout.n
+    rows = prompts.repeat_interleave(n)
+    base = ctx.step * len(prompts)
+    rows["group"] = torch.arange(base, base + len(prompts), dtype=torch.long).repeat_interleave(n)
+    rows.meta["sampling"] = sampling_for_training(ctx.cfg)
+    rows.meta["seed"] = ctx.cfg.trainer.seed * 1_000_003 + ctx.step
+    return ctx.actor.generate(rows)
+
+
+def reward(ctx: StepContext, batch: Batch) -> Batch:
+    """Score responses by ``data_source``: ``scores [B]``, ``acc [B]``, ``token_rewards [B, R]``."""
+    scores, extra, metrics = ctx.rewards.score(batch)
+    batch["scores"] = scores
+    acc = extra.get("acc")
+    if acc is not None and all(a is not None for a in acc):
+        batch["acc"] = torch.tensor([float(a) for a in acc])
+    else:
+        batch["acc"] = (scores > 0).float()
+    batch["token_rewards"] = token_rewards_from_scores(scores, batch["response_mask"])
+    ctx.metrics.update({k: v for k, v in metrics.items() if k in ("reward/timeouts", "reward/errors")})
+    return batch
+
+
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+def old_log_prob(ctx: StepContext, batch: Batch) -> Batch:
+    """Log-probs of the responses under the policy before this step's update."""
+    return batch.union(ctx.actor.compute_log_prob(batch.select(*SEQUENCE_KEYS)))
+
+
+def ref_log_prob(ctx: StepContext, batch: Batch) -> Batch:
+    """Log-probs under the frozen reference policy (for the KL terms)."""
+    return batch.union(ctx.actor.compute_ref_log_prob(batch.select(*SEQUENCE_KEYS)))
+
+
+def advantage(ctx: StepContext, batch: Batch) -> Batch:
+    """Optional KL-in-reward, then the configured advantage estimator."""
+    cfg = ctx.cfg
+    kl = cfg.algorithm.kl
+    token_rewards = batch["token_rewards"]
+    if kl.use_kl_in_reward:
+        assert ctx.kl_controller is not None
+        token_rewards, kl_metrics = apply_kl_penalty(
+            token_rewards,
+            batch["old_logprobs"],
+            batch["ref_logprobs"],
+            batch["response_mask"],
+            ctx.kl_controller.value,
+            kl.kl_in_reward_kind,
+            clamp=kl.kl_clamp,
+        )
+        ctx.kl_controller.update(kl_metrics["kl"], n_steps=len(batch))
+        ctx.metrics.update(
+            {"actor/reward_kl": kl_metrics["kl"], "actor/reward_kl_coef": kl_metrics["kl_coef"]}
+        )
+        batch["token_rewards"] = token_rewards
+    adv_cfg = cfg.algorithm.advantage
+    advantages, returns = compute_advantages(
+        adv_cfg.estimator,
+        token_rewards=token_rewards,
+        response_mask=batch["response_mask"].float(),
+        group=batch["group"],
+        values=batch["values"] if "values" in batch.keys() else None,
+        config=adv_cfg,
+    )
+    batch["advantages"] = advantages
+    batch["returns"] = returns
+    return batch
+
+
+def update_actor(ctx: StepContext, batch: Batch) -> Batch:
+    """PPO update of the actor on the whole batch, then the weight sync to the rollout."""
+    wanted = (*SEQUENCE_KEYS, "response_mask", "old_logprobs", "advantages", "ref_logprobs")
+    keys = [k for k in wanted if k in batch.keys()]
+    ctx.metrics.update(ctx.actor.update_actor(batch.select(*keys)))
+    return batch
+
+
+def needs_reference(cfg: VerityConfig) -> bool:
+    """Whether any KL term needs the reference policy's log-probs."""
+    return cfg.algorithm.kl.use_kl_loss or cfg.algorithm.kl.use_kl_in_reward
+
+
+def default_stages(cfg: VerityConfig) -> list[Stage]:
+    """The stage list for the configured algorithm (see the module docstring)."""
+    stages = [Stage("generate", generate), Stage("reward", reward), Stage("old_log_prob", old_log_prob)]
+    if needs_reference(cfg):
+        stages.append(Stage("ref_log_prob", ref_log_prob))
+    stages += [Stage("advantage", advantage), Stage("update_actor", update_actor)]
+    return stages

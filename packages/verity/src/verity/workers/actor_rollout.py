@@ -1,0 +1,173 @@
+"""The actor role with its rollout and reference colocated in one process per device.
+
+Each worker of the group holds, on its device:
+
+- the **actor**: the policy trained by :class:`~verity.engines.FSDP2Engine` (its
+  parameters sharded over the group's data-parallel ranks);
+- the **rollout**: an :class:`~verity.rollout.HFRollout` over a full (unsharded) copy
+  of the policy, refreshed from the actor's shards after every update
+  (:func:`~verity.resharding.sync_weights`, gathered in bounded buckets and copied
+  in place — no serialisation, since both live in this process);
+- the **reference** policy (only when a KL term needs it): a frozen FSDP2 engine.
+
+The driver calls the methods as group calls; every data method splits its batch
+across the data-parallel ranks (``DP_SPLIT``) and the results come back in order.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import torch
+
+from verity.batch import Batch
+from verity.config.schema import VerityConfig
+from verity.controller import Collect, Dispatch, Worker, register
+from verity.engines import FSDP2Engine
+from verity.engines import OptimConfig as EngineOptimConfig
+from verity.engines.fsdp2 import load_causal_lm
+from verity.hardware import get_backend
+from verity.resharding import sync_weights
+from verity.rollout import HFRollout, SamplingParams
+from verity.workers.actor_loss import make_actor_loss
+
+
+def engine_optim_config(cfg: VerityConfig, total_optimizer_steps: int) -> EngineOptimConfig:
+    """Map the run config's ``actor.optim`` onto the engine's optimizer settings."""
+    o = cfg.actor.optim
+    return EngineOptimConfig(
+        lr=o.lr,
+        betas=(float(o.betas[0]), float(o.betas[1])),
+        weight_decay=o.weight_decay,
+        max_grad_norm=o.grad_clip,
+        warmup_steps=o.warmup_steps,
+        lr_schedule=o.scheduler,
+        total_steps=max(1, total_optimizer_steps),
+        min_lr_ratio=o.min_lr_ratio,
+    )
+
+
+def optimizer_steps_per_rl_step(cfg: VerityConfig) -> int:
+    """Optimizer steps the actor takes per RL step: mini-batches x PPO epochs."""
+    return (cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size) * cfg.actor.ppo_epochs
+
+
+class ActorRolloutRefWorker(Worker):
+    """One data-parallel rank of the actor, its rollout and (optionally) the reference."""
+
+    def __init__(self, cfg: VerityConfig, model_path: str, tokenizer_path: str) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model_path = model_path
+        self.tokenizer_path = tokenizer_path
+        self.actor: FSDP2Engine | None = None
+        self.ref: FSDP2Engine | None = None
+        self.rollout: HFRollout | None = None
+
+    # ------------------------------------------------------------------ setup
+    @register(Dispatch.BROADCAST)
+    def init_model(self) -> dict[str, Any]:
+        """Form the process group, load actor / rollout / reference; returns this rank's facts."""
+        from transformers import AutoTokenizer
+
+        cfg = self.cfg
+        backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
+        torch.set_num_threads(max(1, int(cfg.trainer.cpus_per_worker)))
+        self.init_process_group(backend=backend.dist_backend)
+        device = backend.device(self.local_rank)
+        torch.manual_seed(cfg.trainer.seed)
+        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+
+        policy = load_causal_lm(self.model_path, dtype=dtype)
+        rollout_model = copy.deepcopy(policy).to(device).eval()
+        total = optimizer_steps_per_rl_step(cfg) * max(1, cfg.trainer.total_steps)
+        self.actor = FSDP2Engine(
+            policy,
+            engine_optim_config(cfg, total),
+            device=device,
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
+        )
+        tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        self.rollout = HFRollout(rollout_model, tokenizer, seed=cfg.trainer.seed + self.rank)
+        kl = cfg.algorithm.kl
+        if kl.use_kl_loss or kl.use_kl_in_reward:
+            self.ref = FSDP2Engine(load_causal_lm(self.model_path, dtype=dtype), None, device=device)
+        self.loss_fn = make_actor_loss(cfg.actor.policy_loss, kl, cfg.actor.entropy_coeff)
+        n_params = sum(p.numel() for p in rollout_model.parameters())
+        return {"rank": self.rank, "device": str(device), "n_params": n_params}
+
+    # ------------------------------------------------------------ generation
+    @register(Dispatch.DP_SPLIT)
+    def generate(self, batch: Batch) -> Batch:
+        """Sample one response per row of a (repeated) prompt batch.
+
+        ``batch.meta`` may carry ``sampling`` (a dict of :class:`SamplingParams`
+        fields) and ``seed`` (this call's seed; each rank offsets it by its rank so
+        the same step always draws the same tokens).
+        """
+        assert self.rollout is not None, "init_model() must run first"
+        params = SamplingParams(**batch.meta.get("sampling", {}))
+        if "seed" in batch.meta:
+            self.rollout.set_seed(int(batch.meta["seed"]) * 1009 + self.rank)
+        chunk = self.cfg.rollout.micro_batch_size
+        parts = [
+            self.rollout.generate(batch.index(slice(i, i + chunk)), params)
+            for i in range(0, len(batch), chunk)
+        ]
+        return parts[0] if len(parts) == 1 else Batch.concat(parts)
+
+    # --------------------------------------------------------------- scoring
+    @register(Dispatch.DP_SPLIT)
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        """Actor log-probs and entropy of the responses: ``old_logprobs``, ``entropy`` ``[b, R]``."""
+        assert self.actor is not None
+        logprobs, entropy = self.actor.compute_logprobs(
+            batch, self.cfg.actor.micro_batch_size, temperature=self.cfg.rollout.temperature
+        )
+        return Batch.from_dict({"old_logprobs": logprobs, "entropy": entropy})
+
+    @register(Dispatch.DP_SPLIT)
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        """Reference-policy log-probs of the responses: ``ref_logprobs`` ``[b, R]``."""
+        if self.ref is None:
+            raise RuntimeError("compute_ref_log_prob: no reference model (enable a KL term in algorithm.kl)")
+        logprobs, _ = self.ref.compute_logprobs(
+            batch,
+            self.cfg.actor.micro_batch_size,
+            temperature=self.cfg.rollout.temperature,
+            compute_entropy=False,
+        )
+        return Batch.from_dict({"ref_logprobs": logprobs})
+
+    # ---------------------------------------------------------------- update
+    @register(Dispatch.DP_SPLIT, collect=Collect.RANK_ZERO)
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs over mini-batches of this rank's rows, then refresh the rollout's weights.
+
+        Each mini-batch is ``actor.ppo_mini_batch_size x rollout.n / n_workers`` rows
+        here. Returns the metrics of the last optimizer step (already reduced over
+        ranks by the engine) plus means over all steps and the weight-sync time.
+        """
+        assert self.actor is not None and self.rollout is not None
+        cfg = self.cfg
+        rows_per_mini = cfg.actor.ppo_mini_batch_size * cfg.rollout.n // self.world_size
+        sums: dict[str, float] = {}
+        steps = 0
+        for _ in range(cfg.actor.ppo_epochs):
+            for start in range(0, len(batch), rows_per_mini):
+                mini = batch.index(slice(start, start + rows_per_mini))
+                metrics = self.actor.train_step(
+                    mini, self.loss_fn, cfg.actor.micro_batch_size, temperature=cfg.rollout.temperature
+                )
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + float(value)
+                steps += 1
+        out = {k if k.startswith("actor/") else f"actor/{k}": v / steps for k, v in sums.items()}
+        out["actor/optimizer_steps"] = float(steps)
+        start = time.perf_counter()
+        stats = sync_weights(self.actor, self.rollout)
+        out["timing/weight_sync_s"] = time.perf_counter() - start
+        out["perf/weight_sync_bytes"] = float(stats.num_bytes)
+        return out

@@ -1,0 +1,31 @@
+"""Fixtures for end-to-end runs: a tiny model folder and arithmetic task files made locally."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model_and_task(tmp_path_factory) -> dict[str, str]:
+    """An untrained tiny Qwen2 + character tokenizer in HF format, and train/test parquet files."""
+    from verity.data.char_tokenizer import CharTokenizer
+    from verity.data.tasks.arithmetic import ArithmeticConfig, write_splits
+    from verity.data.tiny_model import build_tiny_qwen2_for
+
+    root = tmp_path_factory.mktemp("tiny")
+    tokenizer = CharTokenizer()
+    model = build_tiny_qwen2_for(tokenizer, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128)
+    model_dir = root / "model"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    files = write_splits(
+        root / "data", num_train=96, num_test=32, seed=0, config=ArithmeticConfig(digits=1, style="expr")
+    )
+    return {
+        "model": str(model_dir),
+        "train": str(files["train"]),
+        "test": str(files["test"]),
+        "root": str(Path(root)),
+    }
