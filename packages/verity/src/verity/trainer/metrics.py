@@ -41,15 +41,15 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
         "response_length/min": float(lengths.min()),
         "response_length/clip_ratio": float((lengths >= width).float().mean()),
     }
-    if "acc" in batch.keys():
+    if "acc" in batch:
         out["acc/mean"] = float(batch["acc"].float().mean())
-    if "entropy" in batch.keys():
+    if "entropy" in batch:
         out["actor/entropy"] = masked_mean(batch["entropy"], mask)
-    if "ref_logprobs" in batch.keys() and "old_logprobs" in batch.keys():
+    if "ref_logprobs" in batch and "old_logprobs" in batch:
         out["actor/kl"] = masked_mean(batch["old_logprobs"] - batch["ref_logprobs"], mask)
-    if "advantages" in batch.keys():
+    if "advantages" in batch:
         out["critic/advantages_mean"] = masked_mean(batch["advantages"], mask)
-    if "group" in batch.keys():
+    if "group" in batch:
         out["reward/groups_all_equal"] = _fraction_of_constant_groups(batch["group"], scores)
     return out
 

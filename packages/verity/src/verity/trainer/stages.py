@@ -126,7 +126,7 @@ def advantage(ctx: StepContext, batch: Batch) -> Batch:
         token_rewards=token_rewards,
         response_mask=batch["response_mask"].float(),
         group=batch["group"],
-        values=batch["values"] if "values" in batch.keys() else None,
+        values=batch["values"] if "values" in batch else None,  # noqa: SIM401 (Batch has no .get)
         config=adv_cfg,
     )
     batch["advantages"] = advantages
@@ -137,7 +137,7 @@ def advantage(ctx: StepContext, batch: Batch) -> Batch:
 def update_actor(ctx: StepContext, batch: Batch) -> Batch:
     """PPO update of the actor on the whole batch, then the weight sync to the rollout."""
     wanted = (*SEQUENCE_KEYS, "response_mask", "old_logprobs", "advantages", "ref_logprobs")
-    keys = [k for k in wanted if k in batch.keys()]
+    keys = [k for k in wanted if k in batch]
     ctx.metrics.update(ctx.actor.update_actor(batch.select(*keys)))
     return batch
 
