@@ -1,0 +1,88 @@
+"""Starting or joining Ray.
+
+Without an address, :func:`init_ray` starts a private single-node cluster
+(``address="local"``, its own temporary directory, no dashboard), so a run or a test
+never joins someone else's cluster by accident. With an address (``"auto"``,
+``"ray://host:10001"``, ``"10.0.0.1:6379"``) it joins that cluster.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from typing import Any
+
+__all__ = ["init_ray", "shutdown_ray"]
+
+# Unix socket paths under Ray's temp dir must stay below ~107 bytes.
+_MAX_TEMP_DIR_LEN = 40
+
+
+_created_temp_dirs: list[str] = []
+
+
+def _private_temp_dir() -> str:
+    """A new short temp dir, removed when Ray is shut down via :func:`shutdown_ray` or at exit."""
+    base = tempfile.gettempdir()
+    if len(base) > _MAX_TEMP_DIR_LEN - 16 and os.path.isdir("/tmp"):
+        base = "/tmp"
+    path = tempfile.mkdtemp(prefix="verity-ray-", dir=base)
+    if not _created_temp_dirs:
+        # Registered before ray.init registers its own exit hook, so it runs after Ray stops.
+        atexit.register(_remove_created_temp_dirs)
+    _created_temp_dirs.append(path)
+    return path
+
+
+def _remove_created_temp_dirs() -> None:
+    while _created_temp_dirs:
+        shutil.rmtree(_created_temp_dirs.pop(), ignore_errors=True)
+
+
+def init_ray(
+    address: str | None = None,
+    num_cpus: float | None = None,
+    temp_dir: str | None = None,
+    **kwargs: Any,
+) -> str:
+    """Start a private local Ray cluster, or join ``address``; return the cluster address.
+
+    Idempotent: if Ray is already running in this process, returns its address.
+    ``num_cpus`` and ``temp_dir`` (default: a new private directory) apply only to a
+    local cluster; other keyword arguments go to ``ray.init``.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return ray.get_runtime_context().gcs_address
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if address is None or address == "local":
+        if temp_dir is not None and len(temp_dir) > _MAX_TEMP_DIR_LEN:
+            raise ValueError(
+                f"init_ray: temp_dir {temp_dir!r} is {len(temp_dir)} characters; Ray's socket paths under it "
+                f"must stay short, use at most {_MAX_TEMP_DIR_LEN}"
+            )
+        kwargs.setdefault("include_dashboard", False)
+        ray.init(address="local", num_cpus=num_cpus, _temp_dir=temp_dir or _private_temp_dir(), **kwargs)
+    else:
+        if num_cpus is not None or temp_dir is not None:
+            raise ValueError(
+                "init_ray: num_cpus and temp_dir apply only when starting a local cluster, "
+                f"not when joining {address!r}"
+            )
+        ray.init(address=address, **kwargs)
+    return ray.get_runtime_context().gcs_address
+
+
+def shutdown_ray() -> None:
+    """Stop Ray in this process (and the local cluster if this process started it).
+
+    Removes the private temp dir that :func:`init_ray` created, logs included.
+    """
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    _remove_created_temp_dirs()

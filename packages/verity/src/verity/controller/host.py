@@ -1,0 +1,126 @@
+"""The process that hosts one rank of a worker group, and colocation of several roles in it.
+
+Every rank of a :class:`~verity.controller.WorkerGroup` is one Ray actor of
+:class:`WorkerHost`. The host holds one object per role: a single role for a plain
+group, several for a colocated group built with :func:`colocate` (actor, rollout and
+reference in one process, sharing memory and the device). Roles in one host reach each
+other with ``Worker.peer(name)``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from verity.controller.dispatch import DPLayout
+from verity.controller.worker import Worker
+
+__all__ = ["ColocatedRoles", "RoleSpec", "WorkerHost", "colocate", "role"]
+
+SINGLE_ROLE = "worker"
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """A role class with the arguments its constructor gets in every rank."""
+
+    cls: type
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.cls, type) and issubclass(self.cls, Worker)):
+            raise TypeError(f"a role class must be a subclass of verity.controller.Worker, got {self.cls!r}")
+
+
+def role(cls: type, *args: Any, **kwargs: Any) -> RoleSpec:
+    """``role(ActorWorker, config)``: a role class with its constructor arguments."""
+    return RoleSpec(cls, tuple(args), dict(kwargs))
+
+
+@dataclass(frozen=True)
+class ColocatedRoles:
+    """Several roles that share every worker process of one group (see :func:`colocate`)."""
+
+    roles: dict[str, RoleSpec]
+
+
+def colocate(roles: Mapping[str, type | RoleSpec]) -> ColocatedRoles:
+    """Put several roles in the same worker processes: ``colocate({"actor": Actor, "ref": role(Ref, cfg)})``.
+
+    Pass the result to ``WorkerGroup`` in place of a worker class; the group then has one
+    attribute per role (``wg.actor.update(batch)``, ``wg.ref.compute_ref_logprobs(batch)``).
+    Roles are built in the given order; names must be identifiers not starting with ``_``.
+    """
+    if not roles:
+        raise ValueError("colocate: give at least one role")
+    specs: dict[str, RoleSpec] = {}
+    for name, value in roles.items():
+        if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+            raise ValueError(f"colocate: role name {name!r} must be an identifier not starting with '_'")
+        specs[name] = value if isinstance(value, RoleSpec) else RoleSpec(value)
+    return ColocatedRoles(specs)
+
+
+def _layout_of(obj: Any) -> DPLayout:
+    return obj._dp_layout()
+
+
+class WorkerHost:
+    """One rank of a worker group: builds the role objects and runs their methods.
+
+    Used as a Ray actor class by the worker group; not meant to be built directly.
+    """
+
+    def __init__(self) -> None:
+        self._roles: dict[str, Any] = {}
+
+    def rendezvous_address(self) -> tuple[str, int]:
+        """``(node IP, free TCP port)`` for ``MASTER_ADDR``/``MASTER_PORT``."""
+        import ray
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def setup(self, env: dict[str, str], roles: dict[str, RoleSpec]) -> dict[str, DPLayout]:
+        """Export ``env`` then build the role objects in order; return their data-parallel layouts."""
+        os.environ.update(env)
+        peers: dict[str, Any] = {}
+        for name, spec in roles.items():
+            obj = spec.cls(*spec.args, **spec.kwargs)
+            obj._verity_peers = peers
+            peers[name] = obj
+        self._roles = peers
+        return {name: _layout_of(obj) for name, obj in peers.items()}
+
+    def call(self, role_name: str, method: str, /, *args: Any, **kwargs: Any) -> tuple[Any, DPLayout]:
+        """Run ``role.method(*args, **kwargs)``; return the answer and the role's current layout."""
+        obj = self._roles[role_name]
+        answer = getattr(obj, method)(*args, **kwargs)
+        return answer, _layout_of(obj)
+
+    def info(self) -> dict[str, Any]:
+        """Where this rank runs: pid, node id and IP, rank variables, role names."""
+        import ray
+
+        keys = (
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "NODE_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        )
+        return {
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "ip": ray.util.get_node_ip_address(),
+            "env": {k: os.environ.get(k) for k in keys},
+            "roles": list(self._roles),
+        }
