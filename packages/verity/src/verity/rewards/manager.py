@@ -29,11 +29,17 @@ from typing import Any
 import torch
 
 from verity.rewards.process_pool import TaskOutcome, TimeoutPool
-from verity.rewards.registry import call_reward, custom_spec_from, resolve_spec
+from verity.rewards.registry import call_reward, custom_spec_from, preload_reward_functions, resolve_spec
 
 logger = logging.getLogger("verity.rewards")
 
-_PRELOAD = ("verity.rewards.registry", "verity.rewards.builtin", "verity.rewards.code", "math_verify")
+_PRELOAD = (
+    "verity.rewards.process_pool",
+    "verity.rewards.registry",
+    "verity.rewards.builtin",
+    "verity.rewards.code",
+    "math_verify",
+)
 
 
 @dataclass
@@ -105,13 +111,6 @@ class RewardManagerConfig:
         return cls(**values)
 
 
-def _score_sample(
-    spec: str, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any, kwargs: dict
-) -> tuple[float, dict[str, Any]]:
-    """Worker-side entry: score one sample (module-level so the pool can pickle it by reference)."""
-    return call_reward(spec, data_source, solution_str, ground_truth, extra_info, kwargs)
-
-
 def _cleanup_after_killed_worker(pid: int) -> None:
     from verity.rewards.sandbox import cleanup_after_worker
 
@@ -150,8 +149,14 @@ class RewardManager:
                 start_method=self.config.start_method,
                 preload=_PRELOAD,
                 on_worker_killed=_cleanup_after_killed_worker,
+                initializer=(preload_reward_functions, (self._warm_specs(),)),
             )
         return self._pool
+
+    def _warm_specs(self) -> tuple[str, ...]:
+        """Reward functions every worker loads at start-up: the user function and the overrides."""
+        specs = [self._custom_spec] if self._custom_spec else []
+        return tuple(specs + sorted(set(self.config.overrides.values())))
 
     def close(self) -> None:
         """Stop the worker processes (a later :meth:`score` starts new ones)."""
@@ -261,13 +266,13 @@ class RewardManager:
         if self.config.num_workers == 0:
             outcomes = [self._run_inline(task) for task in tasks]
         else:
-            outcomes = self._get_pool().map(_score_sample, tasks, timeouts) if tasks else []
+            outcomes = self._get_pool().map(call_reward, tasks, timeouts) if tasks else []
         return self._collect(rows, specs, outcomes)
 
     @staticmethod
     def _run_inline(task: tuple) -> TaskOutcome:
         try:
-            return TaskOutcome("ok", value=_score_sample(*task))
+            return TaskOutcome("ok", value=call_reward(*task))
         except Exception as error:  # any failure of a reward function is scored, not raised
             return TaskOutcome("error", error=f"{type(error).__name__}: {error}")
 

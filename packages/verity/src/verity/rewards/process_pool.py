@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -43,18 +44,24 @@ class TaskOutcome:
     elapsed_s: float = 0.0
 
 
-def _worker_main(conn: Connection) -> None:
-    """Worker loop: receive ``(func, args)``, send back ``("ok", value)`` or ``("error", traceback)``."""
+def _worker_main(conn: Connection, initializer: tuple[Callable[..., Any], tuple] | None = None) -> None:
+    """Worker loop: run the initializer, announce readiness, then receive ``(func, args)`` and
+    send back ``("ok", value)`` or ``("error", traceback)``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's business
+    if initializer is not None:
+        with contextlib.suppress(Exception):  # a broken initializer shows up when tasks run
+            initializer[0](*initializer[1])
+    conn.send(("ready", os.getpid()))
     while True:
         try:
-            message = conn.recv()
+            data = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        if message is None:
-            return
-        func, args = message
         try:
+            message = pickle.loads(data)
+            if message is None:
+                return
+            func, args = message
             reply: tuple[str, Any] = ("ok", func(*args))
         except BaseException as error:  # a task may raise anything, even SystemExit
             reply = ("error", f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=8)}")
@@ -92,13 +99,15 @@ def _main_module_hidden() -> Iterator[None]:
 
 
 class _Worker:
-    def __init__(self, context: mp.context.BaseContext) -> None:
+    def __init__(self, context: mp.context.BaseContext, initializer: tuple | None = None) -> None:
         parent_conn, child_conn = context.Pipe(duplex=True)
-        self.process = context.Process(target=_worker_main, args=(child_conn,), daemon=True)
+        self.process = context.Process(target=_worker_main, args=(child_conn, initializer), daemon=True)
         with _main_module_hidden():
             self.process.start()
         child_conn.close()
         self.conn = parent_conn
+        self.ready = False  # set when the worker's "ready" message arrives
+        self.spawned = time.monotonic()
         self.task_index: int | None = None
         self.started = 0.0
         self.deadline = 0.0
@@ -130,6 +139,8 @@ class TimeoutPool:
             (forkserver only).
         on_worker_killed: called with the pid of every worker the pool kills at a
             deadline, after the kill (to clean up what the worker may have left behind).
+        initializer: ``(func, args)`` each worker runs once before it takes tasks (e.g. to
+            import a slow reward module); its time is not charged to any task.
     """
 
     def __init__(
@@ -138,6 +149,7 @@ class TimeoutPool:
         start_method: str = "forkserver",
         preload: Sequence[str] = (),
         on_worker_killed: Callable[[int], None] | None = None,
+        initializer: tuple[Callable[..., Any], tuple] | None = None,
     ) -> None:
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers: expected an int >= 1, got {num_workers!r}")
@@ -150,10 +162,13 @@ class TimeoutPool:
             self._context.set_forkserver_preload(list(preload))
         self._num_workers = num_workers
         self._on_worker_killed = on_worker_killed
+        self._initializer = initializer
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
         self.workers_replaced = 0
+        self.startup_timeout_s = 120.0
+        self._startup_failures = 0
 
     @property
     def num_workers(self) -> int:
@@ -171,7 +186,7 @@ class TimeoutPool:
             raise RuntimeError("TimeoutPool: used after close()")
         self._workers = [w for w in self._workers if w.process.is_alive()]
         while len(self._workers) < self._num_workers:
-            self._workers.append(_Worker(self._context))
+            self._workers.append(_Worker(self._context, self._initializer))
 
     def _replace(self, worker: _Worker, killed: bool) -> _Worker:
         pid = worker.process.pid
@@ -180,7 +195,7 @@ class TimeoutPool:
             with contextlib.suppress(Exception):  # cleanup must not break scoring
                 self._on_worker_killed(pid)
         self.workers_replaced += 1
-        fresh = _Worker(self._context)
+        fresh = _Worker(self._context, self._initializer)
         self._workers[self._workers.index(worker)] = fresh
         return fresh
 
@@ -193,7 +208,8 @@ class TimeoutPool:
         """Run ``func(*args)`` for every ``args`` in ``args_list``; one :class:`TaskOutcome` per task, in order.
 
         ``timeout_s``: seconds each task may run (one number, or one per task), counted
-        from when a worker receives it.
+        from when it is sent to a worker that has started (a worker's own start-up,
+        bounded by ``startup_timeout_s``, is not charged to any task).
         """
         timeouts = (
             [float(timeout_s)] * len(args_list) if isinstance(timeout_s, int | float) else list(timeout_s)
@@ -207,52 +223,69 @@ class TimeoutPool:
             self._ensure_workers()
             pending = deque(range(len(args_list)))
             while pending or any(w.task_index is not None for w in self._workers):
-                for worker in list(self._workers):
-                    if worker.task_index is None and pending:
+                for worker in self._workers:
+                    if worker.ready and worker.task_index is None and pending:
                         index = pending.popleft()
-                        try:
-                            worker.conn.send((func, args_list[index]))
-                        except (OSError, BrokenPipeError):
-                            worker = self._replace(worker, killed=False)
-                            worker.conn.send((func, args_list[index]))
                         worker.task_index = index
                         worker.started = time.monotonic()
                         worker.deadline = worker.started + timeouts[index]
-                busy = [w for w in self._workers if w.task_index is not None]
-                if not busy:
-                    continue
-                wait_s = max(0.0, min(w.deadline for w in busy) - time.monotonic())
-                ready = wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=wait_s)
-                now = time.monotonic()
-                for worker in busy:
-                    index = worker.task_index
-                    assert index is not None
-                    elapsed = now - worker.started
-                    if worker.conn in ready or (worker.process.sentinel in ready and worker.conn.poll()):
-                        try:
-                            status, payload = worker.conn.recv()
-                        except (EOFError, OSError):
-                            outcomes[index] = TaskOutcome(
-                                "error", error=self._death_note(worker), elapsed_s=elapsed
-                            )
-                            self._replace(worker, killed=False)
-                            continue
-                        worker.task_index = None
-                        if status == "ok":
-                            outcomes[index] = TaskOutcome("ok", value=payload, elapsed_s=elapsed)
-                        else:
-                            outcomes[index] = TaskOutcome("error", error=payload, elapsed_s=elapsed)
-                    elif worker.process.sentinel in ready:
-                        outcomes[index] = TaskOutcome(
-                            "error", error=self._death_note(worker), elapsed_s=elapsed
-                        )
-                        self._replace(worker, killed=False)
-                    elif now >= worker.deadline:
-                        outcomes[index] = TaskOutcome(
-                            "timeout", error=f"no result after {timeouts[index]:.3g} s", elapsed_s=elapsed
-                        )
-                        self._replace(worker, killed=True)
+                        with contextlib.suppress(OSError):  # a dead worker shows up below
+                            worker.conn.send((func, args_list[index]))
+                self._wait_and_collect(outcomes, timeouts)
         return [o if o is not None else TaskOutcome("error", error="lost task") for o in outcomes]
+
+    def _wait_and_collect(self, outcomes: list[TaskOutcome | None], timeouts: list[float]) -> None:
+        """Wait for the next result, worker start, death or deadline, and record what happened."""
+        now = time.monotonic()
+        deadlines = [w.deadline for w in self._workers if w.task_index is not None]
+        deadlines += [w.spawned + self.startup_timeout_s for w in self._workers if not w.ready]
+        watched = [w.conn for w in self._workers] + [w.process.sentinel for w in self._workers]
+        ready = set(wait(watched, timeout=max(0.0, min(deadlines) - now) if deadlines else None))
+        now = time.monotonic()
+        for worker in list(self._workers):
+            has_message = worker.conn in ready or (worker.process.sentinel in ready and worker.conn.poll())
+            if not worker.ready:
+                if has_message:
+                    with contextlib.suppress(EOFError, OSError):
+                        worker.ready = worker.conn.recv()[0] == "ready"
+                if not worker.ready and (worker.process.sentinel in ready or has_message):
+                    self._startup_failure(worker, self._death_note(worker))
+                elif not worker.ready and now >= worker.spawned + self.startup_timeout_s:
+                    self._startup_failure(worker, f"did not start within {self.startup_timeout_s:.0f} s")
+                continue
+            index = worker.task_index
+            if index is None:
+                if worker.process.sentinel in ready:  # an idle worker died: replace it quietly
+                    self._replace(worker, killed=False)
+                continue
+            elapsed = now - worker.started
+            if has_message:
+                try:
+                    status, payload = worker.conn.recv()
+                except (EOFError, OSError):
+                    outcomes[index] = TaskOutcome("error", error=self._death_note(worker), elapsed_s=elapsed)
+                    self._replace(worker, killed=False)
+                    continue
+                worker.task_index = None
+                if status == "ok":
+                    outcomes[index] = TaskOutcome("ok", value=payload, elapsed_s=elapsed)
+                else:
+                    outcomes[index] = TaskOutcome("error", error=payload, elapsed_s=elapsed)
+            elif worker.process.sentinel in ready:
+                outcomes[index] = TaskOutcome("error", error=self._death_note(worker), elapsed_s=elapsed)
+                self._replace(worker, killed=False)
+            elif now >= worker.deadline:
+                outcomes[index] = TaskOutcome(
+                    "timeout", error=f"no result after {timeouts[index]:.3g} s", elapsed_s=elapsed
+                )
+                self._replace(worker, killed=True)
+
+    def _startup_failure(self, worker: _Worker, why: str) -> None:
+        self._startup_failures += 1
+        if self._startup_failures > 3 * self._num_workers:
+            self.close()
+            raise RuntimeError(f"TimeoutPool: worker processes fail to start ({why})")
+        self._replace(worker, killed=False)
 
     @staticmethod
     def _death_note(worker: _Worker) -> str:

@@ -194,6 +194,12 @@ def load_reward_function(spec: str) -> RewardFunction:
     return function
 
 
+def preload_reward_functions(specs: tuple[str, ...]) -> None:
+    """Load the reward functions ``specs`` name now (worker start-up), so the first sample is not slow."""
+    for spec in specs:
+        load_reward_function(spec)
+
+
 def _run_coroutine(coroutine: Any) -> Any:
     """Run a coroutine to completion, also when this thread already runs an event loop."""
     try:
