@@ -148,6 +148,11 @@ def test_rank_environment(group):
     assert [i["env"]["RANK"] for i in info] == ["0", "1", "2", "3"]
 
 
+def test_init_ray_is_idempotent(group):
+    assert init_ray(num_cpus=1) == ray.get_runtime_context().gcs_address
+    assert ray.cluster_resources()["CPU"] == CLUSTER_CPUS
+
+
 def test_gloo_process_group_all_reduce(group):
     # sum over ranks of (rank + 1) = 1 + 2 + 3 + 4 = 10; sum of ones = 4
     assert group.all_reduce_sum() == [[10.0, 4.0]] * 4

@@ -241,3 +241,16 @@ def test_worker_defaults_outside_a_group(monkeypatch):
         w.set_dp_layout(2, 2)
     with pytest.raises(RuntimeError, match="not part of a worker group"):
         w.peer("ref")
+
+
+def test_init_ray_argument_checks_happen_before_starting_ray():
+    import ray
+    from verity.controller import init_ray
+
+    if ray.is_initialized():
+        pytest.skip("Ray already running in this process")
+    with pytest.raises(ValueError, match="num_cpus and temp_dir apply only when starting a local cluster"):
+        init_ray(address="10.0.0.1:6379", num_cpus=2)
+    with pytest.raises(ValueError, match="Ray's socket paths under it must stay short"):
+        init_ray(temp_dir="/tmp/" + "d" * 60)
+    assert not ray.is_initialized()
