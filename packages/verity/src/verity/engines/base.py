@@ -8,6 +8,9 @@ whole mini-batches of the verl layout (see ``verity.batch``):
 - :meth:`TrainingEngine.compute_logprobs` scores the response tokens without grad;
 - :meth:`TrainingEngine.train_step` runs forward/backward over micro-batches with a
   loss callable, clips gradients, steps the optimizer and the LR schedule;
+- :meth:`TrainingEngine.compute_values` / :meth:`TrainingEngine.value_train_step` are
+  the same two for a value model (a critic: the backbone with a scalar head), whose
+  loss callable sees per-token values instead of log-probs;
 - :attr:`TrainingEngine.model` is what ``verity.resharding`` gathers full weights
   from, in buckets, for the rollout (weight sync);
 - :meth:`TrainingEngine.state_dict_for_checkpoint` /
@@ -32,6 +35,12 @@ import torch
 
 #: ``loss_fn(micro_batch, logprobs [b, R], entropy [b, R], agg_ctx) -> (loss scalar, metrics)``
 LossFn = Callable[[Any, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Mapping[str, float]]]
+
+#: ``loss_fn(micro_batch, values [b, R], agg_ctx) -> (loss scalar, metrics)`` (a critic's loss)
+ValueLossFn = Callable[[Any, torch.Tensor, Any], tuple[torch.Tensor, Mapping[str, float]]]
+
+#: ``micro_loss(micro_batch, agg_ctx) -> (loss scalar, metrics, sums)``: one micro-batch's forward and loss
+MicroLossFn = Callable[[Any, Any], tuple[torch.Tensor, Mapping[str, float], Mapping[str, float]]]
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,17 @@ class TrainingEngine(abc.ABC):
 
         ``batch`` additionally needs ``response_mask [B, R]`` and whatever ``loss_fn`` reads.
         """
+
+    def compute_values(self, batch: Any, micro_batch_size: int) -> torch.Tensor:
+        """Per-token values ``[B, R]`` (float32, CPU, no grad) of a value model; ``batch`` as for log-probs.
+
+        The value of response token ``j`` is the model's scalar output at position ``P-1+j``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not train value models")
+
+    def value_train_step(self, batch: Any, loss_fn: ValueLossFn, micro_batch_size: int) -> dict[str, float]:
+        """One optimizer step of a value model with ``loss_fn(micro_batch, values [b, R], agg)``."""
+        raise NotImplementedError(f"{type(self).__name__} does not train value models")
 
     @property
     @abc.abstractmethod

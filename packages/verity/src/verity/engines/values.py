@@ -1,0 +1,63 @@
+"""Per-token values of response tokens, from a model with a scalar head (a critic).
+
+Layout (the verl layout): ``input_ids [B, P+R]`` is a left-padded prompt of length
+``P`` followed by a right-padded response ``responses [B, R]``. A value model maps
+every position ``t`` to a scalar ``v_t`` computed from the hidden state there, which
+has seen the tokens ``0..t``. The value of response token ``j`` (``0 <= j < R``) is
+the value of the state *before* that token is emitted, so it is read at position
+``P-1+j``: the response values are ``v[:, P-1 : P+R-1]`` (positions ``P-1 .. P+R-2``),
+the same positions whose logits predict the response tokens.
+
+A value model here is any module whose forward takes ``input_ids``,
+``attention_mask``, ``position_ids`` and returns an object with ``.logits`` of shape
+``[B, T, 1]`` (e.g. an HF ``*ForTokenClassification`` with ``num_labels=1``) or a
+tensor ``[B, T]`` / ``[B, T, 1]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+
+def position_values(module: nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Scalar value at every position: ``[B, T]`` (the model's dtype, with autograd if enabled).
+
+    Args:
+        module: a value model (see the module docstring).
+        inputs: ``input_ids``, ``attention_mask``, ``position_ids``, each ``[B, T]``.
+    """
+    out = module(
+        input_ids=inputs["input_ids"],
+        attention_mask=inputs["attention_mask"],
+        position_ids=inputs["position_ids"],
+    )
+    values = getattr(out, "logits", out)
+    if not isinstance(values, torch.Tensor):
+        raise TypeError(
+            f"value model must return a tensor or an output with .logits, got {type(out).__name__}"
+        )
+    if values.dim() == 3 and values.shape[-1] == 1:
+        values = values.squeeze(-1)
+    if values.shape != inputs["input_ids"].shape:
+        raise ValueError(
+            f"value model output must be [B, T] or [B, T, 1] for input_ids {tuple(inputs['input_ids'].shape)}, "
+            f"got {tuple(values.shape)} (a critic needs a scalar head, e.g. num_labels=1)"
+        )
+    return values
+
+
+def response_values(module: nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """Values of the response tokens, ``[B, R]`` float32: positions ``P-1 .. P+R-2`` of :func:`position_values`.
+
+    Args:
+        module: a value model.
+        inputs: ``input_ids``, ``attention_mask``, ``position_ids`` ``[B, P+R]`` and
+            ``responses [B, R]`` (only its width ``R`` is used).
+    """
+    response_len = inputs["responses"].shape[1]
+    total = inputs["input_ids"].shape[1]
+    values = position_values(module, inputs)
+    return values[:, total - response_len - 1 : total - 1].float()
