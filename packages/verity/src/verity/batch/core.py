@@ -29,10 +29,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-__all__ = ["Batch", "BatchError"]
+from verity.batch.transport import pack_tensor, unpack_tensor
 
-# Same-size integer dtypes used to pickle tensors whose dtype numpy lacks (bfloat16, float8...).
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+__all__ = ["Batch", "BatchError"]
 
 
 class BatchError(ValueError):
@@ -437,7 +436,7 @@ class Batch:
     def __getstate__(self) -> dict[str, Any]:
         packed = {}
         for key, value in self.tensors.items():
-            packed[key] = _pack_tensor(value)
+            packed[key] = pack_tensor(value)
         return {
             "size": len(self),
             "tensors": packed,
@@ -447,36 +446,11 @@ class Batch:
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        tensors = {key: _unpack_tensor(value) for key, value in state["tensors"].items()}
+        tensors = {key: unpack_tensor(value) for key, value in state["tensors"].items()}
         self.tensors = TensorDict(tensors, batch_size=[state["size"]])
         self.non_tensors = state["non_tensors"]
         self.meta = state["meta"]
         self.pad_rows = state["pad_rows"]
-
-
-def _pack_tensor(value: torch.Tensor) -> Any:
-    """CPU tensors travel as ``(numpy array, dtype name)``; others as themselves."""
-    if value.device.type != "cpu" or value.requires_grad or value.is_sparse:
-        return value
-    value = value.contiguous()
-    dtype = value.dtype
-    try:
-        return ("np", value.numpy(), None)
-    except TypeError:
-        carrier = _INT_OF_SIZE[value.element_size()]
-        return ("np", value.view(carrier).numpy(), str(dtype).removeprefix("torch."))
-
-
-def _unpack_tensor(packed: Any) -> torch.Tensor:
-    if isinstance(packed, torch.Tensor):
-        return packed
-    _, array, dtype_name = packed
-    if not array.flags.writeable:
-        array = array.copy()
-    tensor = torch.from_numpy(array)
-    if dtype_name is not None:
-        tensor = tensor.view(getattr(torch, dtype_name))
-    return tensor
 
 
 def _check_key_name(key: Any) -> None:
