@@ -234,7 +234,11 @@ def run_python(
     _adopt_orphans_if_pool_worker()
     uid = sandbox_uid_for(os.getpid(), limits)
     private = Path(tempfile.mkdtemp(prefix="verity-sbx-ctl-"))  # root-only (0700): config, code, output
-    workdir = Path(tempfile.mkdtemp(prefix="verity-sbx-"))
+    # The working folder sits inside a root-only (0700) folder, so that "../" from it leads
+    # nowhere the sandboxed uid may write (its parent is not world-writable /tmp).
+    jail = Path(tempfile.mkdtemp(prefix="verity-sbx-"))
+    workdir = jail / "work"
+    workdir.mkdir()
     marker = "verity-sandbox-done-" + secrets.token_hex(16) if test_code is not None else None
     try:
         (private / "code.py").write_text(code)
@@ -294,7 +298,7 @@ def run_python(
         stdout = _read_capped(private / "stdout.txt", limits.max_output_bytes)
         stderr = _read_capped(private / "stderr.txt", limits.max_output_bytes)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(jail, ignore_errors=True)
         shutil.rmtree(private, ignore_errors=True)
     if timed_out:
         status = "timeout"
