@@ -124,6 +124,7 @@ def validate_config(cfg: VerityConfig) -> None:
             f"data.truncation must be one of error|filter|truncate_left|truncate_right, got {d.truncation!r}"
         )
     _validate_algorithm_choices(cfg)
+    _validate_critic(cfg)
     if cfg.model.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"model.dtype must be float32 or bfloat16, got {cfg.model.dtype!r}")
     if cfg.model.path != "embedded" and not Path(cfg.model.path).expanduser().is_dir():
@@ -170,3 +171,48 @@ def _validate_algorithm_choices(cfg: VerityConfig) -> None:
             sub.validate()
         except ValueError as err:
             raise ConfigError(f"{key}: {err}") from None
+
+
+def _validate_critic(cfg: VerityConfig) -> None:
+    """The critic section: on when the estimator needs values, batch arithmetic, value-loss settings."""
+    from verity.algorithms.advantages import estimators_needing
+    from verity.algorithms.configs import ValueLossConfig
+    from verity.algorithms.registry import AGGREGATION_MODES, UnknownNameError
+
+    c, estimator = cfg.critic, cfg.algorithm.advantage.estimator
+    needs_values = estimator in estimators_needing("values")
+    if c.enabled is False and needs_values:
+        raise ConfigError(
+            f"algorithm.advantage.estimator={estimator!r} needs critic values but critic.enabled=false; "
+            "set critic.enabled=true (or null for auto)"
+        )
+    if not (c.enabled or needs_values):
+        return
+    for key in ("ppo_mini_batch_size", "ppo_epochs", "micro_batch_size"):
+        if getattr(c, key) < 1:
+            raise ConfigError(f"critic.{key} must be >= 1, got {getattr(c, key)}")
+    if c.warmup_steps < 0:
+        raise ConfigError(f"critic.warmup_steps must be >= 0, got {c.warmup_steps}")
+    if cfg.data.train_batch_size % c.ppo_mini_batch_size:
+        raise ConfigError(
+            f"data.train_batch_size ({cfg.data.train_batch_size} prompts) must be a multiple of "
+            f"critic.ppo_mini_batch_size ({c.ppo_mini_batch_size} prompts)"
+        )
+    rows = c.ppo_mini_batch_size * cfg.rollout.n
+    if rows % cfg.trainer.n_workers:
+        raise ConfigError(
+            f"a critic mini-batch of critic.ppo_mini_batch_size x rollout.n = {c.ppo_mini_batch_size} x "
+            f"{cfg.rollout.n} = {rows} rows does not divide over trainer.n_workers = {cfg.trainer.n_workers}"
+        )
+    if c.optim.lr < 0:
+        raise ConfigError(f"critic.optim.lr must be >= 0, got {c.optim.lr}")
+    try:
+        AGGREGATION_MODES.get(c.loss_agg_mode)
+    except UnknownNameError as err:
+        raise ConfigError(f"critic.loss_agg_mode: {err}") from None
+    try:
+        ValueLossConfig(cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode).validate()
+    except ValueError as err:
+        raise ConfigError(f"critic: {err}") from None
+    if c.model_path is not None and not Path(c.model_path).expanduser().is_dir():
+        raise ConfigError(f"critic.model_path {c.model_path!r} is not a local HF checkpoint folder")

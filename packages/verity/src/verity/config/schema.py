@@ -72,6 +72,25 @@ class ActorConfig:
     entropy_coeff: float = 0.0  # entropy bonus: loss -= coeff * aggregate(entropy)
 
 
+def _critic_optim() -> OptimConfig:
+    return OptimConfig(lr=1e-5)
+
+
+@dataclass
+class CriticConfig:
+    # the critic (value model) for estimators that need values (gae): the actor's backbone
+    # with a scalar head, initialised from the actor checkpoint, colocated with the actor
+    enabled: bool | None = None  # None (auto): on exactly when the estimator needs values
+    model_path: str | None = None  # None: the actor's checkpoint (model.path)
+    optim: OptimConfig = field(default_factory=_critic_optim)
+    ppo_mini_batch_size: int = 32  # prompts per optimizer step
+    ppo_epochs: int = 1
+    micro_batch_size: int = 64  # rows per forward/backward inside a worker
+    cliprange_value: float | None = 0.5  # values kept within +-this of the old values; null: no clip
+    loss_agg_mode: str = "token-mean"
+    warmup_steps: int = 0  # RL steps at the start that train only the critic (the actor waits)
+
+
 @dataclass
 class AlgorithmConfig:
     # advantage estimator (algorithm.advantage.estimator=grpo|rloo|gae|...) and KL
@@ -112,6 +131,7 @@ class VerityConfig:
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
