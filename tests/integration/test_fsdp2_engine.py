@@ -2,8 +2,8 @@
 
 The 2-rank run is spawned once per module (torch.multiprocessing, gloo on CPU); each
 scenario's results are saved per rank and compared with a single-process reference
-computed here. The global mini-batch has 7 real rows; rank 0 gets rows 0-3, rank 1
-rows 4-6 plus one padding row with an all-zero response mask (as ``Batch.split`` pads).
+computed here. The global mini-batch has 7 real rows split by ``Batch.split(2)``: rank 0
+gets rows 0-3, rank 1 rows 4-6 plus a padding copy of row 0 recorded in ``pad_rows``.
 """
 
 from __future__ import annotations
@@ -61,13 +61,13 @@ def make_batch(rows: int = 7, seed: int = 1) -> dict[str, torch.Tensor]:
     }
 
 
-def rank_shard(batch: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
-    """Rows 0-3 for rank 0; rows 4-6 plus a zero-mask padding copy of row 6 for rank 1."""
-    if rank == 0:
-        return {k: v[:4] for k, v in batch.items()}
-    shard = {k: torch.cat([v[4:], v[6:7]]) for k, v in batch.items()}
-    shard["response_mask"][-1] = 0
-    return shard
+def rank_shard(batch: dict[str, torch.Tensor], rank: int):
+    """``Batch.split(2)`` of the 7 rows: rank 0 rows 0-3; rank 1 rows 4-6 + a copy of row 0 (``pad_rows=1``)."""
+    from verity.batch import Batch
+
+    part = Batch.from_dict(batch).split(WORLD)[rank]
+    assert part.pad_rows == rank  # the real padding the engine must skip
+    return part
 
 
 def token_mean_loss(mb, logprobs, entropy, agg):

@@ -118,6 +118,22 @@ def test_padding_rows_with_empty_mask_change_nothing(engine):
         torch.testing.assert_close(g_pad[name], g_ref[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_split_padding_rows_of_a_batch_are_skipped(engine):
+    from verity.batch import Batch
+
+    batch = make_batch()
+    padded = Batch.from_dict(batch).split(2)[1]  # rows 4, 5, 6 and a copy of row 0
+    assert padded.pad_rows == 1
+    real = {k: v[4:] for k, v in batch.items()}
+    for loss_fn in (token_mean_loss, seq_mean_token_mean_loss):
+        g_ref = grads_after_backward(engine, real, loss_fn, 2)
+        g_pad = grads_after_backward(engine, padded, loss_fn, 2)
+        for name in g_ref:
+            torch.testing.assert_close(g_pad[name], g_ref[name], rtol=1e-4, atol=1e-6, msg=name)
+    lp, _ = engine.compute_logprobs(padded, 3)
+    assert lp.shape == (4, R)  # log-probs cover every row; Batch.concat drops the padding
+
+
 def test_train_step_metrics_and_learning():
     eng = FSDP2Engine(tiny_qwen2(), OptimConfig(lr=1e-2, warmup_steps=2))
     batch = make_batch()

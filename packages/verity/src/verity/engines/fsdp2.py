@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from verity.engines.base import LossFn, TrainingEngine, make_aggregation_context
+from verity.engines.base import LossFn, MicroLossFn, TrainingEngine, ValueLossFn, make_aggregation_context
 from verity.engines.logprobs import DEFAULT_CHUNK_TOKENS, response_logprobs
 from verity.engines.micro_batches import (
     LOGPROB_KEYS,
@@ -47,10 +47,12 @@ from verity.engines.micro_batches import (
     get_tensor,
     model_inputs,
     num_rows,
+    padding_rows,
     take_rows,
     validate_layout,
 )
 from verity.engines.optim import OptimConfig, build_lr_scheduler, build_optimizer, clip_gradients
+from verity.engines.values import response_values
 
 
 def default_device() -> torch.device:
@@ -200,7 +202,27 @@ class FSDP2Engine(TrainingEngine):
         return local, int(self._all_reduce([float(local)], op="max")[0])
 
     # --------------------------------------------------------------- log-probs
-    @torch.no_grad()
+    def _no_grad_passes(self, batch: Any, micro_batch_size: int, forward: Any) -> list[Any]:
+        """Run ``forward(model_inputs)`` on each micro-batch; the answers of the real ones, in order.
+
+        Every rank runs the same number of passes (FSDP2 all-gathers in each); a rank
+        with fewer rows repeats a one-row pass whose answer is dropped.
+        """
+        rows = num_rows(batch)
+        local_count, max_count = self._num_micro_batches(rows, micro_batch_size)
+        self._module.eval()
+        answers = []
+        with torch.no_grad():
+            for i in range(max_count):
+                start = i * micro_batch_size if i < local_count else 0
+                end = min(start + micro_batch_size, rows) if i < local_count else 1
+                micro = model_inputs(take_rows(batch, start, end, self.device))
+                with self._autocast():
+                    answer = forward(micro)
+                if i < local_count:
+                    answers.append(answer)
+        return answers
+
     def compute_logprobs(
         self,
         batch: Any,
@@ -211,34 +233,109 @@ class FSDP2Engine(TrainingEngine):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """See :meth:`TrainingEngine.compute_logprobs`; returns float32 CPU tensors ``[B, R]``."""
         validate_layout(batch, LOGPROB_KEYS)
-        rows = num_rows(batch)
-        local_count, max_count = self._num_micro_batches(rows, micro_batch_size)
-        self._module.eval()
-        logprob_parts, entropy_parts = [], []
-        for i in range(max_count):
-            start = i * micro_batch_size if i < local_count else 0
-            end = min(start + micro_batch_size, rows) if i < local_count else 1
-            micro = model_inputs(take_rows(batch, start, end, self.device))
-            with self._autocast():
-                logprobs, entropy = response_logprobs(
-                    self._module,
-                    micro,
-                    temperature=temperature,
-                    compute_entropy=compute_entropy,
-                    chunk_tokens=self.logprob_chunk_tokens,
-                )
-            if i < local_count:
-                logprob_parts.append(logprobs.float().cpu())
-                if entropy is not None:
-                    entropy_parts.append(entropy.float().cpu())
-        entropy_out = torch.cat(entropy_parts) if compute_entropy else None
-        return torch.cat(logprob_parts), entropy_out
+
+        def forward(micro: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+            logprobs, entropy = response_logprobs(
+                self._module,
+                micro,
+                temperature=temperature,
+                compute_entropy=compute_entropy,
+                chunk_tokens=self.logprob_chunk_tokens,
+            )
+            return logprobs.float().cpu(), (entropy.float().cpu() if entropy is not None else None)
+
+        parts = self._no_grad_passes(batch, micro_batch_size, forward)
+        entropy_out = torch.cat([e for _, e in parts]) if compute_entropy else None
+        return torch.cat([lp for lp, _ in parts]), entropy_out
+
+    def compute_values(self, batch: Any, micro_batch_size: int) -> torch.Tensor:
+        """Values of the response tokens under a value model (a critic): float32 CPU ``[B, R]``, no grad.
+
+        The model must have a scalar head (see :mod:`verity.engines.values`); the value
+        of response token ``j`` is read at position ``P-1+j``. ``batch`` as for
+        :meth:`compute_logprobs`.
+        """
+        validate_layout(batch, LOGPROB_KEYS)
+        parts = self._no_grad_passes(
+            batch, micro_batch_size, lambda micro: response_values(self._module, micro).float().cpu()
+        )
+        return torch.cat(parts)
 
     # ---------------------------------------------------------------- training
     def _require_optimizer(self) -> torch.optim.Optimizer:
         if self.optimizer is None:
             raise RuntimeError("this engine was built without optim_config (inference only); it cannot train")
         return self.optimizer
+
+    def _accumulate_gradients(
+        self,
+        batch: Any,
+        micro_batch_size: int,
+        micro_loss: MicroLossFn,
+        max_response_len: int | None = None,
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """The micro-batch loop shared by the train steps: global counts, forward + loss, backward.
+
+        ``micro_loss(micro_batch, agg) -> (loss scalar, metrics, sums)`` computes one
+        micro-batch's share of the mini-batch loss. Returns ``(out, sums)``: ``out`` has
+        ``loss`` (global mini-batch loss), ``response_tokens``, ``tokens`` and each
+        metric averaged over micro-batches and ranks; ``sums`` each ``sums`` entry
+        summed over the real micro-batches of all ranks.
+
+        Padding: the trailing ``batch.pad_rows`` rows (added by ``Batch.split``) are
+        skipped entirely; a rank with fewer micro-batches than another runs zero-weight
+        passes so that the FSDP collectives of all ranks match.
+        ``agg.max_response_len`` is ``max_response_len`` or else the widest ``R`` over ranks.
+        """
+        self._require_optimizer()
+        validate_layout(batch, TRAIN_KEYS)
+        # Rows that Batch.split appended as padding are left out of the counts and the passes.
+        rows = num_rows(batch) - padding_rows(batch)
+        response_mask = get_tensor(batch, "response_mask")[:rows].float()
+        attention_mask = get_tensor(batch, "attention_mask")[:rows]
+        nonempty = response_mask.sum(-1) > 0  # rows with no response token count in no total
+        token_sum, seq_sum, all_tokens = self._all_reduce(
+            [float(response_mask.sum()), float(nonempty.sum()), float(attention_mask[nonempty].sum())]
+        )
+        if max_response_len is None:
+            max_response_len = int(self._all_reduce([float(response_mask.shape[1])], op="max")[0])
+        if token_sum <= 0:
+            raise ValueError("response_mask is all zero over the whole mini-batch: nothing to train on")
+        agg = make_aggregation_context(token_sum, seq_sum, max_response_len)
+        local_count, max_count = self._num_micro_batches(rows, micro_batch_size)
+
+        self._module.train()
+        loss_total = 0.0
+        metric_sums: dict[str, float] = {}
+        extra_sums: dict[str, float] = {}
+        for i in range(max_count):
+            real = i < local_count
+            start = i * micro_batch_size if real else 0
+            end = min(start + micro_batch_size, rows) if real else 1
+            micro = take_rows(batch, start, end, self.device)
+            loss, metrics, sums = micro_loss(micro, agg)
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                raise TypeError("loss_fn must return (scalar loss tensor, metrics dict)")
+            weight = self._loss_scale if real else 0.0
+            (loss * weight).backward()
+            if real:
+                loss_total += float(loss.detach())
+                for key, value in (metrics or {}).items():
+                    metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
+                for key, value in sums.items():
+                    extra_sums[key] = extra_sums.get(key, 0.0) + float(value)
+
+        keys, extra_keys = sorted(metric_sums), sorted(extra_sums)
+        reduced = self._all_reduce(
+            [loss_total, float(local_count)]
+            + [metric_sums[k] for k in keys]
+            + [extra_sums[k] for k in extra_keys]
+        )
+        loss_global, count_global = reduced[:2]
+        out = {"loss": loss_global, "response_tokens": token_sum, "tokens": all_tokens}
+        for key, value in zip(keys, reduced[2 : 2 + len(keys)], strict=True):
+            out[key] = value / count_global
+        return out, dict(zip(extra_keys, reduced[2 + len(keys) :], strict=True))
 
     def forward_backward(
         self,
@@ -248,48 +345,24 @@ class FSDP2Engine(TrainingEngine):
         temperature: float = 1.0,
         *,
         entropy_requires_grad: bool = False,
+        max_response_len: int | None = None,
     ) -> dict[str, float]:
         """Accumulate gradients of ``loss_fn`` over the local mini-batch (no optimizer step).
 
         Gradient contract: ``loss_fn(micro_batch, logprobs [b, R], entropy [b, R], agg)``
         returns a scalar whose SUM over micro-batches and ranks is the mini-batch loss,
         using ``agg.global_tokens`` (sum of ``response_mask`` over all ranks),
-        ``agg.global_seqs`` (rows with >= 1 response token over all ranks; padding rows
-        with an all-zero mask count in neither) and ``agg.max_response_len`` (``R``).
+        ``agg.global_seqs`` (rows with >= 1 response token over all ranks) and
+        ``agg.max_response_len`` (``max_response_len``, default the widest ``R`` over
+        ranks). The ``batch.pad_rows`` trailing rows of a ``Batch.split`` part are skipped.
 
         Returns:
             ``loss`` (global mini-batch loss), ``entropy`` (token-mean over the
             mini-batch), ``response_tokens``, ``tokens`` (attention-mask tokens of the
             non-padding rows over all ranks) and each ``loss_fn`` metric averaged over micro-batches and ranks.
         """
-        self._require_optimizer()
-        validate_layout(batch, TRAIN_KEYS)
-        rows = num_rows(batch)
-        response_mask = get_tensor(batch, "response_mask").float()
-        attention_mask = get_tensor(batch, "attention_mask")
-        real_rows = response_mask.sum(-1) > 0  # padding rows have an all-zero response mask
-        token_sum, seq_sum, all_tokens = self._all_reduce(
-            [
-                float(response_mask.sum()),
-                float(real_rows.sum()),
-                float(attention_mask[real_rows].sum()),
-            ]
-        )
-        max_response_len = int(self._all_reduce([float(response_mask.shape[1])], op="max")[0])
-        if token_sum <= 0:
-            raise ValueError("response_mask is all zero over the whole mini-batch: nothing to train on")
-        agg = make_aggregation_context(token_sum, seq_sum, max_response_len)
-        local_count, max_count = self._num_micro_batches(rows, micro_batch_size)
 
-        self._module.train()
-        loss_total = 0.0
-        entropy_total = 0.0
-        metric_sums: dict[str, float] = {}
-        for i in range(max_count):
-            real = i < local_count
-            start = i * micro_batch_size if real else 0
-            end = min(start + micro_batch_size, rows) if real else 1
-            micro = take_rows(batch, start, end, self.device)
+        def micro_loss(micro: Any, agg: Any) -> tuple[torch.Tensor, Any, dict[str, float]]:
             with self._autocast():
                 logprobs, entropy = response_logprobs(
                     self._module, model_inputs(micro), temperature=temperature, compute_entropy=True
@@ -297,30 +370,34 @@ class FSDP2Engine(TrainingEngine):
             if not entropy_requires_grad:
                 entropy = entropy.detach()
             loss, metrics = loss_fn(micro, logprobs, entropy, agg)
-            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-                raise TypeError("loss_fn must return (scalar loss tensor, metrics dict)")
-            weight = self._loss_scale if real else 0.0
-            (loss * weight).backward()
-            if real:
-                loss_total += float(loss.detach())
-                mask = get_tensor(micro, "response_mask").float()
-                entropy_total += float((entropy.detach() * mask).sum())
-                for key, value in (metrics or {}).items():
-                    metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
+            mask = get_tensor(micro, "response_mask").float()
+            return loss, metrics, {"entropy_sum": float((entropy.detach() * mask).sum())}
 
-        keys = sorted(metric_sums)
-        reduced = self._all_reduce(
-            [loss_total, entropy_total, float(local_count)] + [metric_sums[k] for k in keys]
-        )
-        loss_global, entropy_global, count_global = reduced[:3]
-        out = {
-            "loss": loss_global,
-            "entropy": entropy_global / token_sum,
-            "response_tokens": token_sum,
-            "tokens": all_tokens,
-        }
-        for key, value in zip(keys, reduced[3:], strict=True):
-            out[key] = value / count_global
+        out, sums = self._accumulate_gradients(batch, micro_batch_size, micro_loss, max_response_len)
+        out["entropy"] = sums["entropy_sum"] / out["response_tokens"]
+        return out
+
+    def forward_backward_values(
+        self, batch: Any, loss_fn: ValueLossFn, micro_batch_size: int
+    ) -> dict[str, float]:
+        """:meth:`forward_backward` for a value model (a critic): the loss sees values, not log-probs.
+
+        ``loss_fn(micro_batch, values [b, R], agg) -> (loss scalar, metrics)`` with the
+        same gradient contract as :meth:`forward_backward`; ``values`` carry the
+        gradient (positions ``P-1 .. P+R-2``, see :mod:`verity.engines.values`).
+
+        Returns:
+            ``loss``, ``response_tokens``, ``tokens`` and each ``loss_fn`` metric
+            averaged over micro-batches and ranks.
+        """
+
+        def micro_loss(micro: Any, agg: Any) -> tuple[torch.Tensor, Any, dict[str, float]]:
+            with self._autocast():
+                values = response_values(self._module, model_inputs(micro))
+            loss, metrics = loss_fn(micro, values, agg)
+            return loss, metrics, {}
+
+        out, _ = self._accumulate_gradients(batch, micro_batch_size, micro_loss)
         return out
 
     def optimizer_step(self) -> dict[str, float]:
@@ -344,6 +421,15 @@ class FSDP2Engine(TrainingEngine):
         self.global_step += 1
         return {"grad_norm": grad_norm, "lr": lr, "step_skipped": 0.0 if finite else 1.0}
 
+    def _timed_step(self, forward_backward: Any) -> dict[str, float]:
+        start = time.perf_counter()
+        metrics = forward_backward()
+        metrics.update(self.optimizer_step())
+        seconds = time.perf_counter() - start
+        metrics["step_seconds"] = seconds
+        metrics["tokens_per_s"] = metrics["tokens"] / max(seconds, 1e-9)
+        return metrics
+
     def train_step(
         self,
         batch: Any,
@@ -352,17 +438,23 @@ class FSDP2Engine(TrainingEngine):
         temperature: float = 1.0,
         *,
         entropy_requires_grad: bool = False,
+        max_response_len: int | None = None,
     ) -> dict[str, float]:
         """:meth:`forward_backward` then :meth:`optimizer_step`; adds ``step_seconds`` and ``tokens_per_s``."""
-        start = time.perf_counter()
-        metrics = self.forward_backward(
-            batch, loss_fn, micro_batch_size, temperature, entropy_requires_grad=entropy_requires_grad
+        return self._timed_step(
+            lambda: self.forward_backward(
+                batch,
+                loss_fn,
+                micro_batch_size,
+                temperature,
+                entropy_requires_grad=entropy_requires_grad,
+                max_response_len=max_response_len,
+            )
         )
-        metrics.update(self.optimizer_step())
-        seconds = time.perf_counter() - start
-        metrics["step_seconds"] = seconds
-        metrics["tokens_per_s"] = metrics["tokens"] / max(seconds, 1e-9)
-        return metrics
+
+    def value_train_step(self, batch: Any, loss_fn: ValueLossFn, micro_batch_size: int) -> dict[str, float]:
+        """:meth:`forward_backward_values` then :meth:`optimizer_step` (a critic's optimizer step)."""
+        return self._timed_step(lambda: self.forward_backward_values(batch, loss_fn, micro_batch_size))
 
     def full_gradients(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) gradient of every parameter that has one, on CPU (collective).

@@ -70,12 +70,12 @@ def validate_layout(batch: Any, keys: tuple[str, ...]) -> None:
 def take_rows(batch: Any, start: int, end: int, device: torch.device) -> Any:
     """Rows ``start:end`` of the mini-batch, moved to ``device``, same type as ``batch``.
 
-    A ``verity.batch.Batch`` is cut with ``batch.index(LongTensor)`` and moved with
+    A ``verity.batch.Batch`` is cut with ``batch.index(slice)`` (views) and moved with
     ``.to(device)``; a mapping becomes a ``dict`` with every tensor sliced and moved
     (non-tensor values are kept as they are if not a list of length ``B``).
     """
     if hasattr(batch, "index") and hasattr(batch, "to") and not isinstance(batch, dict):
-        return batch.index(torch.arange(start, end)).to(device)
+        return batch.index(slice(start, end)).to(device)
     if isinstance(batch, Mapping):
         rows = num_rows(batch)
         out: dict[str, Any] = {}
@@ -88,6 +88,14 @@ def take_rows(batch: Any, start: int, end: int, device: torch.device) -> Any:
                 out[key] = value
         return out
     raise TypeError(f"batch must be a verity.batch.Batch or a mapping of tensors, got {type(batch).__name__}")
+
+
+def padding_rows(batch: Any) -> int:
+    """Trailing rows that ``Batch.split`` added as padding (``batch.pad_rows``; 0 for a mapping)."""
+    pad = int(getattr(batch, "pad_rows", 0) or 0)
+    if not 0 <= pad <= num_rows(batch):
+        raise ValueError(f"batch.pad_rows={pad} must be in [0, {num_rows(batch)}]")
+    return pad
 
 
 def model_inputs(micro_batch: Any) -> dict[str, torch.Tensor]:

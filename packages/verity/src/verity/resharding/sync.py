@@ -30,7 +30,10 @@ from verity.resharding.names import NameMapper, map_names
 
 @dataclass
 class SyncStats:
-    """What one weight sync moved: tensor count, bytes (in the sent dtype), wall seconds."""
+    """What one weight sync handed to the receiver: tensor count, bytes (in the sent dtype), wall seconds.
+
+    A rank without a receiver reports 0 tensors and 0 bytes (it only helped gather).
+    """
 
     num_tensors: int
     num_bytes: int
@@ -136,10 +139,9 @@ def sync_weights(
             yield name, tensor
 
     full = iter_full_state_dict(_source_module(engine), bucket_bytes, dtype=dtype, device=device)
-    stream = counted(map_names(full, name_mapper))
     if rollout is not None:
-        rollout.load_weights(stream)
-    for _ in stream:  # finish the collective gathering even if the receiver stopped early
+        rollout.load_weights(counted(map_names(full, name_mapper)))
+    for _ in full:  # finish the collective gathering (no receiver here, or it stopped early)
         pass
     return SyncStats(
         num_tensors=counts["tensors"], num_bytes=counts["bytes"], seconds=time.perf_counter() - start

@@ -1,0 +1,143 @@
+"""Weight sync from an FSDP2-sharded trainer (2 gloo processes) into a rollout model.
+
+After one optimizer step, each rank gathers the full weights bucket by bucket and copies
+them in place into its own (colocated) rollout model, initialised differently. The rollout's
+weights must then equal the trainer's exactly, and its log-probs must equal the trainer's.
+The sync time is printed (no timing assertion).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from verity.engines import FSDP2Engine, OptimConfig
+from verity.engines.logprobs import response_logprobs
+from verity.resharding import ModuleWeightReceiver, iter_full_state_dict_buckets, sync_weights
+
+VOCAB, P, R = 100, 5, 6
+WORLD = 2
+BUCKET_BYTES = 48 * 1024  # several buckets for this ~0.2 MB model
+
+
+def tiny_qwen2(seed: int):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
+    return Qwen2ForCausalLM(cfg)
+
+
+def make_batch(rows: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    responses = torch.randint(1, VOCAB, (rows, R), generator=g)
+    input_ids = torch.cat([torch.randint(1, VOCAB, (rows, P), generator=g), responses], 1)
+    attention_mask = torch.ones_like(input_ids)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "responses": responses,
+        "response_mask": torch.ones(rows, R),
+    }
+
+
+def push_up_loss(mb, logprobs, entropy, agg):
+    return -(logprobs * mb["response_mask"]).sum() / agg.global_tokens, {}
+
+
+def max_weight_diff(model, full: dict[str, torch.Tensor]) -> float:
+    state = model.state_dict()
+    return max(float((state[name].float() - tensor.float()).abs().max()) for name, tensor in full.items())
+
+
+def _worker(rank: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    try:
+        out: dict = {}
+        engine = FSDP2Engine(tiny_qwen2(seed=0), OptimConfig(lr=1e-2))
+        batch = make_batch(4, seed=rank)
+        engine.train_step(batch, push_up_loss, micro_batch_size=2)
+        buckets = list(iter_full_state_dict_buckets(engine.model, BUCKET_BYTES))
+        full = {name: t.clone() for bucket in buckets for name, t in bucket}
+        out["bucket_bytes"] = [[t.numel() * t.element_size() for _, t in b] for b in buckets]
+        out["param_types"] = {type(p).__name__ for p in engine.model.parameters()}
+
+        # colocated: every rank copies into its own rollout model in process
+        rollout = tiny_qwen2(seed=7).eval()
+        out["diff_before"] = max_weight_diff(rollout, full)
+        stats = sync_weights(engine, ModuleWeightReceiver(rollout), bucket_bytes=BUCKET_BYTES)
+        out["stats"] = (stats.num_tensors, stats.num_bytes, stats.seconds)
+        out["diff_after"] = max_weight_diff(rollout, full)
+        out["full_names"] = sorted(full)
+        with torch.no_grad():
+            rollout_lp, _ = response_logprobs(rollout, batch)
+        trainer_lp, _ = engine.compute_logprobs(batch, micro_batch_size=4)
+        out["logprob_diff"] = float((rollout_lp - trainer_lp).abs().max())
+
+        # a separate rollout on rank 0 only, in bfloat16: rank 1 only helps gather
+        rollout_bf16 = tiny_qwen2(seed=8).to(torch.bfloat16) if rank == 0 else None
+        target = ModuleWeightReceiver(rollout_bf16) if rollout_bf16 is not None else None
+        stats16 = sync_weights(engine, target, bucket_bytes=BUCKET_BYTES, dtype=torch.bfloat16)
+        out["bf16_bytes"] = stats16.num_bytes
+        if rollout_bf16 is not None:
+            out["bf16_diff"] = max_weight_diff(
+                rollout_bf16, {k: v.to(torch.bfloat16) for k, v in full.items()}
+            )
+        torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out_dir = str(tmp_path_factory.mktemp("weight_sync"))
+    mp.spawn(_worker, args=(_free_port(), out_dir), nprocs=WORLD, join=True)
+    return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(WORLD)]
+
+
+def test_rollout_weights_equal_trainer_weights_after_sync(results):
+    for rank, res in enumerate(results):
+        assert res["param_types"] == {"DTensor"}, "trainer parameters must be FSDP2 shards"
+        assert res["diff_before"] > 1e-3, "the rollout must start from other weights"
+        assert res["diff_after"] == 0.0, f"rank {rank}: rollout differs from trainer after sync"
+        assert res["logprob_diff"] < 1e-5
+        num_tensors, num_bytes, seconds = res["stats"]
+        assert num_tensors == len(res["full_names"]) == 2 * 12 + 2  # layers + embed + final norm
+        print(
+            f"\nrank {rank}: synced {num_tensors} tensors, {num_bytes / 1e6:.3f} MB in {seconds * 1e3:.1f} ms"
+        )
+    assert results[0]["full_names"] == results[1]["full_names"]
+
+
+def test_buckets_are_bounded(results):
+    for bucket in results[0]["bucket_bytes"]:
+        assert sum(bucket) <= BUCKET_BYTES or len(bucket) == 1
+    assert len(results[0]["bucket_bytes"]) > 3
+
+
+def test_bf16_sync_to_a_rollout_on_rank_zero_only(results):
+    assert results[0]["bf16_diff"] == 0.0
+    float32_bytes = results[0]["stats"][1]
+    assert results[0]["bf16_bytes"] == float32_bytes // 2
+    assert results[1]["bf16_bytes"] == 0  # rank 1 gathered but had no rollout to send to
