@@ -40,6 +40,7 @@ class RLTrainer:
         val_batches: a callable returning an iterable of held-out prompt batches.
         tracker: a :class:`verity.tracking.Tracker` (or ``None``).
         kl_controller: for KL in the reward.
+        critic: the critic worker group (``compute_values``, ``update_critic``), or ``None``.
         stages: override the stage list (default from the config).
         progress: a callable ``(step, metrics)`` for console progress, or ``None``.
     """
@@ -54,6 +55,7 @@ class RLTrainer:
         val_batches: Any,
         tracker: Any | None = None,
         kl_controller: Any | None = None,
+        critic: Any | None = None,
         stages: list[Stage] | None = None,
         progress: Any | None = None,
     ) -> None:
@@ -64,6 +66,7 @@ class RLTrainer:
         self.val_batches = val_batches
         self.tracker = tracker
         self.kl_controller = kl_controller
+        self.critic = critic
         self.stages = stages if stages is not None else default_stages(cfg)
         self.progress = progress
 
@@ -111,7 +114,9 @@ class RLTrainer:
     # ------------------------------------------------------------------ training
     def step(self, step: int, prompts: Batch) -> dict[str, float]:
         """Run every stage once on one batch of prompts; returns the step's metrics."""
-        ctx = StepContext(self.cfg, self.actor, self.rewards, self.kl_controller, step=step)
+        ctx = StepContext(
+            self.cfg, self.actor, self.rewards, self.kl_controller, step=step, critic=self.critic
+        )
         timer = StageTimer()
         batch = prompts
         for stage in self.stages:

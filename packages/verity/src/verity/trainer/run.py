@@ -62,12 +62,38 @@ def resolve_inputs(cfg: VerityConfig) -> ResolvedInputs:
     return ResolvedInputs(model_path, tokenizer_path, train, val)
 
 
+def build_worker_groups(cfg: VerityConfig, pool: Any, inputs: ResolvedInputs) -> tuple[Any, Any | None]:
+    """``(actor, critic)`` handles on ``pool``; ``critic`` is ``None`` when the run has none.
+
+    With a critic, the critic role is colocated with the actor/rollout/reference role
+    (``verity.controller.colocate``): the same processes, the same process group, no
+    extra CPU reservation. Each handle exposes its role's methods as group calls.
+    """
+    from verity.controller import WorkerGroup, colocate, role
+    from verity.trainer.stages import needs_critic
+    from verity.workers.actor_rollout import ActorRolloutRefWorker
+
+    if not needs_critic(cfg):
+        actor = WorkerGroup(
+            pool, ActorRolloutRefWorker, cfg, inputs.model_path, inputs.tokenizer_path, name="actor"
+        )
+        return actor, None
+    from verity.workers.critic import CriticWorker
+
+    roles = {
+        "actor": role(ActorRolloutRefWorker, cfg, inputs.model_path, inputs.tokenizer_path),
+        "critic": role(CriticWorker, cfg, inputs.model_path),
+    }
+    group = WorkerGroup(pool, colocate(roles), name="actor+critic")
+    return group.actor, group.critic
+
+
 def run_training(cfg: VerityConfig) -> dict[str, Any]:
     """Train as configured; return the summary dict (also written to ``summary.json``)."""
     from transformers import AutoTokenizer
 
     from verity.algorithms.kl_control import build_kl_controller
-    from verity.controller import ResourcePool, WorkerGroup, init_ray, shutdown_ray
+    from verity.controller import ResourcePool, init_ray, shutdown_ray
     from verity.data.prompt_loader import PromptDataLoader
     from verity.data.verl_dataset import PromptDataset
     from verity.hardware import get_backend
@@ -75,7 +101,6 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
     from verity.tracking import ProgressLine, Tracker, config_hash
     from verity.trainer.loop import RLTrainer
     from verity.trainer.outputs import write_run_outputs
-    from verity.workers.actor_rollout import ActorRolloutRefWorker
 
     inputs = resolve_inputs(cfg)
     out_dir = Path(cfg.trainer.output_dir).expanduser()
@@ -128,11 +153,11 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
             pool = ResourcePool(
                 [n], resource=backend.ray_resource, cpus_per_bundle=cfg.trainer.cpus_per_worker, name="actor"
             )
-        actor = WorkerGroup(
-            pool, ActorRolloutRefWorker, cfg, inputs.model_path, inputs.tokenizer_path, name="actor"
-        )
+        actor, critic = build_worker_groups(cfg, pool, inputs)
         facts = actor.init_model()
         tracker.log_params({"model.n_params": facts[0]["n_params"]})
+        if critic is not None:
+            tracker.log_params({"critic.n_params": critic.init_model()[0]["n_params"]})
         show = cfg.trainer.progress and cfg.trainer.total_steps > 0
         progress = ProgressLine(cfg.trainer.total_steps, desc="train") if show else None
         trainer = RLTrainer(
@@ -143,6 +168,7 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
             val_batches=lambda: iter(val_loader),
             tracker=tracker,
             kl_controller=build_kl_controller(cfg.algorithm.kl),
+            critic=critic,
             progress=(lambda step, m: progress.update(step, m)) if progress else None,
         )
         result = trainer.fit()

@@ -1,15 +1,19 @@
 """The stages of one RL step, each a small function ``stage(ctx, batch) -> batch``.
 
 The one RL loop (:mod:`verity.trainer.loop`) runs a list of :class:`Stage` in
-order and times each. The default list for a policy-gradient algorithm with a
-verifiable reward is::
+order and times each. The full list is::
 
-    generate -> reward -> old_log_prob -> ref_log_prob -> advantage -> update_actor
+    [generate_baseline] -> generate -> reward -> old_log_prob -> [ref_log_prob]
+        -> [values] -> advantage -> [update_critic] -> update_actor
 
 (the weight sync to the rollout happens inside ``update_actor``, timed as
-``timing/weight_sync_s``). ``ref_log_prob`` runs only when a KL term needs the
-reference. An algorithm that needs another step (a critic, a process reward)
-adds a stage; it never copies the loop.
+``timing/weight_sync_s``). The bracketed stages run only when the config needs
+them: ``ref_log_prob`` when a KL term needs the reference; ``values`` and
+``update_critic`` when there is a critic (an estimator that needs values, e.g.
+``gae`` for PPO, or ``critic.enabled=true``); ``generate_baseline`` when the
+estimator needs ``baseline_scores`` (ReMax: the score of a greedy response to each
+prompt). An algorithm that needs another step (a process reward) adds a stage; it
+never copies the loop.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from typing import Any
 
 import torch
 
-from verity.algorithms.advantages import compute_advantages
+from verity.algorithms.advantages import compute_advantages, estimators_needing
 from verity.algorithms.kl_control import apply_kl_penalty
-from verity.batch import Batch
+from verity.batch import Batch, register_key
 from verity.config.schema import VerityConfig
 from verity.rewards.manager import token_rewards_from_scores
 
@@ -37,6 +41,7 @@ class StepContext:
     kl_controller: Any | None
     step: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    critic: Any | None = None  # the critic worker group (values, update_critic), when there is one
 
 
 StageFn = Callable[[StepContext, Batch], Batch]
@@ -59,6 +64,35 @@ def sampling_for_training(cfg: VerityConfig) -> dict[str, Any]:
         "do_sample": r.temperature > 0,
         "n": 1,
     }
+
+
+register_key(
+    "baseline_scores",
+    ("B",),
+    "float",
+    "score of a greedy (argmax) response to the sample's prompt (the ReMax baseline)",
+)
+
+
+def generate_baseline(ctx: StepContext, prompts: Batch) -> Batch:
+    """ReMax baseline: one greedy response per prompt, scored; adds ``baseline_scores [P]`` to the prompts.
+
+    Decoding is argmax (``do_sample=False``, temperature 0, ``n=1``), so the
+    baseline is the score of the policy's most likely response. ``generate`` then
+    repeats the key with the prompts, so each sample carries its prompt's baseline.
+    """
+    greedy = prompts.select(*prompts.keys())
+    greedy.meta["sampling"] = {
+        "do_sample": False,
+        "temperature": 0.0,
+        "max_new_tokens": ctx.cfg.data.max_response_length,
+        "n": 1,
+    }
+    out = ctx.actor.generate(greedy)
+    scores, _, _ = ctx.rewards.score(out)
+    prompts["baseline_scores"] = scores.float()
+    ctx.metrics["reward/baseline_mean"] = float(scores.float().mean())
+    return prompts
 
 
 def generate(ctx: StepContext, prompts: Batch) -> Batch:
@@ -99,6 +133,13 @@ def ref_log_prob(ctx: StepContext, batch: Batch) -> Batch:
     return batch.union(ctx.actor.compute_ref_log_prob(batch.select(*SEQUENCE_KEYS)))
 
 
+def values(ctx: StepContext, batch: Batch) -> Batch:
+    """Critic values of the response tokens before this step's update: ``values [B, R]``."""
+    if ctx.critic is None:
+        raise RuntimeError("the values stage needs a critic worker group (critic.enabled or a gae estimator)")
+    return batch.union(ctx.critic.compute_values(batch.select(*SEQUENCE_KEYS)))
+
+
 def advantage(ctx: StepContext, batch: Batch) -> Batch:
     """Optional KL-in-reward, then the configured advantage estimator."""
     cfg = ctx.cfg
@@ -128,14 +169,31 @@ def advantage(ctx: StepContext, batch: Batch) -> Batch:
         group=batch["group"],
         values=batch["values"] if "values" in batch else None,  # noqa: SIM401 (Batch has no .get)
         config=adv_cfg,
+        baseline_scores=batch["baseline_scores"] if "baseline_scores" in batch else None,  # noqa: SIM401
     )
     batch["advantages"] = advantages
     batch["returns"] = returns
     return batch
 
 
+def update_critic(ctx: StepContext, batch: Batch) -> Batch:
+    """Value-loss update of the critic towards the ``returns`` (old values: ``values``)."""
+    if ctx.critic is None:
+        raise RuntimeError("the update_critic stage needs a critic worker group")
+    keys = (*SEQUENCE_KEYS, "response_mask", "values", "returns")
+    ctx.metrics.update(ctx.critic.update_critic(batch.select(*keys)))
+    return batch
+
+
 def update_actor(ctx: StepContext, batch: Batch) -> Batch:
-    """PPO update of the actor on the whole batch, then the weight sync to the rollout."""
+    """PPO update of the actor on the whole batch, then the weight sync to the rollout.
+
+    Skipped during the critic's warm-up (the first ``critic.warmup_steps`` steps when
+    there is a critic), so the policy waits for useful values.
+    """
+    if needs_critic(ctx.cfg) and ctx.step <= ctx.cfg.critic.warmup_steps:
+        ctx.metrics["actor/optimizer_steps"] = 0.0
+        return batch
     wanted = (*SEQUENCE_KEYS, "response_mask", "old_logprobs", "advantages", "ref_logprobs")
     keys = [k for k in wanted if k in batch]
     ctx.metrics.update(ctx.actor.update_actor(batch.select(*keys)))
@@ -147,10 +205,29 @@ def needs_reference(cfg: VerityConfig) -> bool:
     return cfg.algorithm.kl.use_kl_loss or cfg.algorithm.kl.use_kl_in_reward
 
 
+def needs_critic(cfg: VerityConfig) -> bool:
+    """Whether the run has a critic: ``critic.enabled``, or (auto) an estimator that needs values."""
+    if cfg.critic.enabled is not None:
+        return bool(cfg.critic.enabled)
+    return cfg.algorithm.advantage.estimator in estimators_needing("values")
+
+
+def needs_baseline(cfg: VerityConfig) -> bool:
+    """Whether the estimator needs ``baseline_scores`` (ReMax's greedy rollouts)."""
+    return cfg.algorithm.advantage.estimator in estimators_needing("baseline_scores")
+
+
 def default_stages(cfg: VerityConfig) -> list[Stage]:
     """The stage list for the configured algorithm (see the module docstring)."""
-    stages = [Stage("generate", generate), Stage("reward", reward), Stage("old_log_prob", old_log_prob)]
+    stages = [Stage("generate_baseline", generate_baseline)] if needs_baseline(cfg) else []
+    stages += [Stage("generate", generate), Stage("reward", reward), Stage("old_log_prob", old_log_prob)]
     if needs_reference(cfg):
         stages.append(Stage("ref_log_prob", ref_log_prob))
-    stages += [Stage("advantage", advantage), Stage("update_actor", update_actor)]
+    critic = needs_critic(cfg)
+    if critic:
+        stages.append(Stage("values", values))
+    stages.append(Stage("advantage", advantage))
+    if critic:
+        stages.append(Stage("update_critic", update_critic))
+    stages.append(Stage("update_actor", update_actor))
     return stages

@@ -161,7 +161,11 @@ class ActorRolloutRefWorker(Worker):
             for start in range(0, len(batch), rows_per_mini):
                 mini = batch.index(slice(start, start + rows_per_mini))
                 metrics = self.actor.train_step(
-                    mini, self.loss_fn, cfg.actor.micro_batch_size, temperature=cfg.rollout.temperature
+                    mini,
+                    self.loss_fn,
+                    cfg.actor.micro_batch_size,
+                    temperature=cfg.rollout.temperature,
+                    entropy_requires_grad=cfg.actor.entropy_coeff != 0,  # the bonus needs d(entropy)
                 )
                 for key, value in metrics.items():
                     sums[key] = sums.get(key, 0.0) + float(value)

@@ -1,0 +1,227 @@
+r"""The critic role: a value model trained by the same FSDP2 engine as the actor.
+
+**Model.** The actor's backbone type with a scalar head: the checkpoint is loaded
+as ``AutoModelForTokenClassification`` with ``num_labels=1`` — the decoder
+(embeddings, layers, final norm) comes from the actor checkpoint, its LM head is
+dropped, and a new linear head ``hidden -> 1`` is added. The head starts at zero
+(weight and bias), so every value starts at 0, the neutral guess for a 0/1 reward,
+and the first updates move the head before the backbone; the head has no dropout.
+
+**Values** (the verl convention, :mod:`verity.engines.values`): the value of
+response token :math:`j` is the head's output at position :math:`P-1+j` — the state
+that has seen the prompt and the response tokens before :math:`j`. So values for
+the response come from positions :math:`P-1 .. P+R-2`, the same positions whose
+logits predict the response tokens.
+
+**Loss** (:func:`verity.algorithms.value_loss`): with old values :math:`V^{old}`
+(from :meth:`CriticWorker.compute_values` before the update) and returns :math:`G`
+(from the advantage estimator, GAE: :math:`G_t = A_t + V^{old}_t`),
+
+.. math::
+    \ell_t = \tfrac12 \max\big((V_t - G_t)^2,\ (V^{old}_t + \operatorname{clip}(V_t - V^{old}_t, -c, c) - G_t)^2\big)
+
+aggregated with ``critic.loss_agg_mode`` and the global aggregation context (counts
+over the whole mini-batch across ranks), so the critic's gradient, like the actor's,
+does not depend on the micro-batch size or the number of workers.
+
+**Placement.** The trainer colocates the critic with the actor
+(``verity.controller.colocate``): each rank's process holds the actor, rollout,
+reference and critic, and the critic reuses the process group the actor formed. On a
+small machine this costs no extra processes or CPU reservations; the critic's
+parameters, gradients and optimizer state are sharded over the same ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from verity.algorithms.configs import ValueLossConfig
+from verity.algorithms.value_loss import value_loss
+from verity.batch import Batch
+from verity.config.schema import VerityConfig
+from verity.controller import Collect, Dispatch, Worker, register
+from verity.engines import FSDP2Engine
+from verity.engines import OptimConfig as EngineOptimConfig
+from verity.hardware import get_backend
+
+ValueLossFn = Callable[[Any, torch.Tensor, Any], tuple[torch.Tensor, dict[str, float]]]
+
+#: what :meth:`CriticWorker.update_critic` reads from its batch
+CRITIC_UPDATE_KEYS = (
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "responses",
+    "response_mask",
+    "values",
+    "returns",
+)
+
+
+def load_value_model(model_path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The checkpoint at ``model_path`` as a value model: its backbone plus a zero-initialised scalar head.
+
+    Returns an HF ``*ForTokenClassification`` module (``num_labels=1``, no head
+    dropout) whose forward gives ``logits [B, T, 1]``.
+    """
+    from pathlib import Path
+
+    from transformers import AutoConfig, AutoModelForTokenClassification
+    from transformers.utils import logging as hf_logging
+
+    if not Path(model_path).is_dir():
+        raise FileNotFoundError(f"critic model path {model_path!r} is not a directory with an HF checkpoint")
+    config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the new head is "missing" from a causal-LM checkpoint, as intended
+    try:
+        model = AutoModelForTokenClassification.from_pretrained(
+            model_path, config=config, dtype=dtype, local_files_only=True
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    head = getattr(model, "score", None)
+    if not isinstance(head, torch.nn.Linear) or head.out_features != 1:
+        raise TypeError(f"{type(model).__name__} has no scalar 'score' head; cannot use it as a critic")
+    with torch.no_grad():
+        head.weight.zero_()
+        if head.bias is not None:
+            head.bias.zero_()
+    return model
+
+
+def make_value_loss(config: ValueLossConfig) -> ValueLossFn:
+    """Build ``loss_fn(micro_batch, values [b, R], agg) -> (loss, metrics)`` for the engine.
+
+    ``micro_batch`` must hold ``values`` (the old values, ``[b, R]``), ``returns`` and
+    ``response_mask`` ``[b, R]``. Metrics (``critic/*``) are micro-batch values that the
+    engine averages over micro-batches and ranks (the loss itself the engine sums
+    exactly: its ``loss``).
+    """
+    config.validate()
+
+    def loss_fn(micro: Any, values: torch.Tensor, agg: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, metrics = value_loss(
+            values=values,
+            old_values=micro["values"].to(values.dtype),
+            returns=micro["returns"].to(values.dtype),
+            response_mask=micro["response_mask"].to(values.dtype),
+            agg=agg,
+            config=config,
+        )
+        out = {
+            "critic/vf_clip_frac": metrics["vf_clipfrac"],
+            "critic/vpred_mean": metrics["vpred_mean"],
+            "critic/vf_explained_var": metrics["vf_explained_var"],
+        }
+        return loss, out
+
+    return loss_fn
+
+
+def critic_optim_config(cfg: VerityConfig, total_optimizer_steps: int) -> EngineOptimConfig:
+    """Map ``critic.optim`` onto the engine's optimizer settings."""
+    o = cfg.critic.optim
+    return EngineOptimConfig(
+        lr=o.lr,
+        betas=(float(o.betas[0]), float(o.betas[1])),
+        weight_decay=o.weight_decay,
+        max_grad_norm=o.grad_clip,
+        warmup_steps=o.warmup_steps,
+        lr_schedule=o.scheduler,
+        total_steps=max(1, total_optimizer_steps),
+        min_lr_ratio=o.min_lr_ratio,
+    )
+
+
+def critic_steps_per_rl_step(cfg: VerityConfig) -> int:
+    """Optimizer steps the critic takes per RL step: mini-batches x epochs."""
+    return (cfg.data.train_batch_size // cfg.critic.ppo_mini_batch_size) * cfg.critic.ppo_epochs
+
+
+class CriticWorker(Worker):
+    """One data-parallel rank of the critic (see the module docstring).
+
+    Args:
+        cfg: the run config (``critic.*``, ``rollout.n``, ``trainer.*``).
+        model_path: the actor checkpoint whose backbone initialises the critic
+            (``critic.model_path`` overrides it).
+    """
+
+    def __init__(self, cfg: VerityConfig, model_path: str) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model_path = cfg.critic.model_path or model_path
+        self.engine: FSDP2Engine | None = None
+        self.loss_fn: ValueLossFn | None = None
+
+    @register(Dispatch.BROADCAST)
+    def init_model(self) -> dict[str, Any]:
+        """Join (or reuse) the process group and build the sharded value model; returns this rank's facts."""
+        cfg = self.cfg
+        backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
+        self.init_process_group(backend=backend.dist_backend)  # no-op when colocated with the actor
+        device = backend.device(self.local_rank)
+        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+        model = load_value_model(self.model_path, dtype=dtype)
+        n_params = sum(p.numel() for p in model.parameters())
+        total = critic_steps_per_rl_step(cfg) * max(1, cfg.trainer.total_steps)
+        self.engine = FSDP2Engine(
+            model,
+            critic_optim_config(cfg, total),
+            device=device,
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
+        )
+        c = cfg.critic
+        self.loss_fn = make_value_loss(
+            ValueLossConfig(cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode)
+        )
+        return {"rank": self.rank, "device": str(device), "n_params": n_params}
+
+    @register(Dispatch.DP_SPLIT)
+    def compute_values(self, batch: Batch) -> Batch:
+        """Critic values of the response tokens: ``values`` ``[b, R]`` float32 (0 is not forced on padding)."""
+        if self.engine is None:
+            raise RuntimeError("CriticWorker.compute_values: init_model() must run first")
+        values = self.engine.compute_values(batch, self.cfg.critic.micro_batch_size)
+        return Batch.from_dict({"values": values})
+
+    @register(Dispatch.DP_SPLIT, collect=Collect.RANK_ZERO)
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """Epochs over mini-batches of this rank's rows, one optimizer step each.
+
+        ``batch`` holds :data:`CRITIC_UPDATE_KEYS` (``values`` = the old values,
+        ``returns`` = the regression targets). A mini-batch is
+        ``critic.ppo_mini_batch_size x rollout.n / n_workers`` rows here. Returns the
+        means over all steps of the engine's metrics (reduced over ranks), prefixed
+        ``critic/`` (``critic/value_loss`` is the mini-batch value loss), plus
+        ``critic/optimizer_steps``.
+        """
+        if self.engine is None or self.loss_fn is None:
+            raise RuntimeError("CriticWorker.update_critic: init_model() must run first")
+        missing = [k for k in CRITIC_UPDATE_KEYS if k not in batch]
+        if missing:
+            raise KeyError(f"CriticWorker.update_critic: batch is missing {missing}; it has {batch.keys()}")
+        cfg = self.cfg
+        rows_per_mini = max(1, cfg.critic.ppo_mini_batch_size * cfg.rollout.n // self.world_size)
+        sums: dict[str, float] = {}
+        steps = 0
+        for _ in range(cfg.critic.ppo_epochs):
+            for start in range(0, len(batch), rows_per_mini):
+                mini = batch.index(slice(start, start + rows_per_mini))
+                metrics = self.engine.value_train_step(mini, self.loss_fn, cfg.critic.micro_batch_size)
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + float(value)
+                steps += 1
+        renamed = {"loss": "value_loss"}  # the engine's exact mini-batch loss
+        out = {
+            k if k.startswith("critic/") else f"critic/{renamed.get(k, k)}": v / steps
+            for k, v in sums.items()
+        }
+        out["critic/optimizer_steps"] = float(steps)
+        return out
