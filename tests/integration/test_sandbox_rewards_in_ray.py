@@ -1,4 +1,5 @@
-"""RewardManager inside a Ray actor: a hung verifier and a hostile code sample do not stall it.
+"""Rewards in Ray: RewardManager inside an actor (a hung verifier and hostile code do not stall it),
+and the reward-model worker group.
 
 The manager is built on the driver, pickled (without its pool) into the actor, and
 starts its own forkserver pool there.
@@ -10,6 +11,7 @@ import json
 
 import pytest
 import ray
+import torch
 from verity.controller import init_ray
 from verity.rewards import RewardManager
 
@@ -59,6 +61,7 @@ def test_rewards_in_an_actor_survive_hangs(cluster, tmp_path):
 
 def test_code_rewards_in_an_actor(cluster):
     tests = json.dumps({"inputs": ["2\n", "3\n"], "outputs": ["4", "6"]})
+    one_case = json.dumps({"inputs": ["2\n"], "outputs": ["4"]})  # a looping program costs one case timeout
     rows = [
         {
             "data_source": "codecontests",
@@ -68,7 +71,7 @@ def test_code_rewards_in_an_actor(cluster):
         {
             "data_source": "codecontests",
             "solution_str": "```python\nwhile True: pass\n```",
-            "ground_truth": tests,
+            "ground_truth": one_case,
         },
         {
             "data_source": "codecontests",
@@ -82,3 +85,31 @@ def test_code_rewards_in_an_actor(cluster):
     assert scores == [1.0, 0.0, 0.0]
     assert status == ["ok", "ok", "ok"]  # the sandbox contained the hostile programs itself
     ray.get(actor.close.remote())
+
+
+def test_reward_model_worker_group_splits_rows_over_ranks(cluster, tmp_path):
+    from verity.batch import Batch
+    from verity.controller import ResourcePool, WorkerGroup
+    from verity.data.char_tokenizer import CharTokenizer
+    from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity.workers.reward_model import RewardModelWorker, score_texts
+
+    tokenizer = CharTokenizer()
+    model = build_tiny_qwen2_for(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    # save the classifier once so every rank loads the same score head
+    from verity.workers.reward_model import load_reward_model
+
+    classifier = load_reward_model(str(tmp_path))
+    classifier.save_pretrained(tmp_path)
+    pool = ResourcePool([2], cpus_per_bundle=0.5, name="rm", timeout_s=60)
+    group = WorkerGroup(pool, RewardModelWorker, str(tmp_path))
+    group.init_model()
+    prompts = [[{"role": "user", "content": f"{i}+1="}] for i in range(3)]
+    responses = [str(i + 1) for i in range(3)]
+    out = group.compute_rm_score(Batch.from_dict(None, {"raw_prompt": prompts, "response_text": responses}))
+    assert out["rm_scores"].shape == (3,)  # padding rows of the split were dropped
+    texts = [f"<bos>{i}+1={i + 1}" for i in range(3)]
+    expected = score_texts(classifier, tokenizer, texts)
+    assert torch.allclose(out["rm_scores"], expected, atol=1e-5)

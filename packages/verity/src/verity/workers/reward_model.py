@@ -1,0 +1,177 @@
+r"""The reward-model role: a sequence-classification head on a causal-LM backbone scores responses.
+
+**Model.** A local HF checkpoint loaded with ``AutoModelForSequenceClassification``
+(``num_labels=1``), e.g. ``Qwen2ForSequenceClassification``: the decoder backbone
+plus a linear ``score`` head ``hidden -> 1``. A trained reward model checkpoint
+carries its head; a plain causal-LM checkpoint gets a freshly initialised head
+(useful only for tests and plumbing).
+
+**Input.** The reward model may use a different tokenizer and chat template than the
+policy, so it does not reuse the policy's token ids: each sample is re-rendered from
+its chat messages (``raw_prompt``) plus ``{"role": "assistant", "content":
+response_text}`` with the reward model's tokenizer (its chat template, or the
+contents joined by newlines without one), truncated on the left to ``max_length``
+tokens, and right-padded.
+
+**Score.** The head's output at the last real token of each sequence:
+
+.. math::
+    r(x, y) = w^\top h_{T-1}(x \oplus y) + b
+
+(taken from the backbone's hidden states at the last position the attention mask
+keeps, so it does not depend on how the checkpoint marks padding). Scores come back
+as ``rm_scores`` ``[B]`` float32 and can be used alone or mixed with rule rewards
+(:func:`mix_scores`).
+
+**Placement.** One model replica per rank, no sharding (reward models used with
+this framework's CPU/GPU recipes fit one device); ``compute_rm_score`` is
+``DP_SPLIT``, so the driver's batch is spread over the group's ranks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verity.batch import Batch, declared_keys, register_key
+from verity.controller import Dispatch, Worker, register
+
+if "rm_scores" not in declared_keys():
+    register_key("rm_scores", ("B",), "float", "reward-model score of each sample (sequence level)")
+
+
+def load_reward_model(model_path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The checkpoint at ``model_path`` as a one-label sequence classifier, in eval mode."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    if not (Path(model_path) / "config.json").is_file():
+        raise FileNotFoundError(f"reward model path {model_path!r}: expected a folder with an HF checkpoint")
+    config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+    config.num_labels = 1
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a causal-LM checkpoint has no head yet: that warning is expected
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_path, config=config, dtype=dtype, local_files_only=True
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    model.eval()
+    return model
+
+
+def render_conversations(
+    raw_prompts: list[list[dict[str, Any]]], responses: list[str], tokenizer: Any
+) -> list[str]:
+    """Prompt messages plus the response as an assistant turn, rendered with ``tokenizer``."""
+    texts = []
+    for messages, response in zip(raw_prompts, responses, strict=True):
+        chat = [dict(m) for m in messages] + [{"role": "assistant", "content": response}]
+        if getattr(tokenizer, "chat_template", None):
+            texts.append(tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False))
+        else:
+            texts.append("\n".join(str(m["content"]) for m in chat))
+    return texts
+
+
+@torch.no_grad()
+def score_texts(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    texts: list[str],
+    max_length: int = 1024,
+    micro_batch_size: int = 16,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Reward-model scores ``[len(texts)]`` float32 of full conversations (see the module docstring)."""
+    add_special = not getattr(tokenizer, "chat_template", None)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad_id is None:
+        raise ValueError("reward model tokenizer: needs a pad_token_id or eos_token_id")
+    backbone = getattr(model, model.base_model_prefix)
+    head = model.score
+    out = []
+    for start in range(0, len(texts), micro_batch_size):
+        encoded = tokenizer(texts[start : start + micro_batch_size], add_special_tokens=add_special)[
+            "input_ids"
+        ]
+        rows = [list(ids)[-max_length:] for ids in encoded]
+        width = max(1, max(len(r) for r in rows))
+        input_ids = torch.full((len(rows), width), int(pad_id), dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, ids in enumerate(rows):
+            input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[i, : len(ids)] = 1
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [b, T, H]
+        last = (attention_mask.sum(dim=1) - 1).clamp(min=0)  # [b]
+        pooled = hidden[torch.arange(len(rows), device=hidden.device), last]  # [b, H]
+        out.append(head(pooled).squeeze(-1).float().cpu())
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def mix_scores(rule_scores: torch.Tensor, rm_scores: torch.Tensor, rm_weight: float = 1.0) -> torch.Tensor:
+    """``rule_scores + rm_weight * rm_scores`` (both ``[B]``); ``rm_weight=0`` keeps the rule rewards only."""
+    if rule_scores.shape != rm_scores.shape:
+        raise ValueError(
+            f"rule_scores {tuple(rule_scores.shape)} and rm_scores {tuple(rm_scores.shape)} differ"
+        )
+    return rule_scores.float() + float(rm_weight) * rm_scores.float()
+
+
+class RewardModelWorker(Worker):
+    """One reward-model replica per rank.
+
+    ``init_model`` (broadcast) loads the checkpoint; ``compute_rm_score`` (data-parallel)
+    reads ``raw_prompt`` and ``response_text`` and returns a batch with ``rm_scores`` ``[b]``.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer_path: str | None = None,
+        max_length: int = 1024,
+        micro_batch_size: int = 16,
+        device: str = "cpu",
+        dtype: str = "float32",
+    ) -> None:
+        if max_length < 1 or micro_batch_size < 1:
+            raise ValueError(
+                f"max_length/micro_batch_size: expected >= 1, got {max_length}/{micro_batch_size}"
+            )
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype: expected float32, bfloat16 or float16, got {dtype!r}")
+        self.model_path = model_path
+        self.tokenizer_path = tokenizer_path or model_path
+        self.max_length = max_length
+        self.micro_batch_size = micro_batch_size
+        self.device = device
+        self.dtype = getattr(torch, dtype)
+        self.model: torch.nn.Module | None = None
+        self.tokenizer: Any = None
+
+    @register(Dispatch.BROADCAST)
+    def init_model(self) -> dict[str, Any]:
+        """Load the tokenizer and the model on this rank; returns ``{"rank", "parameters"}``."""
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
+        self.model = load_reward_model(self.model_path, self.dtype).to(self.device)
+        return {"rank": self.rank, "parameters": sum(p.numel() for p in self.model.parameters())}
+
+    @register(Dispatch.DP_SPLIT)
+    def compute_rm_score(self, batch: Batch) -> Batch:
+        """``rm_scores`` ``[b]`` float32 for this rank's rows (needs ``raw_prompt`` and ``response_text``)."""
+        if self.model is None:
+            raise RuntimeError("RewardModelWorker: call init_model() before compute_rm_score()")
+        for key in ("raw_prompt", "response_text"):
+            if key not in batch:
+                raise ValueError(f"compute_rm_score: batch needs {key!r}; it has {batch.keys()}")
+        texts = render_conversations(list(batch["raw_prompt"]), list(batch["response_text"]), self.tokenizer)
+        scores = score_texts(
+            self.model, self.tokenizer, texts, self.max_length, self.micro_batch_size, self.device
+        )
+        return Batch.from_dict({"rm_scores": scores})
