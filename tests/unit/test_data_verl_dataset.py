@@ -180,3 +180,19 @@ def test_batch_size_larger_than_dataset_is_refused(tokenizer):
     dataset = PromptDataset([_row("1")], tokenizer, max_prompt_length=8)
     with pytest.raises(ValueError, match="only 1"):
         PromptDataLoader(dataset, batch_size=2)
+
+
+def test_build_prompt_loader_for_training_and_validation(tmp_path, tokenizer):
+    from verity.data.prompt_loader import build_prompt_loader
+
+    path = tmp_path / "val.parquet"
+    pd.DataFrame([_row(str(i)) for i in range(5)]).to_parquet(path)
+    train = build_prompt_loader(str(path), tokenizer, batch_size=2, max_prompt_length=8, seed=3)
+    assert len(train) == 2 and len(train.next_batch()) == 2
+    val = build_prompt_loader(
+        [str(path)], tokenizer, batch_size=256, max_prompt_length=8, shuffle=False, drop_last=False
+    )
+    batches = list(val)
+    assert len(batches) == 1 and batches[0]["uid"] == ["0", "1", "2", "3", "4"]
+    limited = build_prompt_loader(str(path), tokenizer, batch_size=2, max_prompt_length=8, max_samples=3)
+    assert len(limited.dataset) == 3

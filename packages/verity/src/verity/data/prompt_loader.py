@@ -192,3 +192,34 @@ class PromptDataLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.sampler.load_state_dict(state)
+
+
+def build_prompt_loader(
+    files: str | Sequence[str],
+    tokenizer: Any,
+    *,
+    batch_size: int,
+    max_prompt_length: int,
+    truncation: str = "error",
+    shuffle: bool = True,
+    seed: int = 0,
+    drop_last: bool = True,
+    max_samples: int | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> PromptDataLoader:
+    """A loader over verl-schema ``files`` (the run config's ``data`` section maps onto these arguments).
+
+    For validation pass ``shuffle=False, drop_last=False`` (and a ``batch_size`` no larger
+    than the dataset, or use ``min(batch_size, len(loader.dataset))``).
+    """
+    dataset = PromptDataset(
+        files,
+        tokenizer,
+        max_prompt_length=max_prompt_length,
+        truncation=truncation,
+        chat_template_kwargs=chat_template_kwargs,
+        max_samples=max_samples,
+    )
+    return PromptDataLoader(
+        dataset, min(batch_size, len(dataset)) if not drop_last else batch_size, shuffle, seed, drop_last
+    )
