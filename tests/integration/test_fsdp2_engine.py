@@ -83,7 +83,23 @@ def seq_mean_token_mean_loss(mb, logprobs, entropy, agg):
     return per_row.sum() / agg.global_seqs, {}
 
 
-LOSSES = {"token_mean": token_mean_loss, "seq_mean_token_mean": seq_mean_token_mean_loss}
+def library_loss(mode: str):
+    """``verity.algorithms.aggregate_loss`` of ``-logprob * advantage`` in aggregation ``mode``."""
+
+    def loss_fn(mb, logprobs, entropy, agg):
+        from verity.algorithms import aggregate_loss
+
+        return aggregate_loss(-logprobs * mb["advantages"], mb["response_mask"], mode, agg), {}
+
+    return loss_fn
+
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSSES = {
+    "token_mean": token_mean_loss,
+    "seq_mean_token_mean": seq_mean_token_mean_loss,
+    **{mode: library_loss(mode) for mode in AGG_MODES},
+}
 CFG = OptimConfig(lr=1e-2, warmup_steps=2, max_grad_norm=1.0)
 
 

@@ -52,6 +52,9 @@ def make_batch(rows: int = 7, seed: int = 1) -> dict[str, torch.Tensor]:
 
 def token_mean_loss(mb, logprobs, entropy, agg):
     """-(sum over tokens of logprob * advantage) / global_tokens."""
+    from verity.algorithms import AggregationContext
+
+    assert isinstance(agg, AggregationContext)
     mask = mb["response_mask"]
     loss = -(logprobs * mb["advantages"] * mask).sum() / agg.global_tokens
     return loss, {"micro_rows": float(mask.shape[0])}
@@ -232,3 +235,20 @@ def test_model_path_loads_a_saved_checkpoint(tmp_path):
     torch.testing.assert_close(lp_path, lp_mod)
     with pytest.raises(FileNotFoundError, match="not a directory"):
         FSDP2Engine(tmp_path / "missing", None)
+
+
+def test_aggregation_context_counts_and_max_response_len_override(engine):
+    batch = make_batch()
+    seen = []
+
+    def spy(mb, logprobs, entropy, agg):
+        seen.append(agg)
+        return (logprobs * 0).sum(), {}
+
+    engine.forward_backward(batch, spy, 3)
+    engine.forward_backward(batch, spy, 3, max_response_len=50)
+    engine.optimizer.zero_grad(set_to_none=True)
+    assert len(seen) == 6  # 3 micro-batches per call
+    assert seen[0].global_tokens == float(batch["response_mask"].sum())
+    assert seen[0].global_seqs == 7.0 and seen[0].max_response_len == R
+    assert seen[3].max_response_len == 50

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from verity.engines.base import (
-    EngineAggregationContext,
     EngineUnavailableError,
     LossFn,
     TrainingEngine,
@@ -43,7 +42,6 @@ def build_engine(name: str, *args: Any, **kwargs: Any) -> TrainingEngine:
 
 __all__ = [
     "ENGINES",
-    "EngineAggregationContext",
     "EngineUnavailableError",
     "FSDP2Engine",
     "LossFn",

@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from verity.algorithms import AggregationContext
 
 #: ``loss_fn(micro_batch, logprobs [b, R], entropy [b, R], agg_ctx) -> (loss scalar, metrics)``
 LossFn = Callable[[Any, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Mapping[str, float]]]
@@ -43,27 +44,10 @@ ValueLossFn = Callable[[Any, torch.Tensor, Any], tuple[torch.Tensor, Mapping[str
 MicroLossFn = Callable[[Any, Any], tuple[torch.Tensor, Mapping[str, float], Mapping[str, float]]]
 
 
-@dataclass(frozen=True)
-class EngineAggregationContext:
-    """Counts over a whole mini-batch, used when ``verity.algorithms`` is not importable.
-
-    Same fields and meaning as ``verity.algorithms.AggregationContext``:
-    ``global_tokens`` = sum of ``response_mask`` over all rows of all ranks,
-    ``global_seqs`` = number of rows with at least one response token over all ranks,
-    ``max_response_len`` = the response width ``R`` (max over ranks).
-    """
-
-    global_tokens: float
-    global_seqs: float
-    max_response_len: int
-
-
-def make_aggregation_context(global_tokens: float, global_seqs: float, max_response_len: int) -> Any:
-    """Build ``verity.algorithms.AggregationContext`` (or the engine's stand-in with the same fields)."""
-    try:
-        from verity.algorithms import AggregationContext  # type: ignore[attr-defined]
-    except ImportError:
-        AggregationContext = EngineAggregationContext  # noqa: N806
+def make_aggregation_context(
+    global_tokens: float, global_seqs: float, max_response_len: int
+) -> AggregationContext:
+    """The ``verity.algorithms.AggregationContext`` handed to loss callables (counts over the mini-batch)."""
     return AggregationContext(
         global_tokens=float(global_tokens),
         global_seqs=float(global_seqs),

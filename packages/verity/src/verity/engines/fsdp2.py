@@ -122,6 +122,8 @@ class FSDP2Engine(TrainingEngine):
             raise ValueError("mixed_precision=True needs a GPU device; on CPU training runs in float32")
         self.mixed_precision = mixed_precision
         self.logprob_chunk_tokens = logprob_chunk_tokens
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         self.distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
