@@ -252,3 +252,13 @@ def test_aggregation_context_counts_and_max_response_len_override(engine):
     assert seen[0].global_tokens == float(batch["response_mask"].sum())
     assert seen[0].global_seqs == 7.0 and seen[0].max_response_len == R
     assert seen[3].max_response_len == 50
+
+
+def test_gradient_checkpointing_gives_the_same_gradient():
+    batch = make_batch()
+    checkpointed = FSDP2Engine(tiny_qwen2(), OptimConfig(), gradient_checkpointing=True)
+    assert checkpointed.model.is_gradient_checkpointing
+    g_ref = grads_after_backward(FSDP2Engine(tiny_qwen2(), OptimConfig()), batch, token_mean_loss, 4)
+    g_ckpt = grads_after_backward(checkpointed, batch, token_mean_loss, 4)
+    for name in g_ref:
+        torch.testing.assert_close(g_ckpt[name], g_ref[name], rtol=1e-4, atol=1e-6, msg=name)
