@@ -1,0 +1,53 @@
+"""The interface every generation backend implements (HF transformers, vLLM, SGLang).
+
+Input batch (``verity.batch.Batch``, or a plain dict of the same keys):
+
+- ``input_ids``      [B, P] prompt token ids, **left**-padded with the pad id;
+- ``attention_mask`` [B, P] 1 on real prompt tokens, 0 on padding;
+- any other keys (tensors or per-row lists) pass through to the output.
+
+Output batch (one row per sample; with ``n`` samples per prompt each input row
+is repeated ``n`` times consecutively):
+
+- ``prompts``          [B, P]   the prompt ids as given;
+- ``responses``        [B, R]   response ids, right-padded with the pad id after EOS (R = ``max_new_tokens``);
+- ``response_mask``    [B, R]   int64, 1 on response tokens up to and including EOS, 0 after;
+- ``rollout_logprobs`` [B, R]   float32, the sampler's log-prob of each response token (0 where masked);
+- ``input_ids``        [B, P+R] cat(prompts, responses);
+- ``attention_mask``   [B, P+R] cat(prompt mask, response_mask);
+- ``position_ids``     [B, P+R] cumsum(attention_mask) - 1, clipped at 0.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from verity.rollout.sampling import SamplingParams
+
+
+class RolloutEngine(abc.ABC):
+    """A generation backend: sample responses, take new weights, free memory between uses."""
+
+    sampling: SamplingParams
+
+    @abc.abstractmethod
+    def generate(self, batch: Any, params: SamplingParams | None = None) -> Any:
+        """Sample responses for a batch of prompts (keys and shapes in the module docstring).
+
+        ``params`` overrides the engine's sampling parameters for this call;
+        otherwise the engine's, updated by any sampling keys in the batch's meta.
+        """
+
+    @abc.abstractmethod
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy ``(parameter name, full tensor)`` pairs into the serving model in place; returns how many."""
+
+    def sleep(self) -> None:
+        """Free accelerator memory held by the engine (weights, caches) until :meth:`wake`."""
+
+    def wake(self) -> None:
+        """Bring back what :meth:`sleep` released."""

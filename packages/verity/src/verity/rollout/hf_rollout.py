@@ -1,0 +1,255 @@
+"""Generation with a Hugging Face causal LM: a hand-written decode loop over a KV cache.
+
+The loop (prefill once, then one token per step)::
+
+    logits_0        = model(prompt, attention_mask, position_ids)[:, -1]      # prefill, fills the cache
+    token_t, lp_t   = sample(logits_t)                                        # see rollout.sampling
+    logits_{t+1}    = model(token_t, mask + [1], position = last + 1 + t, cache)[:, -1]
+
+A row that has produced EOS is finished: from then on its response is the pad
+id, its ``response_mask`` is 0 and its log-prob 0 (it still rides along in
+the batched forward; its outputs are ignored). The loop stops early once every
+row is finished; responses are always padded to ``max_new_tokens`` so that
+batches from different workers concatenate.
+
+Randomness comes only from the engine's own ``torch.Generator`` (seeded at
+construction or by :meth:`HFRollout.set_seed`), so the same seed and the same
+sequence of calls give the same tokens, whatever the global RNG does.
+
+``n`` samples per prompt: each input row is repeated ``n`` times
+consecutively (rows ``i*n .. i*n+n-1`` belong to prompt ``i``); when the input
+has no ``group`` key the output gets one (``group[j] = j // n``). A trainer
+that repeats the batch itself calls with ``n=1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from verity.rollout.base import RolloutEngine
+from verity.rollout.batch_io import pack_batch, unpack_batch
+from verity.rollout.prompts import position_ids_from_mask
+from verity.rollout.sampling import SamplingParams, sample_next_token
+
+
+def _resolve_eos_ids(
+    eos_token_ids: int | Sequence[int] | None,
+    tokenizer: PreTrainedTokenizerBase | None,
+    model: PreTrainedModel,
+) -> list[int]:
+    if eos_token_ids is None and tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos_token_ids = tokenizer.eos_token_id
+    if eos_token_ids is None:
+        generation_config = getattr(model, "generation_config", None)
+        eos_token_ids = getattr(generation_config, "eos_token_id", None)
+    if eos_token_ids is None:
+        eos_token_ids = getattr(model.config, "eos_token_id", None)
+    if eos_token_ids is None:
+        raise ValueError("eos_token_ids: not given and neither the tokenizer nor the model config names one")
+    return [int(eos_token_ids)] if isinstance(eos_token_ids, int) else [int(i) for i in eos_token_ids]
+
+
+def _resolve_pad_id(
+    pad_token_id: int | None, tokenizer: PreTrainedTokenizerBase | None, model: PreTrainedModel, eos: list[int]
+) -> int:
+    if pad_token_id is None and tokenizer is not None:
+        pad_token_id = tokenizer.pad_token_id
+    if pad_token_id is None:
+        pad_token_id = getattr(model.config, "pad_token_id", None)
+    return int(eos[0] if pad_token_id is None else pad_token_id)
+
+
+class HFRollout(RolloutEngine):
+    """Batched sampling from a Hugging Face causal LM (see the module docstring).
+
+    ``model``: any ``AutoModelForCausalLM`` model (it stays where it is; inputs
+    are moved to its device). ``tokenizer`` supplies the pad and EOS ids unless
+    ``pad_token_id`` / ``eos_token_ids`` are given. ``sampling``: the default
+    :class:`SamplingParams`. ``seed``: seeds the engine's private generator.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        seed: int = 0,
+        pad_token_id: int | None = None,
+        eos_token_ids: int | Sequence[int] | None = None,
+    ) -> None:
+        self.model = model
+        self.sampling = sampling or SamplingParams()
+        self.eos_token_ids = _resolve_eos_ids(eos_token_ids, tokenizer, model)
+        self.pad_token_id = _resolve_pad_id(pad_token_id, tokenizer, model, self.eos_token_ids)
+        self._awake_device: torch.device | None = None
+        self._seed = seed
+        self._generator = self._new_generator(seed)
+
+    @property
+    def device(self) -> torch.device:
+        """The device the model's parameters live on."""
+        return next(self.model.parameters()).device
+
+    def _new_generator(self, seed: int) -> torch.Generator:
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed)
+        return generator
+
+    def set_seed(self, seed: int) -> None:
+        """Restart the engine's random stream from ``seed``."""
+        self._seed = seed
+        self._generator = self._new_generator(seed)
+
+    # ------------------------------------------------------------------ generate
+
+    def generate(self, batch: Any, params: SamplingParams | None = None) -> Any:
+        """Sample responses for left-padded prompts; keys and shapes in ``verity.rollout.base``.
+
+        ``params`` overrides the engine's sampling parameters; otherwise the
+        engine's are updated by sampling keys found in the batch's meta
+        (``do_sample``, ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``,
+        ``n``, ``ignore_eos``). Non-tensor per-row fields and meta pass through.
+        """
+        tensors, non_tensors, meta = unpack_batch(batch)
+        params = params or self.sampling.updated(meta)
+        for key in ("input_ids", "attention_mask"):
+            if key not in tensors:
+                raise KeyError(f"batch: expected key {key!r} ([B, P] left-padded prompt), found {sorted(tensors)}")
+        prompt_ids, prompt_mask = tensors["input_ids"], tensors["attention_mask"]
+        if prompt_ids.dim() != 2 or prompt_ids.shape != prompt_mask.shape:
+            raise ValueError(
+                f"batch['input_ids'], batch['attention_mask']: expected equal [B, P] shapes, "
+                f"got {tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}"
+            )
+        if prompt_ids.shape[0] == 0:
+            raise ValueError("batch: expected at least one prompt row, got 0")
+        if bool((prompt_mask[:, -1] == 0).any()):
+            raise ValueError("batch['attention_mask']: prompts must be left-padded (last column all ones)")
+        rows = prompt_ids.shape[0]
+
+        if params.n > 1:
+            tensors = {key: value.repeat_interleave(params.n, dim=0) for key, value in tensors.items()}
+            non_tensors = {key: [v for v in value for _ in range(params.n)] for key, value in non_tensors.items()}
+            if "group" not in tensors:
+                tensors["group"] = torch.arange(rows, dtype=torch.long).repeat_interleave(params.n)
+            prompt_ids, prompt_mask = tensors["input_ids"], tensors["attention_mask"]
+
+        responses, response_mask, logprobs = self._decode(prompt_ids, prompt_mask, params)
+        attention_mask = torch.cat([prompt_mask.to(responses.device).long(), response_mask], dim=1)
+        out = {
+            key: value
+            for key, value in tensors.items()
+            if key not in ("input_ids", "attention_mask", "position_ids")
+        }
+        out.update(
+            prompts=prompt_ids.to(responses.device),
+            responses=responses,
+            response_mask=response_mask,
+            rollout_logprobs=logprobs,
+            input_ids=torch.cat([prompt_ids.to(responses.device), responses], dim=1),
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+        )
+        return pack_batch(out, non_tensors, meta)
+
+    @torch.no_grad()
+    def _decode(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decode loop. Returns responses [B, R] int64, response_mask [B, R] int64, logprobs [B, R] float32."""
+        device = self.device
+        if self._generator.device.type != device.type:
+            # the model was moved after construction: restart the stream on its device
+            self._generator = self._new_generator(self._seed)
+        prompt_ids = prompt_ids.to(device).long()
+        attention_mask = prompt_mask.to(device).long()
+        rows, length = prompt_ids.shape[0], params.max_new_tokens
+        responses = torch.full((rows, length), self.pad_token_id, dtype=torch.long, device=device)
+        response_mask = torch.zeros((rows, length), dtype=torch.long, device=device)
+        logprobs = torch.zeros((rows, length), dtype=torch.float32, device=device)
+        eos_ids = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
+        finished = torch.zeros(rows, dtype=torch.bool, device=device)
+        ones = torch.ones((rows, 1), dtype=torch.long, device=device)
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            position_ids = position_ids_from_mask(attention_mask)
+            next_position = position_ids[:, -1:] + 1
+            output = self.model(
+                input_ids=prompt_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            for step in range(length):
+                tokens, token_logprobs = sample_next_token(output.logits[:, -1, :], params, self._generator)
+                alive = ~finished
+                responses[:, step] = torch.where(alive, tokens, self.pad_token_id)
+                logprobs[:, step] = torch.where(alive, token_logprobs, 0.0)
+                response_mask[:, step] = alive.long()
+                if not params.ignore_eos:
+                    finished = finished | (alive & torch.isin(tokens, eos_ids))
+                    if bool(finished.all()):
+                        break
+                if step + 1 == length:
+                    break
+                attention_mask = torch.cat([attention_mask, ones], dim=1)
+                output = self.model(
+                    input_ids=responses[:, step : step + 1],
+                    attention_mask=attention_mask,
+                    position_ids=next_position,
+                    past_key_values=output.past_key_values,
+                    use_cache=True,
+                )
+                next_position = next_position + 1
+        finally:
+            self.model.train(was_training)
+        return responses, response_mask, logprobs
+
+    # ------------------------------------------------------------------ weights and memory
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Copy full tensors into the model's parameters/buffers in place (dtype and device converted).
+
+        Names are ``model.state_dict()`` names. Raises KeyError for an unknown
+        name and ValueError for a shape mismatch. Returns the number copied.
+        """
+        targets = self.model.state_dict(keep_vars=True)
+        loaded = 0
+        for name, tensor in named_tensors:
+            target = targets.get(name)
+            if target is None:
+                raise KeyError(f"load_weights: the rollout model has no parameter named {name!r}")
+            if tuple(target.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"load_weights[{name!r}]: expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}"
+                )
+            target.data.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
+            loaded += 1
+        return loaded
+
+    def sleep(self) -> None:
+        """Move the model to CPU and release cached accelerator memory (nothing to do on CPU)."""
+        device = self.device
+        if device.type == "cpu":
+            return
+        self._awake_device = device
+        self.model.to("cpu")
+        accelerator = getattr(torch, device.type, None)
+        if accelerator is not None and hasattr(accelerator, "empty_cache"):
+            accelerator.empty_cache()
+
+    def wake(self) -> None:
+        """Move the model back to the device it was on before :meth:`sleep`."""
+        if self._awake_device is None:
+            return
+        self.model.to(self._awake_device)
+        self._awake_device = None

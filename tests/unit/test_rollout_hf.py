@@ -1,0 +1,226 @@
+"""HFRollout: shapes, EOS handling, masks, log-prob correctness, determinism, greedy, weights."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from verity.data.char_tokenizer import CharTokenizer
+from verity.data.tiny_model import build_tiny_qwen2_for
+from verity.rollout import HFRollout, SamplingParams, encode_prompts, filter_top_k_top_p, left_pad
+from verity.rollout.prompts import position_ids_from_mask
+
+PROMPTS = ["12+3=", "7-2=", "40+41=", "5="]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return CharTokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return build_tiny_qwen2_for(tokenizer, seed=3).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer):
+    encoded = encode_prompts(tokenizer, [[{"role": "user", "content": p}] for p in PROMPTS])
+    return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+
+
+def full_forward_logprobs(model, out, prompt_len, temperature):
+    """Re-score the responses with one forward over prompt+response: [B, R]."""
+    with torch.no_grad():
+        logits = model(
+            input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]
+        ).logits
+    scaled = logits[:, prompt_len - 1 : -1].float() / temperature
+    return torch.log_softmax(scaled, dim=-1).gather(-1, out["responses"][..., None]).squeeze(-1)
+
+
+def test_encode_prompts_left_pads(tokenizer, prompts):
+    ids, mask = prompts["input_ids"], prompts["attention_mask"]
+    assert ids.shape == (4, 7)  # "<bos>40+41=" is the longest: 1 + 6 tokens
+    assert mask[3].tolist() == [0, 0, 0, 0, 1, 1, 1]
+    assert ids[3, :4].tolist() == [0] * 4 and ids[3, 4] == tokenizer.bos_token_id
+    ids2, mask2 = left_pad([[5, 6], [7]], pad_token_id=0, length=3)
+    assert ids2.tolist() == [[0, 5, 6], [0, 0, 7]] and mask2.tolist() == [[0, 1, 1], [0, 0, 1]]
+    assert position_ids_from_mask(mask2).tolist() == [[0, 0, 1], [0, 0, 0]]
+
+
+def test_shapes_masks_and_layout(model, tokenizer, prompts):
+    rollout = HFRollout(model, tokenizer, sampling=SamplingParams(max_new_tokens=6), seed=0)
+    out = rollout.generate(dict(prompts))
+    assert out["responses"].shape == (4, 6)
+    assert out["response_mask"].shape == (4, 6) and out["rollout_logprobs"].shape == (4, 6)
+    assert out["input_ids"].shape == (4, 13)
+    assert torch.equal(out["input_ids"], torch.cat([prompts["input_ids"], out["responses"]], 1))
+    assert torch.equal(out["prompts"], prompts["input_ids"])
+    assert torch.equal(out["attention_mask"], torch.cat([prompts["attention_mask"], out["response_mask"]], 1))
+    expected_positions = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    assert torch.equal(out["position_ids"], expected_positions)
+    assert out["rollout_logprobs"].dtype == torch.float32
+    # masks are a prefix of ones; logprobs are 0 where masked and negative where not
+    mask = out["response_mask"]
+    assert torch.all(mask[:, 1:] <= mask[:, :-1])
+    assert torch.all(out["rollout_logprobs"][mask == 0] == 0)
+    assert torch.all(out["rollout_logprobs"][mask == 1] <= 0)
+
+
+class ScriptedLM(torch.nn.Module):
+    """A stand-in causal LM whose row r emits script[r][t] at decode step t (logit 10 vs 0)."""
+
+    def __init__(self, script: list[list[int]], vocab: int = 100):
+        super().__init__()
+        self.script = script
+        self.vocab = vocab
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.prompt_len = None
+        self.fed: list[torch.Tensor] = []
+
+    def forward(self, input_ids, attention_mask, position_ids, past_key_values=None, use_cache=True, **_):
+        if past_key_values is None:
+            self.prompt_len = attention_mask.shape[1]
+            self.fed = []
+        else:
+            self.fed.append(input_ids[:, 0].clone())
+        step = attention_mask.shape[1] - self.prompt_len
+        logits = torch.zeros(input_ids.shape[0], 1, self.vocab)
+        for row, tokens in enumerate(self.script):
+            logits[row, 0, tokens[min(step, len(tokens) - 1)]] = 10.0
+        return SimpleNamespace(logits=logits, past_key_values="cache")
+
+
+def test_eos_stops_a_row_and_pads_after(tokenizer, prompts):
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    script = [[10, 11, eos, 12, 13], [eos, 10, 10, 10, 10], [10, 10, 10, 10, 10], [10, 11, 12, 13, eos]]
+    model = ScriptedLM(script)
+    greedy = SamplingParams(do_sample=False, max_new_tokens=5)
+    out = HFRollout(model, tokenizer, sampling=greedy).generate(dict(prompts))
+    assert out["responses"].tolist() == [
+        [10, 11, eos, pad, pad],
+        [eos, pad, pad, pad, pad],
+        [10, 10, 10, 10, 10],
+        [10, 11, 12, 13, eos],
+    ]
+    assert out["response_mask"].tolist() == [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1] * 5, [1] * 5]
+    # finished rows are fed the pad id; the others their own last token
+    assert model.fed[2].tolist() == [pad, pad, 10, 12]
+    # the loop stops as soon as every row is finished
+    short = [[eos], [10, eos], [eos], [eos]]
+    model = ScriptedLM(short)
+    out = HFRollout(model, tokenizer, sampling=greedy).generate(dict(prompts))
+    assert len(model.fed) == 1
+    assert out["response_mask"].tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [1, 0, 0, 0, 0]]
+    # ignore_eos keeps generating to max_new_tokens
+    ignore = SamplingParams(do_sample=False, max_new_tokens=5, ignore_eos=True)
+    out = HFRollout(ScriptedLM(script), tokenizer, sampling=ignore).generate(dict(prompts))
+    assert out["responses"][0].tolist() == [10, 11, eos, 12, 13]
+    assert out["response_mask"].sum() == 20
+    # several stop ids (e.g. chat end-of-turn and end-of-text)
+    out = HFRollout(ScriptedLM(script), tokenizer, sampling=greedy, eos_token_ids=[eos, 11]).generate(
+        dict(prompts)
+    )
+    assert out["response_mask"][0].tolist() == [1, 1, 0, 0, 0]
+
+
+def test_rollout_logprobs_match_a_full_forward(model, tokenizer, prompts):
+    for params in (
+        SamplingParams(temperature=1.0, max_new_tokens=6),
+        SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=6),
+    ):
+        out = HFRollout(model, tokenizer, sampling=params, seed=1).generate(dict(prompts))
+        rescored = full_forward_logprobs(model, out, prompts["input_ids"].shape[1], params.temperature)
+        mask = out["response_mask"].bool()
+        torch.testing.assert_close(out["rollout_logprobs"][mask], rescored[mask], rtol=0, atol=1e-4)
+
+
+def test_greedy_is_argmax_of_full_forward(model, tokenizer, prompts):
+    out = HFRollout(model, tokenizer, sampling=SamplingParams(do_sample=False, max_new_tokens=6)).generate(
+        dict(prompts)
+    )
+    with torch.no_grad():
+        logits = model(
+            input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]
+        ).logits
+    prompt_len = prompts["input_ids"].shape[1]
+    argmax = logits[:, prompt_len - 1 : -1].argmax(-1)
+    mask = out["response_mask"].bool()
+    assert torch.equal(out["responses"][mask], argmax[mask])
+    rescored = full_forward_logprobs(model, out, prompt_len, 1.0)
+    torch.testing.assert_close(out["rollout_logprobs"][mask], rescored[mask], rtol=0, atol=1e-4)
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens(model, tokenizer, prompts):
+    params = SamplingParams(temperature=1.5, max_new_tokens=8, ignore_eos=True)
+    a = HFRollout(model, tokenizer, sampling=params, seed=5)
+    b = HFRollout(model, tokenizer, sampling=params, seed=5)
+    torch.manual_seed(0)  # the global RNG must not matter
+    first = a.generate(dict(prompts))
+    torch.manual_seed(99)
+    assert torch.equal(first["responses"], b.generate(dict(prompts))["responses"])
+    c = HFRollout(model, tokenizer, sampling=params, seed=6)
+    assert not torch.equal(first["responses"], c.generate(dict(prompts))["responses"])
+    a.set_seed(5)
+    assert torch.equal(first["responses"], a.generate(dict(prompts))["responses"])
+
+
+def test_n_samples_repeat_rows_and_set_group(model, tokenizer, prompts):
+    rollout = HFRollout(model, tokenizer, sampling=SamplingParams(max_new_tokens=4, n=3), seed=0)
+    batch = dict(prompts)
+    batch["ground_truth"] = ["15", "5", "81", "5"]
+    out = rollout.generate(batch)
+    assert out["responses"].shape == (12, 4)
+    assert out["group"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert out["ground_truth"] == ["15"] * 3 + ["5"] * 3 + ["81"] * 3 + ["5"] * 3
+    assert torch.equal(out["prompts"], prompts["input_ids"].repeat_interleave(3, 0))
+
+
+def test_meta_overrides_sampling(model, tokenizer, prompts):
+    rollout = HFRollout(model, tokenizer, sampling=SamplingParams(temperature=2.0, max_new_tokens=4), seed=0)
+    greedy = rollout.generate(dict(prompts), SamplingParams(do_sample=False, max_new_tokens=4))
+    via_meta = rollout.generate({**prompts, "meta": {"do_sample": False}})
+    assert torch.equal(greedy["responses"], via_meta["responses"])
+
+
+def test_top_k_top_p_filter():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = filter_top_k_top_p(logits, top_k=2, top_p=1.0)
+    assert torch.isfinite(kept).tolist() == [[True, True, False, False]]
+    kept = filter_top_k_top_p(logits, top_k=-1, top_p=0.8)  # 0.5 + 0.3 reaches 0.8
+    assert torch.isfinite(kept).tolist() == [[True, True, False, False]]
+    kept = filter_top_k_top_p(logits, top_k=-1, top_p=0.81)
+    assert torch.isfinite(kept).tolist() == [[True, True, True, False]]
+    kept = filter_top_k_top_p(logits, top_k=-1, top_p=0.1)  # the top token always survives
+    assert torch.isfinite(kept).tolist() == [[True, False, False, False]]
+
+
+def test_load_weights_copies_in_place(model, tokenizer):
+    target = build_tiny_qwen2_for(tokenizer, seed=11)
+    rollout = HFRollout(target, tokenizer)
+    embed = target.model.embed_tokens.weight
+    count = rollout.load_weights((name, t.clone()) for name, t in model.state_dict().items())
+    assert count == len(model.state_dict())
+    assert target.model.embed_tokens.weight is embed  # same storage, new values
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(target.state_dict()[name], tensor)
+    with pytest.raises(KeyError, match="no_such"):
+        rollout.load_weights([("no_such.weight", torch.zeros(1))])
+    with pytest.raises(ValueError, match="shape"):
+        rollout.load_weights([("model.norm.weight", torch.zeros(3))])
+
+
+def test_bad_inputs_raise(model, tokenizer, prompts):
+    rollout = HFRollout(model, tokenizer)
+    with pytest.raises(KeyError, match="attention_mask"):
+        rollout.generate({"input_ids": prompts["input_ids"]})
+    right_padded = {"input_ids": prompts["input_ids"], "attention_mask": prompts["attention_mask"].flip(1)}
+    with pytest.raises(ValueError, match="left-padded"):
+        rollout.generate(right_padded)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        SamplingParams(max_new_tokens=0)
