@@ -5,6 +5,10 @@
 
 The configuration is validated (unknown keys, batch arithmetic, missing files)
 before any worker starts; a bad one exits with code 2 and names the key.
+
+Exit codes: 0 done; 2 bad config or data; 1 a worker died or a stage timed out
+(the message names the role, rank and cause, and the last complete checkpoint);
+143 stopped by SIGTERM after saving a checkpoint (resume with trainer.resume=auto).
 """
 
 from __future__ import annotations
@@ -32,13 +36,25 @@ def main(argv: list[str]) -> int:
     except ConfigError as err:
         print(f"verity train: {err}", file=sys.stderr)
         return 2
+    from verity.checkpoint.resume import last_checkpoint_hint
+    from verity.checkpoint.signals import EXIT_CODE_STOPPED, TrainingStopped
+    from verity.controller import WorkerError
+    from verity.data.verl_dataset import MalformedDatasetError, PromptTooLongError
     from verity.trainer.run import run_training
+    from verity.trainer.stage_guard import StageTimeoutError
 
     try:
         summary = run_training(cfg)
-    except ConfigError as err:
+    except (ConfigError, MalformedDatasetError, PromptTooLongError) as err:
         print(f"verity train: {err}", file=sys.stderr)
         return 2
+    except TrainingStopped as err:
+        print(f"verity train: {err}", file=sys.stderr)
+        return EXIT_CODE_STOPPED
+    except (WorkerError, StageTimeoutError) as err:
+        print(f"verity train: {type(err).__name__}: {err}", file=sys.stderr)
+        print(f"verity train: {last_checkpoint_hint(cfg)}", file=sys.stderr)
+        return 1
     print(
         f"summary: {cfg.trainer.output_dir}/summary.json (accuracy {summary.get('accuracy_before')} -> "
         f"{summary.get('accuracy_after')})"

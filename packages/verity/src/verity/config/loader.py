@@ -129,12 +129,38 @@ def validate_config(cfg: VerityConfig) -> None:
         raise ConfigError(f"model.dtype must be float32 or bfloat16, got {cfg.model.dtype!r}")
     if cfg.model.path != "embedded" and not Path(cfg.model.path).expanduser().is_dir():
         raise ConfigError(f"model.path {cfg.model.path!r} is not a local HF checkpoint folder")
+    if cfg.model.path != "embedded" and not (Path(cfg.model.path).expanduser() / "config.json").is_file():
+        raise ConfigError(f"model.path {cfg.model.path!r} has no config.json: not an HF checkpoint folder")
+    if cfg.model.tokenizer_path and not Path(cfg.model.tokenizer_path).expanduser().is_dir():
+        raise ConfigError(f"model.tokenizer_path {cfg.model.tokenizer_path!r} is not a local folder")
+    _validate_fault_tolerance(cfg)
     for key in ("train_files", "val_files"):
         for f in getattr(d, key):
             if not Path(f).expanduser().is_file():
                 raise ConfigError(f"data.{key}: file {f!r} does not exist")
     if cfg.reward.custom_path and not Path(cfg.reward.custom_path).expanduser().is_file():
         raise ConfigError(f"reward.custom_path: file {cfg.reward.custom_path!r} does not exist")
+
+
+def _validate_fault_tolerance(cfg: VerityConfig) -> None:
+    """Checkpoint, resume, stage time-limit and malformed-row settings."""
+    t = cfg.trainer
+    if cfg.data.on_malformed not in ("error", "skip"):
+        raise ConfigError(f"data.on_malformed must be error or skip, got {cfg.data.on_malformed!r}")
+    if t.checkpoint.every < 0:
+        raise ConfigError(
+            f"trainer.checkpoint.every must be >= 0 (0: no periodic checkpoints), got {t.checkpoint.every}"
+        )
+    if t.checkpoint.keep < 0:
+        raise ConfigError(f"trainer.checkpoint.keep must be >= 0 (0: keep all), got {t.checkpoint.keep}")
+    if t.stage_timeout_s < 0:
+        raise ConfigError(f"trainer.stage_timeout_s must be >= 0 (0: no limit), got {t.stage_timeout_s}")
+    if not t.resume:
+        raise ConfigError("trainer.resume must be auto, off or a checkpoint path, got an empty value")
+    if t.resume not in ("auto", "off") and not Path(t.resume).expanduser().exists():
+        raise ConfigError(
+            f"trainer.resume: {t.resume!r} is neither auto, off nor an existing checkpoint path"
+        )
 
 
 def _validate_algorithm_choices(cfg: VerityConfig) -> None:

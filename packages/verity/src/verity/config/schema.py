@@ -36,6 +36,7 @@ class DataConfig:
     max_prompt_length: int = 64  # tokens
     max_response_length: int = 16  # tokens
     truncation: str = "error"  # error | filter | truncate_left | truncate_right
+    on_malformed: str = "error"  # rows not in the verl schema: error (list them) | skip (log and count them)
     shuffle: bool = True
     val_max_samples: int = -1  # -1: the whole validation set
 
@@ -109,6 +110,14 @@ class RewardConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every: int = 0  # RL steps between checkpoints; 0: none during training
+    keep: int = 2  # complete checkpoints kept (oldest removed first); 0: keep all
+    save_final: bool = True  # a checkpoint after the last step
+    dir: str | None = None  # None: <trainer.output_dir>/checkpoints
+
+
+@dataclass
 class TrainerConfig:
     total_steps: int = 60
     n_workers: int = 2  # actor data-parallel workers (Ray actors)
@@ -123,6 +132,10 @@ class TrainerConfig:
     ray_address: str | None = None  # None: a private local Ray cluster
     cpus_per_worker: float = 1.0
     progress: bool = True
+    # auto: continue from the newest complete checkpoint (fresh start if none) | off | a checkpoint path
+    resume: str = "auto"
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    stage_timeout_s: float = 3600.0  # a stage running longer fails the run, naming it; 0: no limit
 
 
 @dataclass

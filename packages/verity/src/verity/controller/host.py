@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+import threading
+import time
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +81,7 @@ class WorkerHost:
 
     def __init__(self) -> None:
         self._roles: dict[str, Any] = {}
+        self._busy: tuple[str, str, float, int] | None = None  # role, method, start (epoch s), thread id
 
     def rendezvous_address(self) -> tuple[str, int]:
         """``(node IP, free TCP port)`` for ``MASTER_ADDR``/``MASTER_PORT``."""
@@ -101,8 +106,43 @@ class WorkerHost:
     def call(self, role_name: str, method: str, /, *args: Any, **kwargs: Any) -> tuple[Any, DPLayout]:
         """Run ``role.method(*args, **kwargs)``; return the answer and the role's current layout."""
         obj = self._roles[role_name]
-        answer = getattr(obj, method)(*args, **kwargs)
+        self._busy = (role_name, method, time.time(), threading.get_ident())
+        try:
+            answer = getattr(obj, method)(*args, **kwargs)
+        finally:
+            self._busy = None
         return answer, _layout_of(obj)
+
+    def stacks(self) -> dict[str, Any]:
+        """What this rank is doing: the group method running now (if any) and every thread's stack.
+
+        Meant to be called on a separate concurrency group (the worker group does) so it
+        answers while a method runs. Returns ``{"pid", "busy", "threads"}`` where ``busy``
+        is None or ``{"role", "method", "seconds", "stack"}`` (``stack``: the formatted
+        Python stack of the thread running it) and ``threads`` maps thread names to stacks.
+        """
+        busy = self._busy
+        me = threading.get_ident()
+        names = {t.ident: t.name for t in threading.enumerate()}
+        stacks = {
+            ident: "".join(traceback.format_stack(frame))
+            for ident, frame in sys._current_frames().items()
+            if ident != me
+        }
+        out: dict[str, Any] = {
+            "pid": os.getpid(),
+            "busy": None,
+            "threads": {f"{names.get(ident, 'thread')} ({ident})": text for ident, text in stacks.items()},
+        }
+        if busy is not None:
+            role_name, method, started, ident = busy
+            out["busy"] = {
+                "role": role_name,
+                "method": method,
+                "seconds": time.time() - started,
+                "stack": stacks.get(ident, ""),
+            }
+        return out
 
     def info(self) -> dict[str, Any]:
         """Where this rank runs: pid, node id and IP, rank variables, role names."""

@@ -47,6 +47,8 @@ __all__ = ["GroupCall", "GroupMethod", "RoleView", "WorkerGroup"]
 
 _ADHOC = MethodSpec(Dispatch.BROADCAST, Collect.ALL, check_schema=False)
 _ADHOC_RANK_ZERO = MethodSpec(Dispatch.RANK_ZERO, Collect.RANK_ZERO, check_schema=False)
+# a second Ray concurrency group in every worker, so stacks() answers while a method runs
+DIAGNOSTICS_GROUP = "verity_diagnostics"
 _remote_host_cls = None
 
 
@@ -55,7 +57,7 @@ def _remote_host() -> Any:
     if _remote_host_cls is None:
         import ray
 
-        _remote_host_cls = ray.remote(WorkerHost)
+        _remote_host_cls = ray.remote(concurrency_groups={DIAGNOSTICS_GROUP: 1})(WorkerHost)
     return _remote_host_cls
 
 
@@ -117,6 +119,11 @@ class RoleView:
                     f"WorkerGroup: method {cls.__name__}.{name} clashes with a worker-group attribute"
                 )
             setattr(self, name, GroupMethod(group, role, name, spec))
+
+    @property
+    def group(self) -> WorkerGroup:
+        """The worker group this role lives in (shared by every colocated role)."""
+        return self._group
 
     def execute_all(self, method: str, *args: Any, **kwargs: Any) -> list:
         """Call ``method`` on every rank with the same arguments; answers in rank order."""
@@ -315,6 +322,27 @@ class WorkerGroup:
         refs = [host.info.remote() for host in self._hosts]
         found = self._gather(refs, list(range(self.world_size)), "host", "info", self.call_timeout_s)
         return [found[rank] for rank in range(self.world_size)]
+
+    def stacks(self, timeout_s: float = 10.0) -> dict[int, dict[str, Any] | None]:
+        """Per rank, what it is doing now (``WorkerHost.stacks``), even while a group method runs.
+
+        Answers come from a separate concurrency group of each worker. A rank that does
+        not answer within ``timeout_s`` (dead, or stuck holding the GIL) maps to None.
+        """
+        import ray
+
+        if self._closed:
+            return {}
+        refs = [host.stacks.options(concurrency_group=DIAGNOSTICS_GROUP).remote() for host in self._hosts]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        done = set(ready)
+        found: dict[int, dict[str, Any] | None] = {}
+        for rank, ref in enumerate(refs):
+            found[rank] = None
+            if ref in done:
+                with contextlib.suppress(Exception):
+                    found[rank] = ray.get(ref)
+        return found
 
     def _gather(
         self, refs: list, ranks: list[int], role: str, method: str, timeout_s: float | None

@@ -4,10 +4,16 @@ The loop knows nothing of a particular algorithm: the stages chosen from the
 config (:func:`verity.trainer.stages.default_stages`) carry that. It evaluates
 held-out accuracy (greedy) before training, every ``trainer.val_every`` steps and
 at the end, logs everything to MLflow, and writes ``summary.json``.
+
+Resuming: a run restored from a checkpoint sets ``start_step`` (steps already done)
+and ``result`` (their metrics) before :meth:`RLTrainer.fit`. ``on_step_end(step,
+result)`` runs after each step (checkpoints, SIGTERM; see ``verity.checkpoint.hooks``)
+and ``stage_guard`` puts a time limit on every stage (``verity.trainer.stage_guard``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +75,15 @@ class RLTrainer:
         self.critic = critic
         self.stages = stages if stages is not None else default_stages(cfg)
         self.progress = progress
+        self.start_step = 0  # RL steps already done (a resumed run)
+        self.result = TrainResult()  # their metrics and evaluations
+        self.on_step_end: Any | None = None  # callable (step, result) after each step
+        self.stage_guard: Any | None = None  # verity.trainer.stage_guard.StageGuard
+
+    def _guard(self, name: str, step: int) -> contextlib.AbstractContextManager:
+        return (
+            self.stage_guard.stage(name, step) if self.stage_guard is not None else contextlib.nullcontext()
+        )
 
     # ---------------------------------------------------------------- validation
     def validate(self, step: int) -> dict[str, float]:
@@ -120,7 +135,7 @@ class RLTrainer:
         timer = StageTimer()
         batch = prompts
         for stage in self.stages:
-            with timer.stage(stage.name):
+            with timer.stage(stage.name), self._guard(stage.name, step):
                 batch = stage.run(ctx, batch)
         metrics = batch_metrics(batch)
         metrics.update(ctx.metrics)
@@ -136,11 +151,12 @@ class RLTrainer:
     def fit(self) -> TrainResult:
         """Validate, train ``trainer.total_steps`` steps (validating every ``val_every``), validate."""
         cfg = self.cfg.trainer
-        result = TrainResult()
+        result = self.result
         start = time.perf_counter()
-        if cfg.val_before_train:
-            result.validation.append({"step": 0, **self.validate(0)})
-        for step in range(1, cfg.total_steps + 1):
+        if cfg.val_before_train and self.start_step == 0:
+            with self._guard("validate", 0):
+                result.validation.append({"step": 0, **self.validate(0)})
+        for step in range(self.start_step + 1, cfg.total_steps + 1):
             prompts = self.train_batches.next_batch()
             metrics = self.step(step, prompts)
             metrics["train/step"] = float(step)
@@ -151,6 +167,9 @@ class RLTrainer:
                 self.progress(step, metrics)
             last = step == cfg.total_steps
             if (cfg.val_every and step % cfg.val_every == 0) or last:
-                result.validation.append({"step": step, **self.validate(step)})
-        result.wall_seconds = time.perf_counter() - start
+                with self._guard("validate", step):
+                    result.validation.append({"step": step, **self.validate(step)})
+            if self.on_step_end is not None:
+                self.on_step_end(step, result)
+        result.wall_seconds += time.perf_counter() - start
         return result

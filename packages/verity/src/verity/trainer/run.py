@@ -93,28 +93,36 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from verity.algorithms.kl_control import build_kl_controller
+    from verity.checkpoint.signals import GracefulStop, TrainingStopped
     from verity.controller import ResourcePool, init_ray, shutdown_ray
     from verity.data.prompt_loader import PromptDataLoader
     from verity.data.verl_dataset import PromptDataset
     from verity.hardware import get_backend
     from verity.rewards.manager import RewardManager
-    from verity.tracking import ProgressLine, Tracker, config_hash
+    from verity.tracking import ProgressLine, config_hash
     from verity.trainer.loop import RLTrainer
     from verity.trainer.outputs import write_run_outputs
+    from verity.trainer.recovery import attach_recovery, open_tracker, plan_resume
 
     inputs = resolve_inputs(cfg)
     out_dir = Path(cfg.trainer.output_dir).expanduser()
     out_dir.mkdir(parents=True, exist_ok=True)
+    plan = plan_resume(cfg)  # trainer.resume, checked before any worker starts
     tokenizer = AutoTokenizer.from_pretrained(inputs.tokenizer_path)
     d = cfg.data
     train_set = PromptDataset(
-        inputs.train_files, tokenizer, max_prompt_length=d.max_prompt_length, truncation=d.truncation
+        inputs.train_files,
+        tokenizer,
+        max_prompt_length=d.max_prompt_length,
+        truncation=d.truncation,
+        on_malformed=d.on_malformed,
     )
     val_set = PromptDataset(
         inputs.val_files,
         tokenizer,
         max_prompt_length=d.max_prompt_length,
         truncation=d.truncation,
+        on_malformed=d.on_malformed,
         max_samples=None if d.val_max_samples < 0 else d.val_max_samples,
     )
     if len(train_set) < d.train_batch_size:
@@ -126,8 +134,10 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
 
     backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
     cfg_dict = config_to_dict(cfg)
-    tracker = Tracker(
+    tracker = open_tracker(
+        cfg,
         out_dir,
+        plan,
         experiment=cfg.trainer.experiment_name,
         tracking_uri=cfg.trainer.tracking_uri,
         run_name=cfg.trainer.run_name,
@@ -138,6 +148,12 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
         },
     )
     tracker.log_params(cfg_dict)
+    tracker.log_params(
+        {
+            "data.train_rows_skipped": len(train_set.skipped_rows),
+            "data.val_rows_skipped": len(val_set.skipped_rows),
+        }
+    )
     rewards = RewardManager(cfg.reward, tokenizer=tokenizer)
     init_ray(
         cfg.trainer.ray_address,
@@ -145,6 +161,7 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
     )
     pool = None
     status = "FAILED"
+    stop = GracefulStop().install()  # after init_ray, which installs its own SIGTERM handler
     try:
         n = cfg.trainer.n_workers
         if backend.ray_resource == "CPU":
@@ -171,13 +188,30 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
             critic=critic,
             progress=(lambda step, m: progress.update(step, m)) if progress else None,
         )
-        result = trainer.fit()
+        attach_recovery(
+            trainer,
+            cfg,
+            plan=plan,
+            groups={"actor": actor, **({"critic": critic} if critic is not None else {})},
+            stop=stop,
+            out_dir=out_dir,
+            cfg_dict=cfg_dict,
+            cfg_hash=config_hash(cfg_dict),
+            model_path=inputs.model_path,
+            tokenizer_path=inputs.tokenizer_path,
+        )
+        try:
+            result = trainer.fit()
+        except TrainingStopped:
+            status = "KILLED"
+            raise
         if progress is not None:
             progress.close()
         summary = write_run_outputs(out_dir, result, cfg_dict, config_hash(cfg_dict), tracker)
         status = "FINISHED"
         return summary
     finally:
+        stop.uninstall()
         tracker.finish(status)
         rewards.close()
         if pool is not None:

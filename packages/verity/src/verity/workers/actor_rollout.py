@@ -23,6 +23,8 @@ from typing import Any
 import torch
 
 from verity.batch import Batch
+from verity.checkpoint.faults import maybe_stall
+from verity.checkpoint.sharded import load_engine, save_engine
 from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines import FSDP2Engine
@@ -110,6 +112,7 @@ class ActorRolloutRefWorker(Worker):
         the same step always draws the same tokens).
         """
         assert self.rollout is not None, "init_model() must run first"
+        maybe_stall("generate")
         params = SamplingParams(**batch.meta.get("sampling", {}))
         if "seed" in batch.meta:
             self.rollout.set_seed(int(batch.meta["seed"]) * 1009 + self.rank)
@@ -153,6 +156,7 @@ class ActorRolloutRefWorker(Worker):
         ranks by the engine) plus means over all steps and the weight-sync time.
         """
         assert self.actor is not None and self.rollout is not None
+        maybe_stall("update_actor")
         cfg = self.cfg
         rows_per_mini = cfg.actor.ppo_mini_batch_size * cfg.rollout.n // self.world_size
         sums: dict[str, float] = {}
@@ -177,3 +181,23 @@ class ActorRolloutRefWorker(Worker):
         out["timing/weight_sync_s"] = time.perf_counter() - start
         out["perf/weight_sync_bytes"] = float(stats.num_bytes)
         return out
+
+    # ------------------------------------------------------------- checkpoint
+    @register(Dispatch.BROADCAST)
+    def save_checkpoint(self, path: str) -> dict[str, Any]:
+        """Write this rank's shards of the actor (model, optimizer, LR schedule) and RNG states under ``path``.
+
+        A collective: every rank of the group calls it with the same ``path`` (see
+        ``verity.checkpoint.sharded``). The rollout and the frozen reference are not
+        saved: the rollout is a copy of the actor, the reference is reloaded from the model path.
+        """
+        assert self.actor is not None, "init_model() must run first"
+        return save_engine(path, self.actor, rank=self.rank, world_size=self.world_size)
+
+    @register(Dispatch.BROADCAST)
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        """Load the actor's state from ``path`` (any number of ranks saved it) and refresh the rollout from it."""
+        assert self.actor is not None and self.rollout is not None, "init_model() must run first"
+        info = load_engine(path, self.actor, rank=self.rank, world_size=self.world_size)
+        sync_weights(self.actor, self.rollout)
+        return info

@@ -41,6 +41,7 @@ import torch
 from verity.algorithms.configs import ValueLossConfig
 from verity.algorithms.value_loss import value_loss
 from verity.batch import Batch
+from verity.checkpoint.sharded import load_engine, save_engine
 from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines import FSDP2Engine
@@ -225,3 +226,17 @@ class CriticWorker(Worker):
         }
         out["critic/optimizer_steps"] = float(steps)
         return out
+
+    @register(Dispatch.BROADCAST)
+    def save_checkpoint(self, path: str) -> dict[str, Any]:
+        """Write this rank's shards of the critic (model, optimizer, LR schedule) and RNG states under ``path``."""
+        if self.engine is None:
+            raise RuntimeError("CriticWorker.save_checkpoint: init_model() must run first")
+        return save_engine(path, self.engine, rank=self.rank, world_size=self.world_size)
+
+    @register(Dispatch.BROADCAST)
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        """Load the critic's state from ``path`` (written by any number of ranks)."""
+        if self.engine is None:
+            raise RuntimeError("CriticWorker.load_checkpoint: init_model() must run first")
+        return load_engine(path, self.engine, rank=self.rank, world_size=self.world_size)

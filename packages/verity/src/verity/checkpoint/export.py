@@ -1,0 +1,133 @@
+"""Turn a sharded checkpoint into a Hugging Face model folder, offline, in one process.
+
+    export_hf("outputs/run/checkpoints/step_60", "outputs/run/hf")
+    AutoModelForCausalLM.from_pretrained("outputs/run/hf")     # loads as any HF model
+
+The role's DCP metadata says the full shape and dtype of every model tensor; each is
+allocated whole and DCP fills it from however many shard files the training workers
+wrote (``no_dist``: no process group, so any number of saving workers works). The
+optimizer state in the same files is never read. The model class comes from the
+``hf/`` config copied into every checkpoint; the tokenizer from the same folder.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verity.checkpoint.layout import find_latest, is_complete
+from verity.checkpoint.manager import HF_DIR
+from verity.checkpoint.sharded import DCP_DIR
+
+logger = logging.getLogger("verity.checkpoint")
+
+MODEL_PREFIX = "model."
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """A complete ``step_N`` folder from ``path``: itself, the newest under it, or under ``path/checkpoints``."""
+    p = Path(path).expanduser()
+    if is_complete(p):
+        return p
+    for base in (p, p / "checkpoints"):
+        found = find_latest(base)
+        if found is not None:
+            return found
+    raise FileNotFoundError(
+        f"{p}: not a complete checkpoint (a step_N folder holding trainer_state.json), "
+        "nor a folder holding checkpoints"
+    )
+
+
+def read_model_state(role_dir: str | Path) -> dict[str, torch.Tensor]:
+    """Full (unsharded) model tensors of one role's DCP checkpoint, keyed by module name, on CPU.
+
+    ``role_dir`` is e.g. ``step_60/actor``; shapes and dtypes are those saved (float32 master weights).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    folder = Path(role_dir) / DCP_DIR
+    if not (folder / ".metadata").is_file():
+        raise FileNotFoundError(f"{folder}: no DCP checkpoint (missing .metadata)")
+    metadata = FileSystemReader(str(folder)).read_metadata()
+    state: dict[str, Any] = {}
+    for key, item in metadata.state_dict_metadata.items():
+        if key.startswith(MODEL_PREFIX) and isinstance(item, TensorStorageMetadata):
+            state[key] = torch.empty(tuple(item.size), dtype=item.properties.dtype)
+    if not state:
+        raise ValueError(
+            f"{folder}: the checkpoint holds no model tensors (keys starting with {MODEL_PREFIX!r})"
+        )
+    with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": single process on purpose
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, storage_reader=FileSystemReader(str(folder)), no_dist=True)
+    return {key[len(MODEL_PREFIX) :]: tensor for key, tensor in state.items()}
+
+
+def export_hf(
+    checkpoint: str | Path, out_dir: str | Path, *, role: str = "actor", dtype: str | None = None
+) -> Path:
+    """Write an HF model folder (safetensors weights, config, generation config, tokenizer).
+
+    Args:
+        checkpoint: a ``step_N`` folder, a checkpoint folder or a run output folder
+            (see :func:`find_checkpoint`).
+        out_dir: the folder to write (created; existing files are overwritten).
+        role: the trained role to export (``actor``; a critic has no LM head).
+        dtype: ``float32`` | ``bfloat16`` | ``float16``; default: as saved.
+
+    Returns the output folder. Raises ValueError when the saved tensors do not match the
+    model class named by the checkpoint's config (missing or unexpected names).
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    ckpt = find_checkpoint(checkpoint)
+    role_dir = ckpt / role
+    if not role_dir.is_dir():
+        roles = sorted(p.name for p in ckpt.iterdir() if (p / DCP_DIR).is_dir())
+        raise FileNotFoundError(f"{ckpt}: no role {role!r} (roles here: {roles})")
+    hf_dir = ckpt / HF_DIR
+    if not (hf_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{hf_dir}: no config.json (this checkpoint was saved without its HF assets)")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+
+    weights = read_model_state(role_dir)
+    config = AutoConfig.from_pretrained(str(hf_dir), local_files_only=True)
+    model = AutoModelForCausalLM.from_config(config)
+    expected = set(model.state_dict())
+    tied = {name for name in expected - set(weights) if _is_tied(model, name)}
+    missing = sorted(expected - set(weights) - tied)
+    unexpected = sorted(set(weights) - expected)
+    if missing or unexpected:
+        raise ValueError(
+            f"{role_dir}: saved tensors do not match {type(model).__name__}: "
+            f"missing {missing[:10]}, unexpected {unexpected[:10]}"
+        )
+    model.load_state_dict(weights, strict=False)
+    if dtype is not None:
+        model = model.to(DTYPES[dtype])
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True).save_pretrained(str(out))
+    if (hf_dir / "generation_config.json").is_file():
+        GenerationConfig.from_pretrained(str(hf_dir)).save_pretrained(str(out))
+    logger.info("exported %s (%s) to %s", ckpt, role, out)
+    return out
+
+
+def _is_tied(model: Any, name: str) -> bool:
+    """Whether parameter ``name`` shares its storage with another (tied input/output embeddings)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    target = params.get(name)
+    if target is None:
+        return False
+    return any(other is target for key, other in params.items() if key != name)

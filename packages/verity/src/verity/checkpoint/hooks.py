@@ -1,0 +1,116 @@
+"""What happens at the end of every RL step: live metrics, checkpoint policy, SIGTERM stop.
+
+:class:`CheckpointHook` is called by the training loop after a step's metrics are
+logged (and its evaluation, when due), with the step number and the run's results
+so far. It
+
+1. appends the step's metrics to ``<output_dir>/metrics.jsonl`` (so a killed run
+   leaves them behind; a resumed run first rewrites the file from the checkpoint, so
+   replayed steps appear once);
+2. saves a checkpoint every ``trainer.checkpoint.every`` steps, after the last step
+   (``trainer.checkpoint.save_final``) and at the step where a SIGTERM was noticed;
+3. after a SIGTERM save, raises :class:`~verity.checkpoint.signals.TrainingStopped`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import verity
+from verity.checkpoint.faults import maybe_crash
+from verity.checkpoint.manager import CheckpointManager
+from verity.checkpoint.signals import GracefulStop, TrainingStopped
+from verity.checkpoint.state import TrainerState, capture_rng
+from verity.config.schema import VerityConfig
+
+
+class CheckpointHook:
+    """The loop's step-end callback ``hook(step, result)`` (see the module docstring).
+
+    Args:
+        cfg: the run config.
+        manager: writes the checkpoints.
+        loader: the training prompt loader (``state_dict()``).
+        kl_controller: object with a ``value`` attribute, or None.
+        tracker: the run's tracker (for its run id and tracking URI), or None.
+        stop: the SIGTERM flag.
+        cfg_dict / cfg_hash: the config as a plain dict and its hash.
+        metrics_file: where per-step metrics are appended (``metrics.jsonl``).
+        wall_seconds_before: training time spent before this process (when resumed).
+    """
+
+    def __init__(
+        self,
+        cfg: VerityConfig,
+        *,
+        manager: CheckpointManager,
+        loader: Any,
+        kl_controller: Any | None,
+        tracker: Any | None,
+        stop: GracefulStop,
+        cfg_dict: dict[str, Any],
+        cfg_hash: str,
+        metrics_file: Path,
+        model_path: str = "",
+        wall_seconds_before: float = 0.0,
+    ) -> None:
+        self.cfg = cfg
+        self.manager = manager
+        self.loader = loader
+        self.kl_controller = kl_controller
+        self.tracker = tracker
+        self.stop = stop
+        self.cfg_dict = cfg_dict
+        self.cfg_hash = cfg_hash
+        self.metrics_file = metrics_file
+        self.model_path = model_path
+        self.wall_seconds_before = wall_seconds_before
+        self._started = time.perf_counter()
+
+    def start(self, history: list[dict[str, float]]) -> None:
+        """Rewrite ``metrics.jsonl`` from ``history`` (the steps a resumed run keeps; empty when fresh)."""
+        self.metrics_file.parent.mkdir(parents=True, exist_ok=True)
+        self.metrics_file.write_text("".join(json.dumps(row) + "\n" for row in history))
+
+    def trainer_state(self, step: int, result: Any) -> TrainerState:
+        """The driver's state after ``step`` (histories copied, RNG captured now)."""
+        return TrainerState(
+            step=step,
+            total_steps=self.cfg.trainer.total_steps,
+            dataloader=self.loader.state_dict(),
+            kl_coef=None if self.kl_controller is None else float(self.kl_controller.value),
+            run_id=getattr(self.tracker, "run_id", None),
+            tracking_uri=getattr(self.tracker, "tracking_uri", None),
+            config_hash=self.cfg_hash,
+            config=self.cfg_dict,
+            history=[dict(row) for row in result.history],
+            validation=[dict(row) for row in result.validation],
+            wall_seconds=self.wall_seconds_before + (time.perf_counter() - self._started),
+            rng=capture_rng(),
+            model_path=self.model_path,
+            verity_version=verity.__version__,
+        )
+
+    def save(self, step: int, result: Any) -> Path:
+        """Save checkpoint ``step_<step>`` now; logs ``timing/checkpoint_s`` to the tracker."""
+        start = time.perf_counter()
+        path = self.manager.save(step, self.trainer_state(step, result))
+        if self.tracker is not None:
+            self.tracker.log_metrics({"timing/checkpoint_s": time.perf_counter() - start}, step=step)
+        return path
+
+    def __call__(self, step: int, result: Any) -> None:
+        if result.history:
+            with open(self.metrics_file, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(result.history[-1]) + "\n")
+        t = self.cfg.trainer
+        every = t.checkpoint.every
+        last = step >= t.total_steps
+        due = (every > 0 and step % every == 0) or (last and t.checkpoint.save_final) or self.stop.requested
+        path = self.save(step, result) if due else None
+        if self.stop.requested and not last:
+            raise TrainingStopped(step, str(path))
+        maybe_crash("step_end", step)

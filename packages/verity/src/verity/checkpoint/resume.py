@@ -1,0 +1,112 @@
+"""Which checkpoint a run starts from (``trainer.resume``), decided before any worker starts.
+
+- ``auto`` (default): the newest complete checkpoint in the run's checkpoint folder
+  (``trainer.checkpoint.dir``, default ``<trainer.output_dir>/checkpoints``); a fresh
+  start when there is none.
+- ``off``: a fresh start. Refused when the checkpoint folder already holds checkpoints
+  (the new run would mix its checkpoints with an older run's).
+- a path: a ``step_N`` checkpoint folder, a checkpoint folder (its newest), or a run's
+  output folder (its ``checkpoints/``' newest).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from verity.checkpoint.layout import find_latest, is_complete, list_checkpoints
+from verity.config.loader import ConfigError
+from verity.config.schema import VerityConfig
+
+logger = logging.getLogger("verity.checkpoint")
+
+# keys that may differ between the run that saved a checkpoint and the run resuming it
+# without changing what is computed
+_BOOKKEEPING_PREFIXES = (
+    "trainer.resume",
+    "trainer.checkpoint.",
+    "trainer.progress",
+    "trainer.stage_timeout_s",
+)
+
+
+def checkpoint_root(cfg: VerityConfig) -> Path:
+    """The run's checkpoint folder: ``trainer.checkpoint.dir`` or ``<trainer.output_dir>/checkpoints``."""
+    t = cfg.trainer
+    base = t.checkpoint.dir if t.checkpoint.dir else str(Path(t.output_dir) / "checkpoints")
+    return Path(base).expanduser()
+
+
+def resolve_resume(cfg: VerityConfig) -> Path | None:
+    """The checkpoint to resume from, or None for a fresh start (see the module docstring).
+
+    Raises :class:`ConfigError` naming ``trainer.resume`` when the choice cannot work.
+    """
+    mode = cfg.trainer.resume
+    root = checkpoint_root(cfg)
+    if mode == "off":
+        existing = list_checkpoints(root)
+        if existing:
+            names = ", ".join(p.name for _, p in existing)
+            raise ConfigError(
+                f"trainer.resume=off but {root} already holds checkpoints ({names}); "
+                "continue with trainer.resume=auto, or choose another trainer.output_dir "
+                "(or trainer.checkpoint.dir), or delete that folder"
+            )
+        return None
+    if mode == "auto":
+        return find_latest(root)
+    path = Path(mode).expanduser()
+    if is_complete(path):
+        return path
+    for base in (path, path / "checkpoints"):
+        found = find_latest(base)
+        if found is not None:
+            return found
+    raise ConfigError(
+        f"trainer.resume={mode!r}: no complete checkpoint there (expected a step_N folder holding "
+        "trainer_state.json, a checkpoint folder, or a run output folder with checkpoints/)"
+    )
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``key: saved -> current`` for every config value that changed, bookkeeping keys left out."""
+    a, b = _flatten(saved), _flatten(current)
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        if key.startswith(_BOOKKEEPING_PREFIXES):
+            continue
+        if a.get(key, "<absent>") != b.get(key, "<absent>"):
+            lines.append(f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
+    return lines
+
+
+def warn_on_config_change(saved: dict[str, Any], current: dict[str, Any], checkpoint: Path) -> list[str]:
+    """Log a warning listing config changes since ``checkpoint`` was saved; return the list."""
+    changes = config_differences(saved, current)
+    if changes:
+        logger.warning(
+            "resuming from %s with a changed config (metrics will not match an uninterrupted run):\n  %s",
+            checkpoint,
+            "\n  ".join(changes),
+        )
+    return changes
+
+
+def last_checkpoint_hint(cfg: VerityConfig) -> str:
+    """One line for failure messages: the newest complete checkpoint and how to resume from it."""
+    root = checkpoint_root(cfg)
+    latest = find_latest(root)
+    if latest is None:
+        return f"no complete checkpoint in {root} (trainer.checkpoint.every=N saves one every N steps)"
+    return f"last complete checkpoint: {latest}; continue with trainer.resume=auto"

@@ -1,0 +1,83 @@
+"""The worker side of a checkpoint: each rank writes its own shards of a training engine.
+
+Inside a worker group every rank calls :func:`save_engine` (a collective) with the
+same folder; ``torch.distributed.checkpoint`` (DCP) writes one file per rank plus one
+``.metadata`` file describing how the shards tile the full tensors. Loading
+(:func:`load_engine`) reads whatever shards each rank of the *current* group needs, so
+a checkpoint written by N workers loads into M workers (DCP reshards).
+
+A role's folder::
+
+    actor/
+      dcp/           .metadata, __0_0.distcp, __1_0.distcp, ...   (model, optimizer, LR schedule, step)
+      rng/rank_0.json                                             (each rank's RNG states)
+      meta.json      {"world_size": 2, "engine": "FSDP2Engine"}   (written by rank 0)
+
+Engines provide ``state_dict_for_checkpoint()`` (model and optimizer state as sharded
+``DTensor`` state dicts, the LR schedule, the optimizer step count) and
+``load_checkpoint_state(state)``; :class:`verity.engines.FSDP2Engine` does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from verity.checkpoint.layout import write_file_atomic
+from verity.checkpoint.state import capture_rng, restore_rng
+
+DCP_DIR = "dcp"
+RNG_DIR = "rng"
+META_FILE = "meta.json"
+
+
+def _rng_file(folder: Path, rank: int) -> Path:
+    return folder / RNG_DIR / f"rank_{rank}.json"
+
+
+def save_engine(folder: str | Path, engine: Any, *, rank: int, world_size: int) -> dict[str, Any]:
+    """Write ``engine``'s sharded state and this rank's RNG states into ``folder`` (call on every rank).
+
+    Returns ``{"rank", "bytes"}``: this rank's share of the bytes written.
+    """
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    base = Path(folder)
+    (base / RNG_DIR).mkdir(parents=True, exist_ok=True)
+    state = engine.state_dict_for_checkpoint()
+    distributed = dist.is_available() and dist.is_initialized()
+    dcp.save(state, checkpoint_id=str(base / DCP_DIR), no_dist=not distributed)
+    write_file_atomic(_rng_file(base, rank), json.dumps(capture_rng()))
+    if rank == 0:
+        meta = {"world_size": world_size, "engine": type(engine).__name__}
+        write_file_atomic(base / META_FILE, json.dumps(meta))
+    written = sum(p.stat().st_size for p in (base / DCP_DIR).glob(f"__{rank}_*"))
+    return {"rank": rank, "bytes": written}
+
+
+def load_engine(folder: str | Path, engine: Any, *, rank: int, world_size: int) -> dict[str, Any]:
+    """Load ``engine``'s state from ``folder`` (call on every rank); restore this rank's RNG states.
+
+    The RNG states are restored only when the checkpoint was written by the same number
+    of ranks (otherwise rank ``r`` of the new group has no counterpart; it keeps its
+    own seeding). Returns ``{"rank", "saved_world_size", "rng_restored"}``.
+    """
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    base = Path(folder)
+    if not (base / DCP_DIR / ".metadata").is_file():
+        raise FileNotFoundError(f"{base}: no DCP checkpoint here (expected {base / DCP_DIR / '.metadata'})")
+    meta = json.loads((base / META_FILE).read_text()) if (base / META_FILE).is_file() else {}
+    saved_world = int(meta.get("world_size", world_size))
+    state = engine.state_dict_for_checkpoint()
+    distributed = dist.is_available() and dist.is_initialized()
+    dcp.load(state, checkpoint_id=str(base / DCP_DIR), no_dist=not distributed)
+    engine.load_checkpoint_state(state)
+    rng_path = _rng_file(base, rank)
+    restored = saved_world == world_size and rng_path.is_file()
+    if restored:
+        restore_rng(json.loads(rng_path.read_text()))
+    return {"rank": rank, "saved_world_size": saved_world, "rng_restored": restored}

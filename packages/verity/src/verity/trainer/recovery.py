@@ -1,0 +1,161 @@
+"""Wire checkpoints, resume, SIGTERM handling and stage time limits into one run.
+
+:func:`run_training` calls, in order:
+
+1. :func:`plan_resume` before anything starts (checks ``trainer.resume``, reads the
+   checkpoint's driver state: the run id to continue, the config it ran with);
+2. :func:`open_tracker` to continue the checkpoint's MLflow run (or start one);
+3. :func:`attach_recovery` once the worker groups are up: loads the checkpoint into
+   the groups and the driver (sampler position, KL coefficient, RNG states, metrics so
+   far), installs the step-end :class:`~verity.checkpoint.hooks.CheckpointHook` and the
+   :class:`~verity.trainer.stage_guard.StageGuard`, and writes ``workers.json`` (pid
+   and node of every worker rank, for ``py-spy dump`` or ``kill`` by hand).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verity.checkpoint.hooks import CheckpointHook
+from verity.checkpoint.manager import CheckpointManager
+from verity.checkpoint.replay import ReplayAwareTracker, logged_points
+from verity.checkpoint.resume import checkpoint_root, resolve_resume, warn_on_config_change
+from verity.checkpoint.signals import GracefulStop
+from verity.checkpoint.state import TrainerState, restore_rng
+from verity.config.schema import VerityConfig
+from verity.trainer.loop import RLTrainer, TrainResult
+from verity.trainer.stage_guard import StageGuard
+
+logger = logging.getLogger("verity.trainer")
+
+WORKERS_FILE = "workers.json"
+
+
+@dataclass
+class ResumePlan:
+    """Where a run starts: ``checkpoint`` (None: fresh) and its driver ``state``."""
+
+    checkpoint: Path | None
+    state: TrainerState | None
+
+
+def plan_resume(cfg: VerityConfig) -> ResumePlan:
+    """Resolve ``trainer.resume`` and read the chosen checkpoint's driver state (no workers needed)."""
+    path = resolve_resume(cfg)
+    if path is None:
+        return ResumePlan(None, None)
+    state = TrainerState.read(path)
+    logger.info("resuming from %s (step %d of %d)", path, state.step, cfg.trainer.total_steps)
+    return ResumePlan(path, state)
+
+
+def open_tracker(cfg: VerityConfig, out_dir: Path, plan: ResumePlan, **kwargs: Any) -> Any:
+    """A :class:`verity.tracking.Tracker` continuing the checkpoint's run when its store holds it.
+
+    ``kwargs`` go to the Tracker (experiment, tracking_uri, run_name, tags). A resumed
+    run whose tracking store does not hold the saved run id (another store) starts a
+    new MLflow run, with a warning.
+    """
+    from verity.tracking import Tracker
+
+    run_id = plan.state.run_id if plan.state is not None else None
+    if run_id:
+        try:
+            return Tracker(out_dir, run_id=run_id, **kwargs)
+        except ValueError as err:
+            logger.warning("cannot continue MLflow run %s (%s); starting a new run", run_id, err)
+    return Tracker(out_dir, **kwargs)
+
+
+def _worker_group(handle: Any) -> Any:
+    """The WorkerGroup behind a group or a colocated role's view."""
+    return getattr(handle, "group", handle)
+
+
+def write_workers_file(out_dir: Path, groups: dict[str, Any]) -> Path:
+    """``workers.json``: per group, each rank's pid, node IP and node id."""
+    data: dict[str, Any] = {}
+    seen: set[int] = set()
+    for handle in groups.values():
+        group = _worker_group(handle)
+        if id(group) in seen:
+            continue
+        seen.add(id(group))
+        data[group.name] = [
+            {
+                "rank": rank,
+                "pid": info["pid"],
+                "ip": info["ip"],
+                "node_id": info["node_id"],
+                "roles": info["roles"],
+            }
+            for rank, info in enumerate(group.worker_info())
+        ]
+    path = out_dir / WORKERS_FILE
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def attach_recovery(
+    trainer: RLTrainer,
+    cfg: VerityConfig,
+    *,
+    plan: ResumePlan,
+    groups: dict[str, Any],
+    stop: GracefulStop,
+    out_dir: Path,
+    cfg_dict: dict[str, Any],
+    cfg_hash: str,
+    model_path: str,
+    tokenizer_path: str,
+) -> CheckpointHook:
+    """Restore ``plan``'s checkpoint into ``trainer`` and its groups; install hook and stage guard.
+
+    ``groups``: trained role name -> worker-group handle offering ``save_checkpoint`` /
+    ``load_checkpoint`` (``{"actor": actor}`` or with ``"critic"``).
+    """
+    write_workers_file(out_dir, groups)
+    manager = CheckpointManager(
+        checkpoint_root(cfg), cfg.trainer.checkpoint.keep, groups, model_path, tokenizer_path
+    )
+    wall_before = 0.0
+    if plan.checkpoint is not None and plan.state is not None:
+        state = manager.restore(plan.checkpoint)
+        warn_on_config_change(state.config, cfg_dict, plan.checkpoint)
+        trainer.train_batches.load_state_dict(state.dataloader)
+        if trainer.kl_controller is not None and state.kl_coef is not None:
+            trainer.kl_controller.value = float(state.kl_coef)
+        restore_rng(state.rng)
+        trainer.start_step = state.step
+        trainer.result = TrainResult(
+            history=[dict(r) for r in state.history],
+            validation=[dict(r) for r in state.validation],
+            wall_seconds=state.wall_seconds,
+        )
+        wall_before = state.wall_seconds
+        if trainer.tracker is not None and trainer.tracker.run_id == state.run_id:
+            trainer.tracker = ReplayAwareTracker(
+                trainer.tracker, logged_points(trainer.tracker.tracking_uri, state.run_id)
+            )
+    hook = CheckpointHook(
+        cfg,
+        manager=manager,
+        loader=trainer.train_batches,
+        kl_controller=trainer.kl_controller,
+        tracker=trainer.tracker,
+        stop=stop,
+        cfg_dict=cfg_dict,
+        cfg_hash=cfg_hash,
+        metrics_file=out_dir / "metrics.jsonl",
+        model_path=model_path,
+        wall_seconds_before=wall_before,
+    )
+    hook.start(trainer.result.history)
+    trainer.on_step_end = hook
+    unique = {id(_worker_group(h)): _worker_group(h) for h in groups.values()}
+    trainer.stage_guard = StageGuard(cfg.trainer.stage_timeout_s, {g.name: g for g in unique.values()})
+    return hook

@@ -1,0 +1,157 @@
+"""A time limit on every stage of an RL step, and a report of who is still busy when it is hit.
+
+    guard = StageGuard(timeout_s=600, groups={"actor": actor_group})
+    with guard.stage("generate", step=12):
+        batch = ctx.actor.generate(rows)
+
+When a stage runs longer than ``timeout_s`` a watchdog thread interrupts the driver's
+main thread (``_thread.interrupt_main``; Ray's blocking waits return to Python to take
+it), and the stage raises :class:`StageTimeoutError` naming the stage, the step, the
+worker ranks still running a group method (with how long and their Python stacks,
+fetched through each worker's diagnostics concurrency group) and the driver's own stack.
+A run that hangs in a collective, a deadlocked reward function or a stuck generation
+therefore ends with a message saying where, instead of hanging forever.
+"""
+
+from __future__ import annotations
+
+import _thread
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+STACK_TIMEOUT_S = 10.0
+
+
+class StageTimeoutError(RuntimeError):
+    """A stage ran past its time limit.
+
+    Attributes: ``stage``, ``step``, ``timeout_s``, ``busy`` (a list of
+    ``(group, rank, method, seconds)`` of the workers still running a method).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        stage: str,
+        step: int | None,
+        timeout_s: float,
+        busy: list[tuple[str, int, str, float]],
+    ) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.step = step
+        self.timeout_s = timeout_s
+        self.busy = busy
+
+
+class _StageWatch:
+    """One stage under watch (the context manager returned by :meth:`StageGuard.stage`)."""
+
+    def __init__(self, guard: StageGuard, name: str, step: int | None) -> None:
+        self.guard, self.name, self.step = guard, name, step
+        self._lock = threading.Lock()
+        self._active = False
+        self._fired = False
+        self._driver_stack = ""
+        self._timer: threading.Timer | None = None
+
+    def _fire(self) -> None:
+        with self._lock:
+            if not self._active:
+                return
+            self._fired = True
+            frame = sys._current_frames().get(threading.main_thread().ident or -1)
+            self._driver_stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
+        _thread.interrupt_main()
+
+    def __enter__(self) -> _StageWatch:
+        if self.guard.timeout_s > 0:
+            self._active = True
+            self._timer = threading.Timer(self.guard.timeout_s, self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        if self._timer is None:
+            return False
+        fired = False
+        try:
+            with self._lock:
+                self._active = False
+                fired = self._fired
+            self._timer.cancel()
+            if fired and exc_type is not KeyboardInterrupt:
+                # the interrupt was sent but has not landed yet: let it land here, not later
+                for _ in range(200):
+                    time.sleep(0.005)
+        except KeyboardInterrupt:
+            fired = True
+        if fired:
+            cause = None if isinstance(exc, KeyboardInterrupt) else exc
+            raise self.guard.timeout_error(self.name, self.step, self._driver_stack) from cause
+        return False
+
+
+class StageGuard:
+    """Watches stages against ``timeout_s`` (0 or less: no limit).
+
+    Args:
+        timeout_s: the limit for each stage, in seconds.
+        groups: name -> worker group (with ``stacks(timeout_s)``) to report on when a
+            stage times out.
+    """
+
+    def __init__(self, timeout_s: float, groups: Mapping[str, Any] | None = None) -> None:
+        self.timeout_s = float(timeout_s)
+        self.groups = dict(groups or {})
+
+    def stage(self, name: str, step: int | None = None) -> _StageWatch:
+        """A context manager that raises :class:`StageTimeoutError` if its body outlives the limit."""
+        return _StageWatch(self, name, step)
+
+    def timeout_error(self, stage: str, step: int | None, driver_stack: str = "") -> StageTimeoutError:
+        """Build the error: busy workers (asked for their stacks now) and the driver's stack."""
+        busy: list[tuple[str, int, str, float]] = []
+        sections: list[str] = []
+        for group_name, group in self.groups.items():
+            try:
+                answers = group.stacks(timeout_s=STACK_TIMEOUT_S)
+            except Exception as err:  # the report must not hide the timeout
+                sections.append(f"--- {group_name}: could not ask for stacks ({type(err).__name__}: {err})")
+                continue
+            for rank, answer in sorted(answers.items()):
+                if answer is None:
+                    busy.append((group_name, rank, "?", float("nan")))
+                    sections.append(f"--- {group_name} rank {rank}: no answer within {STACK_TIMEOUT_S:g} s")
+                    continue
+                running = answer.get("busy")
+                if running is None:
+                    continue
+                busy.append((group_name, rank, running["method"], float(running["seconds"])))
+                sections.append(
+                    f"--- {group_name} rank {rank} (pid {answer.get('pid')}): {running['role']}.{running['method']} "
+                    f"running for {running['seconds']:.1f} s\n{running['stack'].rstrip()}"
+                )
+        where = f" at step {step}" if step is not None else ""
+        if busy:
+            who = ", ".join(f"{g} rank {r} ({m})" for g, r, m, _ in busy)
+        else:
+            who = "none (the driver itself was busy)"
+        message = (
+            f"stage {stage!r}{where} exceeded trainer.stage_timeout_s = {self.timeout_s:g} s; "
+            f"workers still busy: {who}"
+        )
+        if sections:
+            message += "\n" + "\n".join(sections)
+        if driver_stack:
+            message += f"\n--- driver (main thread)\n{driver_stack.rstrip()}"
+        return StageTimeoutError(message, stage=stage, step=step, timeout_s=self.timeout_s, busy=busy)
