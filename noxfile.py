@@ -3,6 +3,11 @@
     nox -s quickstart     GRPO on the embedded tiny model, before/after table
     nox -s tests          the test suite CI runs (CPU, no downloads)
     nox -s lint           ruff
+    nox -s recipe-grpo    rerun a recipe's CPU config against its expected file (one session per
+                          folder in recipes/: recipe-grpo, recipe-ppo, recipe-rloo, ...)
+    nox -s bench          generation / training / weight-sync throughput beside same-run baselines
+    nox -s leaderboard    rebuild leaderboards/*.html (and the screenshot when Chromium is there)
+    nox -s nightly        every recipe + bench, compared with ci/baseline.json; fails on a regression
 
 Every session installs torch first (its CPU wheel is local on these machines;
 without it pip would pull the multi-GB CUDA build), then the runtime against
@@ -33,10 +38,27 @@ def install_runtime(session: nox.Session, *extras: str) -> None:
     session.install("-c", CONSTRAINTS, "-e", spec)
 
 
+def recipe_folders() -> list[Path]:
+    """Every recipe package under recipes/ (a folder with a pyproject.toml)."""
+    return sorted(p.parent for p in (ROOT / "recipes").glob("*/pyproject.toml"))
+
+
+def install_harness(session: nox.Session, *recipes: Path, browser: bool = False) -> None:
+    """The runtime, then the harness and the given recipe packages (editable)."""
+    install_runtime(session)
+    session.install("-c", CONSTRAINTS, "-e", "harness[browser]" if browser else "harness")
+    for folder in recipes:
+        session.install("-c", CONSTRAINTS, "--no-deps", "-e", str(folder.relative_to(ROOT)))
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """The full CPU test suite (what CI runs)."""
     install_runtime(session, "test")
+    # pytest.ini collects recipes/ and harness/ too; the browser test uses playwright + system Chromium
+    session.install("-c", CONSTRAINTS, "-e", "harness[browser]")
+    for folder in recipe_folders():
+        session.install("-c", CONSTRAINTS, "--no-deps", "-e", str(folder.relative_to(ROOT)))
     env = {"PYTHONHASHSEED": "0", "MLFLOW_ALLOW_FILE_STORE": "true"}
     session.run("pytest", "-q", "-m", "not gpu", *session.posargs, env=env)
 
@@ -61,3 +83,48 @@ def diagnose(session: nox.Session) -> None:
     """Print versions, hardware and Ray status (paste into bug reports)."""
     install_runtime(session)
     session.run("verity", "diagnose")
+
+
+def _recipe_session(folder: Path) -> None:
+    @nox.session(name=f"recipe-{folder.name}")
+    def recipe(session: nox.Session) -> None:
+        install_harness(session, folder)
+        session.run(
+            "verity-harness",
+            "run",
+            folder.name,
+            "--config",
+            "cpu",
+            *session.posargs,
+            env={"PYTHONHASHSEED": "0"},
+        )
+
+    recipe.__doc__ = f"Rerun recipes/{folder.name} (CPU config) and check it against its expected file."
+
+
+for _folder in recipe_folders():
+    _recipe_session(_folder)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Tiny-model throughput: generation, training, weight sync, each beside a same-run baseline."""
+    install_runtime(session)
+    session.run("python", "ci/bench.py", *session.posargs)
+
+
+@nox.session
+def leaderboard(session: nox.Session) -> None:
+    """Rebuild leaderboards/ from the result files (and the harness's MLflow store, if any)."""
+    import shutil
+
+    install_harness(session, browser=True)
+    shot = ["--screenshot"] if shutil.which("chromium") else []
+    session.run("verity-harness", "leaderboard", *shot, *session.posargs)
+
+
+@nox.session
+def nightly(session: nox.Session) -> None:
+    """Every recipe's CPU config and the bench, compared with ci/baseline.json (exit 1 on a regression)."""
+    install_harness(session, *recipe_folders(), browser=True)
+    session.run("python", "ci/nightly.py", *session.posargs, env={"PYTHONHASHSEED": "0"})

@@ -1,0 +1,281 @@
+"""Throughput benchmark of the tiny model, each figure beside a plain baseline measured in the same run.
+
+    python ci/bench.py [--out outputs/bench/bench.json] [--repeats 7] [--threads 1]
+
+Absolute times on a shared 2-core machine swing with whatever else runs, so every
+verity figure is paired with a baseline doing the same work on the same model in
+the same process, alternating A, B, A, B, ... and taking medians. The **ratios**
+are what the nightly compares with ``ci/baseline.json``:
+
+| figure | verity | baseline | ratio (higher is better unless noted) |
+|---|---|---|---|
+| generation tokens/s | ``HFRollout.generate`` (own KV-cache decode loop) | ``transformers`` ``model.generate`` | verity / baseline |
+| training tokens/s | ``FSDP2Engine.train_step`` with the PPO actor loss | a plain PyTorch loop: forward, same loss, backward, clip, AdamW | verity / baseline |
+| weight-sync seconds | ``verity.resharding.sync_weights`` (bucketed gather + copy) | ``load_state_dict(state_dict())`` | verity / baseline (lower is better) |
+
+Every run samples exactly ``--response-len`` tokens per row (EOS ignored) so
+the work does not depend on the weights; the model is the embedded default's
+architecture (``build_tiny_qwen2_for(CharTokenizer())``), randomly initialised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def paired_medians(a: Callable[[], Any], b: Callable[[], Any], repeats: int) -> tuple[float, float]:
+    """Median seconds of ``a`` and ``b``, run alternately ``repeats`` times each after one warm-up each."""
+    a(), b()
+    times_a, times_b = [], []
+    for _ in range(repeats):
+        times_a.append(_timed(a))
+        times_b.append(_timed(b))
+    return statistics.median(times_a), statistics.median(times_b)
+
+
+def _prompts(vocab: int, batch: int, prompt_len: int, pad_id: int, seed: int) -> dict[str, torch.Tensor]:
+    """Left-padded random prompts ``[batch, prompt_len]`` (lengths prompt_len/2 .. prompt_len)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab, (batch, prompt_len), generator=g)
+    lengths = torch.randint(prompt_len // 2, prompt_len + 1, (batch,), generator=g)
+    mask = (torch.arange(prompt_len)[None, :] >= (prompt_len - lengths)[:, None]).long()
+    return {"input_ids": torch.where(mask.bool(), ids, torch.full_like(ids, pad_id)), "attention_mask": mask}
+
+
+def bench_generation(model: Any, tokenizer: Any, prompts: dict, response_len: int, repeats: int) -> dict:
+    from verity.rollout import HFRollout, SamplingParams
+
+    rollout = HFRollout(copy.deepcopy(model).eval(), tokenizer, seed=0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=response_len, ignore_eos=True)
+    hf_model = copy.deepcopy(model).eval()
+    position_ids = (prompts["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    batch = {**prompts, "position_ids": position_ids}
+
+    def ours() -> None:
+        rollout.generate(batch, params)
+
+    @torch.no_grad()
+    def theirs() -> None:
+        out = hf_model.generate(
+            **prompts,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=response_len,
+            min_new_tokens=response_len,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        assert out.shape[1] == prompts["input_ids"].shape[1] + response_len
+
+    t_ours, t_theirs = paired_medians(ours, theirs, repeats)
+    tokens = prompts["input_ids"].shape[0] * response_len
+    return {
+        "verity_tokens_per_s": tokens / t_ours,
+        "hf_generate_tokens_per_s": tokens / t_theirs,
+        "ratio": t_theirs / t_ours,
+    }
+
+
+def _train_batch(model: Any, prompts: dict, response_len: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    b = prompts["input_ids"].shape[0]
+    responses = torch.randint(4, model.config.vocab_size, (b, response_len), generator=g)
+    response_mask = torch.ones(b, response_len, dtype=torch.long)
+    attention_mask = torch.cat([prompts["attention_mask"], response_mask], dim=1)
+    return {
+        "input_ids": torch.cat([prompts["input_ids"], responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "responses": responses,
+        "response_mask": response_mask,
+        "old_logprobs": -torch.rand(b, response_len, generator=g) * 3,
+        "advantages": torch.randn(b, response_len, generator=g),
+    }
+
+
+def bench_training(model: Any, prompts: dict, response_len: int, repeats: int) -> tuple[dict, Any]:
+    """Engine vs plain loop; returns the figures and the engine (for the weight-sync bench)."""
+    from verity.algorithms.configs import KLConfig, PolicyLossConfig
+    from verity.batch import Batch
+    from verity.engines import FSDP2Engine
+    from verity.engines import OptimConfig as EngineOptim
+    from verity.workers.actor_loss import make_actor_loss
+
+    tensors = _train_batch(model, prompts, response_len, seed=1)
+    batch = Batch.from_dict(tensors)
+    rows = len(batch)
+    engine = FSDP2Engine(copy.deepcopy(model), EngineOptim(lr=1e-5, weight_decay=0.0), device="cpu")
+    loss_fn = make_actor_loss(PolicyLossConfig(), KLConfig(), 0.0)
+
+    plain = copy.deepcopy(model).train()
+    optimizer = torch.optim.AdamW(plain.parameters(), lr=1e-5, weight_decay=0.0)
+    prompt_len = prompts["input_ids"].shape[1]
+
+    def ours() -> None:
+        engine.train_step(batch, loss_fn, micro_batch_size=rows)
+
+    def theirs() -> None:
+        logits = plain(
+            input_ids=tensors["input_ids"],
+            attention_mask=tensors["attention_mask"],
+            position_ids=tensors["position_ids"],
+        ).logits[:, prompt_len - 1 : -1]
+        logprobs = (
+            torch.log_softmax(logits.float(), -1).gather(-1, tensors["responses"][..., None]).squeeze(-1)
+        )
+        ratio = torch.exp(logprobs - tensors["old_logprobs"])
+        adv = tensors["advantages"]
+        per_token = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
+        mask = tensors["response_mask"].float()
+        loss = (per_token * mask).sum() / mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(plain.parameters(), 1.0)
+        optimizer.step()
+
+    t_ours, t_theirs = paired_medians(ours, theirs, repeats)
+    tokens = float(tensors["attention_mask"].sum())
+    figures = {
+        "verity_tokens_per_s": tokens / t_ours,
+        "plain_torch_tokens_per_s": tokens / t_theirs,
+        "ratio": t_theirs / t_ours,
+    }
+    return figures, engine
+
+
+SYNCS_PER_TIMING = 50  # one sync of the tiny model takes well under a millisecond
+
+
+def bench_weight_sync(engine: Any, model: Any, tokenizer: Any, repeats: int) -> dict:
+    """Seconds per full weight hand-over, each timing covering :data:`SYNCS_PER_TIMING` of them."""
+    from verity.resharding import sync_weights
+    from verity.rollout import HFRollout
+
+    rollout = HFRollout(copy.deepcopy(model).eval(), tokenizer, seed=0)
+    target = copy.deepcopy(model).eval()
+
+    def ours() -> None:
+        for _ in range(SYNCS_PER_TIMING):
+            sync_weights(engine, rollout)
+
+    def theirs() -> None:
+        for _ in range(SYNCS_PER_TIMING):
+            target.load_state_dict(engine.model.state_dict())
+
+    t_ours, t_theirs = paired_medians(ours, theirs, repeats)
+    return {
+        "verity_seconds": t_ours / SYNCS_PER_TIMING,
+        "load_state_dict_seconds": t_theirs / SYNCS_PER_TIMING,
+        "ratio": t_ours / t_theirs,
+    }
+
+
+def run_bench(
+    repeats: int = 7, batch: int = 64, prompt_len: int = 24, response_len: int = 32, threads: int = 1
+) -> dict[str, Any]:
+    """All three pairs; figures in tokens/s or seconds, ratios as in the module docstring."""
+    from verity.data.char_tokenizer import CharTokenizer
+    from verity.data.tiny_model import build_tiny_qwen2_for
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    tokenizer = CharTokenizer()
+    model = build_tiny_qwen2_for(tokenizer, attn_implementation="sdpa").eval()
+    prompts = _prompts(model.config.vocab_size, batch, prompt_len, tokenizer.pad_token_id, seed=0)
+    started = time.perf_counter()
+    generation = bench_generation(model, tokenizer, prompts, response_len, repeats)
+    training, engine = bench_training(model, prompts, response_len, repeats)
+    sync = bench_weight_sync(engine, model, tokenizer, repeats)
+    return {
+        "ratios": {
+            "generate_vs_hf_generate": generation["ratio"],
+            "train_vs_plain_torch": training["ratio"],
+            "weight_sync_vs_load_state_dict": sync["ratio"],
+        },
+        "generate": generation,
+        "train": training,
+        "weight_sync": sync,
+        "settings": {
+            "repeats": repeats,
+            "batch": batch,
+            "prompt_len": prompt_len,
+            "response_len": response_len,
+            "threads": threads,
+            "n_params": sum(p.numel() for p in model.parameters()),
+            "torch": torch.__version__,
+        },
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def format_bench(result: dict[str, Any]) -> str:
+    g, t, s = result["generate"], result["train"], result["weight_sync"]
+    rows = [
+        (
+            "generation tokens/s",
+            g["verity_tokens_per_s"],
+            g["hf_generate_tokens_per_s"],
+            "HF generate",
+            g["ratio"],
+        ),
+        (
+            "training tokens/s",
+            t["verity_tokens_per_s"],
+            t["plain_torch_tokens_per_s"],
+            "plain torch",
+            t["ratio"],
+        ),
+        (
+            "weight sync ms",
+            s["verity_seconds"] * 1e3,
+            s["load_state_dict_seconds"] * 1e3,
+            "load_state_dict",
+            s["ratio"],
+        ),
+    ]
+    lines = [f"{'figure':22} {'verity':>10} {'baseline':>10}  {'(baseline)':16} {'ratio':>7}"]
+    lines += [f"{n:22} {a:>10.1f} {b:>10.1f}  {label:16} {r:>7.3f}" for n, a, b, label, r in rows]
+    st = result["settings"]
+    lines.append(
+        f"batch {st['batch']} x (prompt {st['prompt_len']} + response {st['response_len']}), "
+        f"{st['n_params']:,} params, {st['threads']} thread(s), median of {st['repeats']}; "
+        f"{result['seconds']:.1f} s"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("outputs/bench/bench.json"))
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    result = run_bench(repeats=args.repeats, threads=args.threads)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(format_bench(result))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""Nightly: every recipe's CPU config, the benchmark, a comparison with the accepted baseline, a report.
+
+    python ci/nightly.py                          # all recipes under recipes/, then bench, report, leaderboard
+    python ci/nightly.py --recipes grpo --skip-bench
+    python ci/nightly.py --override actor.optim.lr=0   # a planted regression: must exit 1 naming the metric
+    python ci/nightly.py --accept                 # after a good night: make its figures the new baseline
+
+Steps:
+
+1. ``verity-harness run <recipe> --config cpu`` for each recipe folder, one after the
+   other in its own process (each checks its ``expected/cpu-hf.yaml``);
+2. ``ci/bench.py`` (generation, training and weight-sync ratios against baselines
+   measured in the same process);
+3. comparison with ``ci/baseline.json`` — ratios only, never absolute times:
+
+   - ``bench.<ratio>``: this night's ratio / the accepted one must stay above
+     ``min_ratio`` (or below ``max_ratio`` for a lower-is-better figure);
+   - ``<recipe>.accuracy_gain``: this night's gain / the accepted gain >= ``min_ratio``;
+   - ``<recipe>.tokens_per_s_vs_plain_torch``: the recipe's step tokens/s divided by the
+     bench's plain-PyTorch training tokens/s measured the same night (a yardstick of the
+     machine's speed), relative to the accepted value, >= ``min_ratio``;
+
+   plus every recipe's own expected-file checks;
+4. ``report.md`` and ``report.json`` in ``--out``; the leaderboard pages rebuilt;
+5. exit 1 when anything regressed, naming each metric; 0 otherwise.
+
+With ``--override`` (a deliberate change) result files go to ``<out>/results`` and the
+leaderboard to ``<out>/leaderboard`` so committed pages only show unmodified runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_BASELINE = ROOT / "ci" / "baseline.json"
+
+
+@dataclass
+class Finding:
+    """One compared figure: its value now, the accepted value, the ratio and whether it holds."""
+
+    metric: str
+    value: float | None
+    baseline: float | None
+    ratio: float | None
+    threshold: str
+    ok: bool
+    note: str = ""
+
+
+def recipe_names(recipes_dir: Path) -> list[str]:
+    """Every recipe folder (one holding a pyproject.toml), sorted."""
+    return sorted(p.parent.name for p in recipes_dir.glob("*/pyproject.toml"))
+
+
+def run_recipe(name: str, out: Path, results_dir: Path, overrides: Sequence[str]) -> dict[str, Any]:
+    """Run ``verity-harness run NAME`` in a child process; its result document plus ``exit_code``."""
+    result_file = out / "runs" / f"{name}.json"
+    result_file.parent.mkdir(parents=True, exist_ok=True)
+    result_file.unlink(missing_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "verity_harness.cli",
+        "run",
+        name,
+        "--config",
+        "cpu",
+        "--output-root",
+        str(out / "harness"),
+        "--results-dir",
+        str(results_dir),
+        "--result-out",
+        str(result_file),
+        *overrides,
+    ]
+    print(f"\n=== {name}: {' '.join(cmd[2:])}", flush=True)
+    started = time.perf_counter()
+    code = subprocess.call(cmd, cwd=ROOT)
+    result = json.loads(result_file.read_text()) if result_file.is_file() else {}
+    result.update(exit_code=code, seconds=time.perf_counter() - started)
+    return result
+
+
+def run_bench(out: Path) -> dict[str, Any]:
+    path = out / "bench.json"
+    print("\n=== bench", flush=True)
+    code = subprocess.call([sys.executable, str(ROOT / "ci" / "bench.py"), "--out", str(path)], cwd=ROOT)
+    if code != 0 or not path.is_file():
+        return {"exit_code": code}
+    return {**json.loads(path.read_text()), "exit_code": code}
+
+
+def _compare(metric: str, value: float | None, spec: Mapping[str, Any] | None) -> Finding:
+    """``value`` against ``spec = {"value": accepted, "min_ratio"|"max_ratio": threshold}``."""
+    if spec is None:
+        return Finding(metric, value, None, None, "-", True, "no accepted value yet")
+    accepted = float(spec["value"])
+    if value is None:
+        return Finding(metric, None, accepted, None, "-", False, "not measured tonight")
+    if accepted == 0:
+        return Finding(metric, value, accepted, None, "-", True, "accepted value is 0: no ratio")
+    ratio = value / accepted
+    if "max_ratio" in spec:
+        limit = float(spec["max_ratio"])
+        return Finding(metric, value, accepted, ratio, f"<= {limit}", ratio <= limit)
+    limit = float(spec["min_ratio"])
+    return Finding(metric, value, accepted, ratio, f">= {limit}", ratio >= limit)
+
+
+def tonight_figures(
+    recipes: Mapping[str, Mapping[str, Any]], bench: Mapping[str, Any]
+) -> dict[str, float | None]:
+    """The figures compared with the baseline, by metric name."""
+    figures: dict[str, float | None] = {}
+    ratios = bench.get("ratios") or {}
+    for key, value in ratios.items():
+        figures[f"bench.{key}"] = value
+    plain = (bench.get("train") or {}).get("plain_torch_tokens_per_s")
+    for name, result in recipes.items():
+        scores = result.get("scores") or {}
+        figures[f"{name}.accuracy_gain"] = scores.get("accuracy_gain")
+        tps = (result.get("throughput") or {}).get("tokens_per_s")
+        figures[f"{name}.tokens_per_s_vs_plain_torch"] = tps / plain if tps and plain else None
+    return figures
+
+
+def compare_with_baseline(
+    recipes: Mapping[str, Mapping[str, Any]], bench: Mapping[str, Any], baseline: Mapping[str, Any]
+) -> list[Finding]:
+    """Every finding of the night: harness exit codes and checks, then each baseline figure."""
+    findings: list[Finding] = []
+    for name, result in recipes.items():
+        for check in result.get("checks") or []:
+            findings.append(
+                Finding(
+                    f"{name}.{check['metric']} (expected file)",
+                    check.get("value"),
+                    check.get("target"),
+                    None,
+                    f"{check['mode']} ±{check['tolerance']}",
+                    bool(check["passed"]),
+                    check.get("reason", ""),
+                )
+            )
+        if result.get("exit_code") not in (0, 1):
+            findings.append(
+                Finding(
+                    f"{name}.run",
+                    None,
+                    None,
+                    None,
+                    "-",
+                    False,
+                    f"verity-harness run exited {result.get('exit_code')}",
+                )
+            )
+    if bench.get("exit_code", 0) != 0:
+        findings.append(
+            Finding("bench.run", None, None, None, "-", False, f"bench exited {bench['exit_code']}")
+        )
+    specs = baseline.get("figures") or {}
+    for metric, value in tonight_figures(recipes, bench).items():
+        findings.append(_compare(metric, value, specs.get(metric)))
+    return findings
+
+
+def write_report(
+    out: Path,
+    findings: Sequence[Finding],
+    recipes: Mapping[str, Any],
+    bench: Mapping[str, Any],
+    overrides: Sequence[str],
+    seconds: float,
+) -> Path:
+    """``report.md`` (a table a person reads) and ``report.json`` (everything) in ``out``."""
+    failed = [f for f in findings if not f.ok]
+    lines = [
+        f"# Nightly report — {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        "",
+        f"verdict: **{'REGRESSION' if failed else 'OK'}**, {len(findings)} figures, {len(failed)} failing; "
+        f"{seconds / 60:.1f} min" + (f"; overrides: `{' '.join(overrides)}`" if overrides else ""),
+        "",
+        "| metric | tonight | accepted | ratio | threshold | status | note |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def num(v: float | None) -> str:
+        return "-" if v is None else f"{v:.4g}"
+
+    for f in findings:
+        status = "ok" if f.ok else "**FAIL**"
+        lines.append(
+            f"| {f.metric} | {num(f.value)} | {num(f.baseline)} | {num(f.ratio)} | {f.threshold} | "
+            f"{status} | {f.note} |"
+        )
+    lines += ["", "| recipe | seconds | exit | held-out acc. before → after |", "|---|---|---|---|"]
+    for name, r in recipes.items():
+        s = r.get("scores") or {}
+        lines.append(
+            f"| {name} | {r.get('seconds', 0):.0f} | {r.get('exit_code')} | "
+            f"{num(s.get('accuracy_before'))} → {num(s.get('accuracy_after'))} |"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(
+        json.dumps(
+            {
+                "findings": [asdict(f) for f in findings],
+                "recipes": recipes,
+                "bench": bench,
+                "overrides": list(overrides),
+                "seconds": seconds,
+            },
+            indent=1,
+            default=str,
+        )
+        + "\n"
+    )
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def accepted_baseline(
+    figures: Mapping[str, float | None], previous: Mapping[str, Any], commit: str | None
+) -> dict:
+    """A new baseline holding tonight's figures with the previous thresholds (defaults for new ones)."""
+    old = previous.get("figures") or {}
+    new: dict[str, Any] = {}
+    for metric, value in sorted(figures.items()):
+        if value is None:
+            continue
+        spec = dict(old.get(metric) or default_threshold(metric))
+        spec["value"] = round(float(value), 4)
+        new[metric] = spec
+    return {
+        "about": previous.get("about", ""),
+        "accepted": {"date": dt.date.today().isoformat(), "commit": commit},
+        "figures": new,
+    }
+
+
+def default_threshold(metric: str) -> dict[str, float]:
+    if metric.startswith("bench.weight_sync"):
+        return {"max_ratio": 2.0}
+    if metric.startswith("bench."):
+        return {"min_ratio": 0.7}
+    if metric.endswith("accuracy_gain"):
+        return {"min_ratio": 0.5}
+    return {"min_ratio": 0.5}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--recipes", help="comma-separated recipe names (default: every folder in recipes/)")
+    parser.add_argument("--override", action="append", default=[], help="Hydra override for every recipe run")
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "nightly")
+    parser.add_argument("--baseline", type=Path, default=DEFAULT_BASELINE)
+    parser.add_argument(
+        "--results-dir", type=Path, help="default: leaderboards/results (<out>/results with --override)"
+    )
+    parser.add_argument(
+        "--leaderboard-dir", type=Path, help="default: leaderboards (<out>/leaderboard with --override)"
+    )
+    parser.add_argument("--skip-bench", action="store_true")
+    parser.add_argument("--accept", action="store_true", help="write tonight's figures as the new baseline")
+    args = parser.parse_args(argv)
+
+    planted = bool(args.override)
+    results_dir = args.results_dir or (args.out / "results" if planted else ROOT / "leaderboards" / "results")
+    board_dir = args.leaderboard_dir or (args.out / "leaderboard" if planted else ROOT / "leaderboards")
+    names = args.recipes.split(",") if args.recipes else recipe_names(ROOT / "recipes")
+    started = time.perf_counter()
+    recipes = {name: run_recipe(name, args.out, results_dir, args.override) for name in names}
+    bench = {} if args.skip_bench else run_bench(args.out)
+    baseline = json.loads(args.baseline.read_text()) if args.baseline.is_file() else {}
+    findings = compare_with_baseline(recipes, bench, baseline)
+    print("\n=== leaderboard", flush=True)
+    board_cmd = [
+        sys.executable,
+        "-m",
+        "verity_harness.cli",
+        "leaderboard",
+        "--results-dir",
+        str(results_dir),
+        "--out",
+        str(board_dir),
+        "--tracking-uri",
+        "sqlite:///" + str((args.out / "harness" / "mlflow.db").resolve()),
+    ]
+    if subprocess.call(board_cmd, cwd=ROOT) != 0:
+        findings.append(
+            Finding("leaderboard.build", None, None, None, "-", False, "verity-harness leaderboard failed")
+        )
+    report = write_report(args.out, findings, recipes, bench, args.override, time.perf_counter() - started)
+    print("\n" + report.read_text())
+    failed = [f for f in findings if not f.ok]
+    if args.accept:
+        if failed or planted:
+            print("nightly: not accepting a night with regressions or overrides", file=sys.stderr)
+        else:
+            commit = next((r.get("git_commit") for r in recipes.values() if r.get("git_commit")), None)
+            new = accepted_baseline(tonight_figures(recipes, bench), baseline, commit)
+            args.baseline.write_text(json.dumps(new, indent=1) + "\n")
+            print(f"nightly: wrote the new baseline {args.baseline}")
+    if failed:
+        print("nightly: REGRESSION in " + ", ".join(f.metric for f in failed), file=sys.stderr)
+        return 1
+    print("nightly: OK")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Expected-metric files: what a recipe promises on one (hardware, rollout backend).
+
+``expected/<hardware>-<backend>.yaml`` (e.g. ``cpu-hf.yaml``, ``cuda-hf.yaml``)::
+
+    hardware: cpu
+    backend: hf
+    configs:
+      cpu:                              # the config (file stem under configs/)
+        source: measured                # measured (reruns here) | published (a paper or log)
+        reference: "5 runs, 2026-11-22, 2-core x86 CPU"
+        metrics:
+          accuracy_after: {target: 0.80, tolerance: 0.06}
+          accuracy_gain:  {target: 0.30, tolerance: 0.12, mode: at_least}
+
+Each metric passes when, with ``t = target`` and ``d = tolerance``:
+
+| mode       | passes when        | for                                          |
+|------------|--------------------|----------------------------------------------|
+| ``within`` | ``|x - t| <= d``   | the default: a rerun must reproduce the run  |
+| ``at_least`` | ``x >= t - d``   | scores where doing better is not a failure   |
+| ``at_most``  | ``x <= t + d``   | costs (seconds, memory) where less is fine   |
+
+A metric missing from the run fails (a promise nobody checked is not kept).
+Lookup (:func:`find_expectations`): ``<hardware>-<backend>.yaml`` for the
+hardware's own label (``h100``), then for its family (``cuda``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MODES = ("within", "at_least", "at_most")
+SOURCES = ("measured", "published")
+
+
+@dataclass(frozen=True)
+class Check:
+    """The outcome of one metric against its expectation."""
+
+    metric: str
+    value: float | None
+    target: float
+    tolerance: float
+    mode: str
+    passed: bool
+    reason: str  # "" when passed; otherwise why, with the numbers
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "metric": self.metric,
+            "value": self.value,
+            "target": self.target,
+            "tolerance": self.tolerance,
+            "mode": self.mode,
+            "passed": self.passed,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """One metric's target, tolerance and comparison mode (see the module docstring)."""
+
+    metric: str
+    target: float
+    tolerance: float
+    mode: str = "within"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(
+                f"metric {self.metric!r}: mode must be one of {', '.join(MODES)}, got {self.mode!r}"
+            )
+        if not math.isfinite(self.target):
+            raise ValueError(f"metric {self.metric!r}: target must be a finite number, got {self.target!r}")
+        if not (math.isfinite(self.tolerance) and self.tolerance >= 0):
+            raise ValueError(
+                f"metric {self.metric!r}: tolerance must be a number >= 0, got {self.tolerance!r}"
+            )
+
+    def check(self, value: float | None) -> Check:
+        """Compare ``value`` (None: the run did not report the metric) with this expectation."""
+        t, d = self.target, self.tolerance
+        if value is None or not math.isfinite(value):
+            return Check(self.metric, None, t, d, self.mode, False, "metric missing from the run")
+        if self.mode == "within":
+            passed = abs(value - t) <= d + 1e-12
+            reason = f"{value:.4g} is outside {t:.4g} ± {d:.4g}"
+        elif self.mode == "at_least":
+            passed = value >= t - d - 1e-12
+            reason = f"{value:.4g} is below {t:.4g} - {d:.4g} = {t - d:.4g}"
+        else:
+            passed = value <= t + d + 1e-12
+            reason = f"{value:.4g} is above {t:.4g} + {d:.4g} = {t + d:.4g}"
+        return Check(self.metric, float(value), t, d, self.mode, passed, "" if passed else reason)
+
+
+@dataclass(frozen=True)
+class ConfigExpectations:
+    """The expectations of one config on one (hardware, backend), and where the targets come from."""
+
+    config: str
+    expectations: tuple[Expectation, ...]
+    source: str = "measured"
+    reference: str = ""
+    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class ExpectedFile:
+    """A parsed ``expected/<hardware>-<backend>.yaml``."""
+
+    hardware: str
+    backend: str
+    configs: dict[str, ConfigExpectations] = field(default_factory=dict)
+    path: Path | None = None
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{where}: expected a number, got {value!r}")
+    return float(value)
+
+
+def _parse_metric(name: str, spec: Any, where: str) -> Expectation:
+    if not isinstance(spec, Mapping):
+        raise ValueError(f"{where}: expected a mapping with target and tolerance, got {spec!r}")
+    unknown = sorted(set(spec) - {"target", "tolerance", "mode", "note"})
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; allowed: target, tolerance, mode, note")
+    for key in ("target", "tolerance"):
+        if key not in spec:
+            raise ValueError(f"{where}: missing {key!r}")
+    return Expectation(
+        metric=name,
+        target=_number(spec["target"], f"{where}.target"),
+        tolerance=_number(spec["tolerance"], f"{where}.tolerance"),
+        mode=str(spec.get("mode", "within")),
+    )
+
+
+def parse_expected(data: Any, source: str = "<expected>", path: Path | None = None) -> ExpectedFile:
+    """Validate the parsed YAML of an expected file; ValueError naming the key that is wrong."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{source}: expected a mapping with hardware, backend and configs")
+    for key in ("hardware", "backend", "configs"):
+        if key not in data:
+            raise ValueError(f"{source}: missing top-level key {key!r}")
+    if not isinstance(data["configs"], Mapping) or not data["configs"]:
+        raise ValueError(f"{source}: 'configs' must map config names to their expectations")
+    configs: dict[str, ConfigExpectations] = {}
+    for config, body in data["configs"].items():
+        where = f"{source}: configs.{config}"
+        if (
+            not isinstance(body, Mapping)
+            or not isinstance(body.get("metrics"), Mapping)
+            or not body["metrics"]
+        ):
+            raise ValueError(f"{where}: expected a mapping with a non-empty 'metrics' mapping")
+        src = str(body.get("source", "measured"))
+        if src not in SOURCES:
+            raise ValueError(f"{where}.source: must be one of {', '.join(SOURCES)}, got {src!r}")
+        expectations = []
+        for name, spec in body["metrics"].items():
+            try:
+                expectations.append(_parse_metric(str(name), spec, f"{where}.metrics.{name}"))
+            except ValueError as err:
+                if str(err).startswith(where):
+                    raise
+                raise ValueError(f"{where}.metrics.{name}: {err}") from None
+        configs[str(config)] = ConfigExpectations(
+            str(config), tuple(expectations), src, str(body.get("reference", "")), path
+        )
+    return ExpectedFile(str(data["hardware"]), str(data["backend"]), configs, path)
+
+
+def load_expected(path: str | Path) -> ExpectedFile:
+    """Read and validate one expected file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML ({err})") from None
+    expected = parse_expected(data, str(path), path)
+    stem = f"{expected.hardware}-{expected.backend}"
+    if path.stem != stem:
+        raise ValueError(f"{path}: file name must be {stem}.yaml to match its hardware and backend keys")
+    return expected
+
+
+def find_expectations(
+    expected_dir: Path, config: str, hardware_labels: Sequence[str], backend: str
+) -> ConfigExpectations | None:
+    """The expectations of ``config`` for the first of ``hardware_labels`` that has a file, else None.
+
+    ``hardware_labels`` go from most to least specific, e.g. ``["h100", "cuda"]``.
+    """
+    for label in hardware_labels:
+        path = expected_dir / f"{label}-{backend}.yaml"
+        if path.is_file():
+            found = load_expected(path).configs.get(config)
+            if found is not None:
+                return found
+    return None
+
+
+def check_metrics(metrics: Mapping[str, float | None], expectations: ConfigExpectations) -> list[Check]:
+    """One :class:`Check` per expectation, in file order."""
+    return [e.check(metrics.get(e.metric)) for e in expectations.expectations]
+
+
+def format_checks(checks: Sequence[Check], title: str = "") -> str:
+    """The pass/fail table printed after a run (plain text, fixed columns)."""
+    symbol = {"within": "±", "at_least": "≥", "at_most": "≤"}
+    lines = [title] if title else []
+    header = f"{'metric':32} {'value':>10} {'expected':>18} {'result':>6}"
+    lines += [header, "-" * len(header)]
+    for c in checks:
+        value = "missing" if c.value is None else f"{c.value:.4g}"
+        if c.mode == "within":
+            expected = f"{c.target:.4g} ± {c.tolerance:.3g}"
+        else:
+            bound = c.target - c.tolerance if c.mode == "at_least" else c.target + c.tolerance
+            expected = f"{symbol[c.mode]} {bound:.4g}"
+        lines.append(f"{c.metric:32} {value:>10} {expected:>18} {'PASS' if c.passed else 'FAIL':>6}")
+    failed = [c for c in checks if not c.passed]
+    if failed:
+        lines.append("")
+        lines += [f"FAIL {c.metric}: {c.reason}" for c in failed]
+    return "\n".join(lines)

@@ -1,0 +1,193 @@
+"""Static leaderboard pages: ``index.html`` (every recipe) and ``<recipe>.html`` (one recipe).
+
+Each page is one self-contained HTML file (inline CSS and SVG plots, no scripts,
+nothing fetched). Tables carry ids the browser test reads:
+
+- ``table#latest-<recipe>``: newest run per (config, hardware, backend), side by side —
+  held-out accuracy (the score), its gain, check verdict, throughput, MFU, date, commit;
+- ``table#history-<recipe>`` (recipe pages): every run, newest first;
+- ``figure.plot`` holds one inline ``<svg class="plot">``.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from verity_harness.leaderboard.collect import by_recipe, latest_per_key, sort_time
+from verity_harness.leaderboard.plots import curves_svg, throughput_svg
+
+STYLE = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2rem auto;max-width:1200px;color:#1f2328;padding:0 1rem}
+h1{font-size:1.6rem;margin-bottom:.2rem} h2{font-size:1.25rem;margin-top:2rem;border-bottom:1px solid #d0d7de}
+p.meta{color:#59636e;margin-top:0}
+.scroll{overflow-x:auto} table{border-collapse:collapse;width:100%;font-size:.8rem;margin:.6rem 0}
+th,td{border:1px solid #d0d7de;padding:.25rem .4rem;text-align:right;white-space:nowrap}
+caption{text-align:left;color:#59636e;padding-bottom:.2rem}
+th{background:#f6f8fa} td.text,th.text{text-align:left}
+td.pass{color:#1a7f37;font-weight:600} td.fail{color:#cf222e;font-weight:600} td.none{color:#59636e}
+.plots{display:flex;flex-wrap:wrap;gap:1rem} figure.plot{margin:0;flex:1 1 480px;max-width:640px}
+figure.plot svg{width:100%;height:auto} figcaption{font-size:.8rem;color:#59636e}
+code{font-size:.85em}
+"""
+
+LATEST_COLUMNS = (
+    ("config", "config", "text"),
+    ("hardware", "hardware", "hardware"),
+    ("backend", "backend", "text"),
+    ("held-out acc.", "score:accuracy_after", "pct"),
+    ("gain", "score:accuracy_gain", "pts"),
+    ("reward (last 10)", "score:reward/mean_last10", "num3"),
+    ("check", "passed", "verdict"),
+    ("tokens/s", "tp:tokens_per_s", "int"),
+    ("gen. tokens/s", "tp:generated_tokens_per_s", "int"),
+    ("train tokens/s", "tp:train_tokens_per_s", "int"),
+    ("MFU", "tp:mfu", "mfu"),
+    ("s/step", "tp:step_seconds", "num2"),
+    ("date", "date", "text"),
+    ("commit", "git_commit", "commit"),
+)
+
+
+def _value(run: Mapping[str, Any], key: str) -> Any:
+    if key.startswith("score:"):
+        return (run.get("scores") or {}).get(key[6:])
+    if key.startswith("tp:"):
+        return (run.get("throughput") or {}).get(key[3:])
+    return run.get(key)
+
+
+def _cell(value: Any, kind: str, run: Mapping[str, Any]) -> str:
+    """One ``<td>``: the formatted value, with a class for text/verdict colouring."""
+    if kind == "hardware":
+        device = html.escape(str(run.get("device_name") or ""), quote=True)
+        return f'<td class="text" title="{device}">{html.escape(str(value))}</td>'
+    if kind == "verdict":
+        text, cls = {True: ("pass", "pass"), False: ("fail", "fail")}.get(value, ("unchecked", "none"))
+        return f'<td class="{cls}">{text}</td>'
+    if value is None or value == "":
+        return '<td class="none">–</td>' if kind != "text" else '<td class="text none">–</td>'
+    if kind == "text":
+        return f'<td class="text">{html.escape(str(value))}</td>'
+    if kind == "commit":
+        return f'<td class="text"><code>{html.escape(str(value)[:10])}</code></td>'
+    formats = {
+        "pct": lambda v: f"{v:.1%}",
+        "pts": lambda v: f"{v * 100:+.1f} pts",
+        "int": lambda v: f"{v:,.0f}",
+        "num2": lambda v: f"{v:.2f}",
+        "num3": lambda v: f"{v:.3f}",
+        "mfu": lambda v: f"{v:.2%}",
+    }
+    return f"<td>{html.escape(formats[kind](float(value)))}</td>"
+
+
+def runs_table(runs: Sequence[Mapping[str, Any]], table_id: str, caption: str) -> str:
+    """A table of ``runs`` with :data:`LATEST_COLUMNS`; one ``tr.run`` per run."""
+    head = "".join(
+        f'<th class="{"text" if kind in ("text", "commit", "hardware") else ""}">{html.escape(title)}</th>'
+        for title, _, kind in LATEST_COLUMNS
+    )
+    body = "".join(
+        '<tr class="run">'
+        + "".join(_cell(_value(r, key), kind, r) for _, key, kind in LATEST_COLUMNS)
+        + "</tr>"
+        for r in runs
+    )
+    return (
+        f'<div class="scroll"><table id="{html.escape(table_id)}"><caption>{html.escape(caption)}</caption>'
+        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+    )
+
+
+def _figure(svg: str | None, caption: str) -> str:
+    if svg is None:
+        return ""
+    return f'<figure class="plot">{svg}<figcaption>{html.escape(caption)}</figcaption></figure>'
+
+
+def recipe_plots(recipe: str, latest: Sequence[Mapping[str, Any]]) -> str:
+    """Held-out accuracy and training reward curves, and throughput bars, of the latest runs."""
+    figures = [
+        _figure(
+            curves_svg(latest, "val/acc", f"{recipe}: held-out accuracy (greedy)", unit_interval=True),
+            "held-out accuracy after each evaluation (step 0 = before training)",
+        ),
+        _figure(
+            curves_svg(latest, "reward/mean", f"{recipe}: training reward"),
+            "mean sequence reward of each RL step's samples",
+        ),
+        _figure(
+            throughput_svg(latest, f"{recipe}: throughput"),
+            "tokens/s over a whole step and generated tokens/s of the generate stage",
+        ),
+    ]
+    return '<div class="plots">' + "".join(f for f in figures if f) + "</div>"
+
+
+def _page(title: str, body: str, generated: str) -> str:
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
+        f'{body}<p class="meta">Generated {html.escape(generated)} by <code>verity-harness leaderboard</code> '
+        "from the result files in <code>leaderboards/results</code> and the harness's MLflow runs.</p>"
+        "</body></html>\n"
+    )
+
+
+def recipe_section(recipe: str, runs: Sequence[Mapping[str, Any]], link: bool) -> str:
+    latest = latest_per_key(runs)
+    title = f'<a href="{html.escape(recipe)}.html">{html.escape(recipe)}</a>' if link else html.escape(recipe)
+    return (
+        f'<section id="recipe-{html.escape(recipe)}"><h2>{title}</h2>'
+        + runs_table(latest, f"latest-{recipe}", "latest run per config, hardware and rollout backend")
+        + recipe_plots(recipe, latest)
+        + "</section>"
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def index_page(runs: Sequence[Mapping[str, Any]], generated: str) -> str:
+    """The overview: one section per recipe with its latest runs and plots."""
+    grouped = by_recipe(runs)
+    intro = (
+        "<h1>verity leaderboards</h1>"
+        f'<p class="meta">{_count(len(runs), "run")} of {_count(len(grouped), "recipe")}. Held-out accuracy is greedy '
+        "accuracy on the recipe's validation set after training; the check compares a run with the "
+        "recipe's expected file for its hardware and backend. MFU is shown where the device's peak "
+        "FLOP/s is known.</p>"
+    )
+    sections = "".join(recipe_section(name, rs, link=True) for name, rs in grouped.items())
+    if not grouped:
+        sections = '<p id="empty">No runs yet: run <code>verity-harness run RECIPE</code>.</p>'
+    return _page("verity leaderboards", intro + sections, generated)
+
+
+def recipe_page(recipe: str, runs: Sequence[Mapping[str, Any]], generated: str) -> str:
+    """One recipe: latest runs side by side, plots, and the full history."""
+    history = sorted(runs, key=sort_time, reverse=True)
+    body = (
+        f'<p><a href="index.html">all recipes</a></p><h1>{html.escape(recipe)}</h1>'
+        + recipe_section(recipe, runs, link=False)
+        + "<h2>history</h2>"
+        + runs_table(history, f"history-{recipe}", "every run, newest first")
+    )
+    return _page(f"verity leaderboard: {recipe}", body, generated)
+
+
+def write_pages(runs: Sequence[Mapping[str, Any]], out_dir: Path, generated: str) -> list[Path]:
+    """Write ``index.html`` and one page per recipe into ``out_dir``; return the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "index.html"]
+    written[0].write_text(index_page(runs, generated), encoding="utf-8")
+    for recipe, recipe_runs in by_recipe(runs).items():
+        path = out_dir / f"{recipe}.html"
+        path.write_text(recipe_page(recipe, recipe_runs, generated), encoding="utf-8")
+        written.append(path)
+    return written

@@ -1,0 +1,227 @@
+"""``verity-harness run``: rerun one recipe config, check it, record it.
+
+    outcome = run_recipe("grpo")                                  # config "cpu", this machine
+    outcome = run_recipe("ppo", "gsm8k-qwen2.5-0.5b", overrides=["model.path=/models/q"])
+
+Order of work:
+
+1. find the recipe and its config file; detect the machine (or take the one named);
+2. compose the config with :func:`verity.config.load_config` — harness settings
+   (output directory, the shared MLflow store, a run name) first, the caller's
+   overrides after them, so the caller wins;
+3. train with :func:`verity.trainer.run.run_training` (the trainer logs params and
+   per-step metrics to MLflow);
+4. read the run directory: scores, throughput, curves (:mod:`verity_harness.run_metrics`);
+5. compare the scores with ``expected/<hardware>-<backend>.yaml`` of the recipe;
+6. tag the MLflow run and log the harness's metrics (:mod:`verity_harness.tracking`),
+   write the result file (:mod:`verity_harness.results`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from verity_harness.expected import Check, check_metrics, find_expectations, format_checks
+from verity_harness.machine import FAMILIES, Machine, detect_machine, git_commit, package_versions
+from verity_harness.recipes import DEFAULT_CONFIG, Recipe, find_recipe
+from verity_harness.results import write_result
+from verity_harness.run_metrics import curves, read_jsonl, score_metrics, throughput
+from verity_harness.tracking import EXPERIMENT_PREFIX, ensure_experiment, log_result, store_uri
+
+DEFAULT_OUTPUT_ROOT = Path("outputs/harness")
+DEFAULT_RESULTS_DIR = Path("leaderboards/results")
+
+
+@dataclass
+class RunOutcome:
+    """A finished harness run: its result document, the checks, where it was written."""
+
+    result: dict[str, Any]
+    checks: list[Check] = field(default_factory=list)
+    result_path: Path | None = None
+
+    @property
+    def passed(self) -> bool | None:
+        """True/False against the expected file; None when no expected file applies."""
+        return self.result.get("passed")
+
+
+def machine_for(hardware: str | None) -> Machine:
+    """The detected machine; ``hardware`` a family (``cpu``) forces that backend, any other name relabels."""
+    if hardware is None:
+        return detect_machine()
+    if hardware in FAMILIES:
+        return detect_machine(family=hardware)
+    return detect_machine(label=hardware)
+
+
+def harness_overrides(
+    recipe: Recipe, config: str, machine: Machine, run_dir: Path, tracking_uri: str
+) -> list[str]:
+    """The settings the harness gives every run (the caller's overrides come after these)."""
+    out = [
+        f"trainer.output_dir={run_dir}",
+        f"trainer.tracking_uri={tracking_uri}",
+        f"trainer.experiment_name={EXPERIMENT_PREFIX}{recipe.name}",
+        f"trainer.run_name={recipe.name}-{config}-{machine.label}",
+        f"trainer.device={machine.family}",
+    ]
+    return out
+
+
+def build_result(
+    recipe: Recipe,
+    config: str,
+    machine: Machine,
+    cfg: Any,
+    summary: dict[str, Any],
+    run_dir: Path,
+    overrides: Sequence[str],
+    n_params: int | None,
+) -> dict[str, Any]:
+    """The result document of a finished run (schema in :mod:`verity_harness.results`), without checks."""
+    steps = read_jsonl(run_dir / "metrics.jsonl")
+    validation = read_jsonl(run_dir / "validation.jsonl")
+    commit, dirty = git_commit()
+    now = dt.datetime.now(dt.UTC)
+    return {
+        "recipe": recipe.name,
+        "config": config,
+        "recipe_version": recipe.version,
+        "hardware": machine.label,
+        "family": machine.family,
+        "device_name": machine.device_name,
+        "device_count": machine.device_count,
+        "backend": cfg.rollout.engine,
+        "train_engine": "fsdp2",
+        "date": now.date().isoformat(),
+        "finished_at": now.isoformat(timespec="seconds"),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        "versions": package_versions(),
+        "scores": score_metrics(summary, steps),
+        "throughput": throughput(
+            steps,
+            ppo_epochs=cfg.actor.ppo_epochs,
+            n_params=n_params,
+            peak_flops=machine.peak_flops,
+            num_devices=cfg.trainer.n_workers if machine.family != "cpu" else 1,
+        ),
+        "curves": curves(steps, validation),
+        "overrides": list(overrides),
+        "mlflow": {"run_id": summary.get("run_id"), "tracking_uri": summary.get("tracking_uri")},
+        "run_dir": str(run_dir),
+    }
+
+
+def attach_checks(result: dict[str, Any], recipe: Recipe, labels: Sequence[str]) -> list[Check]:
+    """Compare ``result['scores']`` with the recipe's expected file; record checks and ``passed``."""
+    expectations = find_expectations(recipe.expected_dir, result["config"], labels, result["backend"])
+    if expectations is None:
+        result.update(checks=[], passed=None, expected_source=None, expected_file=None)
+        return []
+    checks = check_metrics(result["scores"], expectations)
+    result.update(
+        checks=[c.as_dict() for c in checks],
+        passed=all(c.passed for c in checks),
+        expected_source=expectations.source,
+        expected_file=str(expectations.path) if expectations.path else None,
+    )
+    return checks
+
+
+def _n_params(tracking_uri: str, run_id: str | None) -> int | None:
+    if not run_id:
+        return None
+    from mlflow import MlflowClient
+
+    value = MlflowClient(tracking_uri=tracking_uri).get_run(run_id).data.params.get("model.n_params")
+    return int(value) if value else None
+
+
+def run_recipe(
+    name: str,
+    config: str = DEFAULT_CONFIG,
+    *,
+    hardware: str | None = None,
+    overrides: Sequence[str] = (),
+    output_root: Path = DEFAULT_OUTPUT_ROOT,
+    results_dir: Path | None = DEFAULT_RESULTS_DIR,
+    tracking_uri: str | None = None,
+) -> RunOutcome:
+    """Train recipe ``name`` with ``config``, check it, log it, write its result file (if ``results_dir``)."""
+    from verity.config import load_config
+    from verity.trainer.run import run_training
+
+    recipe = find_recipe(name)
+    config_file = recipe.config_path(config)
+    machine = machine_for(hardware)
+    output_root = Path(output_root)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+    run_dir = output_root / recipe.name / f"{config}-{machine.label}-{stamp}"
+    uri = tracking_uri or store_uri(output_root)
+    ensure_experiment(uri, f"{EXPERIMENT_PREFIX}{recipe.name}", output_root)
+    all_overrides = harness_overrides(recipe, config, machine, run_dir, uri) + list(overrides)
+    cfg = load_config(all_overrides, config_file=config_file)
+    summary = run_training(cfg)
+    run_dir = Path(cfg.trainer.output_dir)
+    result = build_result(
+        recipe, config, machine, cfg, summary, run_dir, overrides, _n_params(uri, summary.get("run_id"))
+    )
+    checks = attach_checks(result, recipe, machine.lookup_labels)
+    if summary.get("run_id"):
+        log_result(
+            summary.get("tracking_uri") or uri, summary["run_id"], result, int(summary.get("steps") or 0)
+        )
+    (run_dir / "harness_result.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    path = write_result(Path(results_dir), result) if results_dir is not None else None
+    return RunOutcome(result, checks, path)
+
+
+def format_outcome(outcome: RunOutcome) -> str:
+    """The report printed after ``verity-harness run``: checks, throughput, where things went."""
+    r = outcome.result
+    title = f"{r['recipe']} / {r['config']} on {r['hardware']} ({r['device_name']}), rollout {r['backend']}"
+    lines = []
+    if outcome.checks:
+        lines.append(format_checks(outcome.checks, title=f"{title} — expected ({r['expected_source']})"))
+    else:
+        lines.append(f"{title}\nno expected file for this (config, hardware, backend): nothing checked")
+    lines.append("")
+    lines.append(format_throughput(r["throughput"]))
+    lines.append("")
+    if outcome.result_path is not None:
+        lines.append(f"result:  {outcome.result_path}")
+    lines.append(f"run dir: {r['run_dir']}")
+    mlflow = r.get("mlflow") or {}
+    if mlflow.get("run_id"):
+        lines.append(f"MLflow:  run {mlflow['run_id']} in {mlflow.get('tracking_uri')}")
+    verdict = {True: "PASS", False: "FAIL", None: "UNCHECKED"}[outcome.passed]
+    lines.append(f"verdict: {verdict}")
+    return "\n".join(lines)
+
+
+def format_throughput(t: dict[str, Any]) -> str:
+    """Throughput lines: tokens/s, per-stage seconds, MFU (or why there is none)."""
+
+    def num(value: Any, spec: str = ".0f") -> str:
+        return "n/a" if value is None else format(value, spec)
+
+    mfu = t.get("mfu")
+    mfu_text = f"{mfu:.2%}" if mfu is not None else "n/a (peak FLOP/s of this device unknown)"
+    lines = [
+        f"throughput over {t.get('measured_steps')} steps (first step left out):",
+        f"  tokens/s (step)        {num(t.get('tokens_per_s'))}",
+        f"  generated tokens/s     {num(t.get('generated_tokens_per_s'))}",
+        f"  train tokens/s         {num(t.get('train_tokens_per_s'))}",
+        f"  seconds per step       {num(t.get('step_seconds'), '.2f')}",
+        f"  MFU (actor update)     {mfu_text}",
+        "  seconds per stage      "
+        + ", ".join(f"{k} {v:.2f}" for k, v in (t.get("stage_seconds") or {}).items()),
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,129 @@
+"""Expected files: parsing, the three comparison modes at their boundaries, lookup order, the table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from verity_harness.expected import (
+    Expectation,
+    check_metrics,
+    find_expectations,
+    format_checks,
+    load_expected,
+    parse_expected,
+)
+
+VALID = {
+    "hardware": "cpu",
+    "backend": "hf",
+    "configs": {
+        "cpu": {
+            "source": "measured",
+            "reference": "3 runs",
+            "metrics": {
+                "accuracy_after": {"target": 0.80, "tolerance": 0.05},
+                "accuracy_gain": {"target": 0.30, "tolerance": 0.10, "mode": "at_least"},
+                "wall_seconds": {"target": 100, "tolerance": 50, "mode": "at_most"},
+            },
+        }
+    },
+}
+
+
+def test_parse_valid_file_keeps_order_and_modes() -> None:
+    parsed = parse_expected(VALID)
+    cfg = parsed.configs["cpu"]
+    assert [e.metric for e in cfg.expectations] == ["accuracy_after", "accuracy_gain", "wall_seconds"]
+    assert [e.mode for e in cfg.expectations] == ["within", "at_least", "at_most"]
+    assert cfg.source == "measured" and cfg.reference == "3 runs"
+
+
+@pytest.mark.parametrize(
+    ("mode", "value", "passed"),
+    [
+        ("within", 0.85, True),  # |0.85 - 0.80| = 0.05 <= 0.05
+        ("within", 0.75, True),
+        ("within", 0.851, False),
+        ("within", 0.749, False),
+        ("at_least", 0.75, True),  # >= 0.80 - 0.05
+        ("at_least", 0.99, True),
+        ("at_least", 0.749, False),
+        ("at_most", 0.85, True),  # <= 0.80 + 0.05
+        ("at_most", 0.10, True),
+        ("at_most", 0.851, False),
+    ],
+)
+def test_modes_at_their_boundaries(mode: str, value: float, passed: bool) -> None:
+    check = Expectation("m", 0.80, 0.05, mode).check(value)
+    assert check.passed is passed
+    assert (check.reason == "") is passed
+
+
+def test_missing_or_nan_metric_fails_with_a_reason() -> None:
+    for value in (None, float("nan")):
+        check = Expectation("val/acc", 0.5, 0.1).check(value)
+        assert not check.passed and check.value is None
+        assert "missing" in check.reason
+
+
+def test_check_metrics_and_table_name_the_failing_metric() -> None:
+    cfg = parse_expected(VALID).configs["cpu"]
+    checks = check_metrics({"accuracy_after": 0.90, "accuracy_gain": 0.25}, cfg)
+    assert [c.passed for c in checks] == [False, True, False]  # 0.90 outside 0.80±0.05; wall missing
+    table = format_checks(checks)
+    assert "FAIL accuracy_after: 0.9 is outside 0.8 ± 0.05" in table
+    assert "FAIL wall_seconds: metric missing from the run" in table
+    assert "≥ 0.2" in table  # at_least bound 0.30 - 0.10
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.pop("backend"), "missing top-level key 'backend'"),
+        (lambda d: d["configs"]["cpu"]["metrics"]["accuracy_after"].pop("target"), "missing 'target'"),
+        (
+            lambda d: d["configs"]["cpu"]["metrics"]["accuracy_after"].update(mode="near"),
+            "mode must be one of",
+        ),
+        (
+            lambda d: d["configs"]["cpu"]["metrics"]["accuracy_after"].update(tolerance=-1),
+            "tolerance must be",
+        ),
+        (
+            lambda d: d["configs"]["cpu"]["metrics"]["accuracy_after"].update(target="high"),
+            "expected a number",
+        ),
+        (lambda d: d["configs"]["cpu"]["metrics"]["accuracy_after"].update(tol=1), "unknown keys ['tol']"),
+        (lambda d: d["configs"]["cpu"].update(source="guess"), "source: must be one of"),
+        (lambda d: d["configs"]["cpu"].update(metrics={}), "non-empty 'metrics'"),
+    ],
+)
+def test_bad_files_name_the_key(mutate, message: str) -> None:
+    import copy
+
+    data = copy.deepcopy(VALID)
+    mutate(data)
+    with pytest.raises(ValueError) as err:
+        parse_expected(data, "cpu-hf.yaml")
+    assert message in str(err.value)
+    assert str(err.value).startswith("cpu-hf.yaml")
+
+
+def test_file_name_must_match_hardware_and_backend(tmp_path: Path) -> None:
+    path = tmp_path / "h100-hf.yaml"
+    path.write_text(yaml.safe_dump(VALID))
+    with pytest.raises(ValueError, match="must be cpu-hf.yaml"):
+        load_expected(path)
+
+
+def test_lookup_prefers_the_label_then_the_family(tmp_path: Path) -> None:
+    for hardware, target in (("h100", 0.9), ("cuda", 0.5)):
+        data = {**VALID, "hardware": hardware}
+        data["configs"] = {"cpu": {"metrics": {"accuracy_after": {"target": target, "tolerance": 0.1}}}}
+        (tmp_path / f"{hardware}-hf.yaml").write_text(yaml.safe_dump(data))
+    assert find_expectations(tmp_path, "cpu", ["h100", "cuda"], "hf").expectations[0].target == 0.9
+    assert find_expectations(tmp_path, "cpu", ["a100", "cuda"], "hf").expectations[0].target == 0.5
+    assert find_expectations(tmp_path, "cpu", ["a100", "cuda"], "vllm") is None
+    assert find_expectations(tmp_path, "other-config", ["h100", "cuda"], "hf") is None

@@ -1,0 +1,90 @@
+"""Leaderboard pages built from synthetic result files (and an MLflow store of harness runs)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from verity_harness.leaderboard import build_leaderboard, collect_runs, latest_per_key
+from verity_harness.results import write_result
+
+
+def _write_runs(results: Path, result_factory) -> None:
+    write_result(results, result_factory())  # grpo cpu/hf, 2026-11-20
+    write_result(
+        results,
+        result_factory(
+            date="2026-11-21", finished_at="2026-11-21T09:00:00+00:00", scores={"accuracy_after": 0.75}
+        ),
+    )  # newer grpo cpu/hf
+    write_result(
+        results,
+        result_factory(
+            hardware="h100",
+            family="cuda",
+            device_name="NVIDIA H100 80GB HBM3",
+            passed=False,
+            throughput={"tokens_per_s": 9000.0, "mfu": 0.31},
+        ),
+    )
+    write_result(results, result_factory(recipe="rloo", backend="hf<script>"))
+
+
+def _rows(page: str, table_id: str) -> int:
+    table = re.search(rf'<table id="{table_id}">.*?</table>', page, re.S)
+    assert table is not None, table_id
+    return table.group(0).count('<tr class="run">')
+
+
+def test_latest_keeps_the_newest_run_per_combination(tmp_path: Path, result_factory) -> None:
+    _write_runs(tmp_path, result_factory)
+    runs = collect_runs(tmp_path)
+    assert len(runs) == 4
+    latest = latest_per_key(runs)
+    assert [(r["recipe"], r["hardware"], r["date"]) for r in latest] == [
+        ("grpo", "cpu", "2026-11-21"),
+        ("grpo", "h100", "2026-11-20"),
+        ("rloo", "cpu", "2026-11-20"),
+    ]
+    assert latest[1]["label"] == "h100/hf"
+
+
+def test_pages_hold_tables_and_plots(tmp_path: Path, result_factory) -> None:
+    _write_runs(tmp_path / "results", result_factory)
+    paths = build_leaderboard(tmp_path / "results", tmp_path / "board", generated="test")
+    assert [p.name for p in paths] == ["index.html", "grpo.html", "rloo.html"]
+    index = paths[0].read_text()
+    assert _rows(index, "latest-grpo") == 2 and _rows(index, "latest-rloo") == 1
+    assert index.count('<svg role="img"') == 6  # accuracy, reward, throughput per recipe
+    assert "75.0%" in index and "31.00%" in index  # newest grpo score; the H100 run's MFU
+    assert '<td class="fail">fail</td>' in index and '<td class="pass">pass</td>' in index
+    assert "<script>" not in index and "hf&lt;script&gt;" in index  # names are escaped
+    grpo = paths[1].read_text()
+    assert _rows(grpo, "history-grpo") == 3 and _rows(grpo, "latest-grpo") == 2
+
+
+def test_empty_leaderboard_says_so(tmp_path: Path) -> None:
+    paths = build_leaderboard(tmp_path / "none", tmp_path / "board", generated="test")
+    assert [p.name for p in paths] == ["index.html"]
+    assert 'id="empty"' in paths[0].read_text()
+
+
+def test_mlflow_runs_join_result_files_once(tmp_path: Path, result_factory) -> None:
+    from verity.tracking import Tracker
+    from verity_harness.tracking import EXPERIMENT_PREFIX, log_result
+
+    uri = "sqlite:///" + str(tmp_path / "mlflow.db")
+    run_ids = []
+    for backend in ("hf", "vllm"):
+        tracker = Tracker(tmp_path / backend, experiment=f"{EXPERIMENT_PREFIX}grpo", tracking_uri=uri)
+        result = result_factory(backend=backend, mlflow={"run_id": tracker.run_id, "tracking_uri": uri})
+        log_result(uri, tracker.run_id, result, step=3)
+        tracker.finish()
+        run_ids.append(tracker.run_id)
+    # the hf run also has a committed result file: it must appear once
+    write_result(tmp_path / "results", result_factory(mlflow={"run_id": run_ids[0], "tracking_uri": uri}))
+    runs = collect_runs(tmp_path / "results", [uri])
+    assert sorted(r["backend"] for r in runs) == ["hf", "vllm"]
+    from_mlflow = next(r for r in runs if r["backend"] == "vllm")
+    assert from_mlflow["source"] == f"mlflow:{run_ids[1]}"
+    assert from_mlflow["scores"]["accuracy_after"] == 0.7

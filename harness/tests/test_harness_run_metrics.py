@@ -1,0 +1,77 @@
+"""Scores and throughput read from a run's summary and per-step metrics (hand-computed values)."""
+
+from __future__ import annotations
+
+import pytest
+from verity_harness.run_metrics import curves, score_metrics, throughput
+
+
+def _steps() -> list[dict[str, float]]:
+    # step 1 is slow (start-up) and left out of throughput
+    rows = [
+        {
+            "reward/mean": 0.1,
+            "perf/tokens_per_s": 10.0,
+            "perf/generated_tokens_per_s": 5.0,
+            "perf/total_tokens": 100.0,
+            "timing/generate_s": 9.0,
+            "timing/update_actor_s": 9.0,
+            "timing/weight_sync_s": 1.0,
+            "timing/step_s": 20.0,
+        },
+    ]
+    for i in range(2, 13):
+        rows.append(
+            {
+                "reward/mean": i / 100,
+                "perf/tokens_per_s": 200.0,
+                "perf/generated_tokens_per_s": 300.0,
+                "perf/total_tokens": 100.0,
+                "timing/generate_s": 0.25,
+                "timing/update_actor_s": 0.5,
+                "timing/weight_sync_s": 0.1,
+                "timing/step_s": 1.0,
+            }
+        )
+    return rows
+
+
+def test_scores_add_gain_and_last10_reward() -> None:
+    summary = {
+        "final_metrics": {"val/acc": 0.7, "acc/mean": 0.6, "note": "x", "bad": float("nan")},
+        "accuracy_before": 0.25,
+        "accuracy_after": 0.75,
+        "steps": 12,
+        "wall_seconds": 30.5,
+    }
+    scores = score_metrics(summary, _steps())
+    assert scores["accuracy_gain"] == pytest.approx(0.5)
+    # last 10 steps are 3..12: mean of i/100 = 7.5/100
+    assert scores["reward/mean_last10"] == pytest.approx(0.075)
+    assert scores["val/acc"] == 0.7 and scores["steps"] == 12.0 and scores["wall_seconds"] == 30.5
+    assert "note" not in scores and "bad" not in scores
+
+
+def test_throughput_leaves_out_step_one_and_computes_mfu() -> None:
+    t = throughput(_steps(), ppo_epochs=2, n_params=1000, peak_flops=1e9, num_devices=2)
+    assert t["measured_steps"] == 11
+    assert t["tokens_per_s"] == pytest.approx(200.0)
+    assert t["generated_tokens_per_s"] == pytest.approx(300.0)
+    # 11 steps x 100 tokens x 2 epochs over 11 x (0.5 - 0.1) s = 500 tokens/s
+    assert t["train_tokens_per_s"] == pytest.approx(500.0)
+    # 6 x 1000 x 500 / (1e9 x 2)
+    assert t["mfu"] == pytest.approx(1.5e-3)
+    assert t["stage_seconds"] == {"generate": 0.25, "update_actor": 0.5, "weight_sync": pytest.approx(0.1)}
+    assert t["step_seconds"] == pytest.approx(1.0)
+
+
+def test_no_peak_no_mfu_and_single_step_is_kept() -> None:
+    t = throughput(_steps()[:1], n_params=1000, peak_flops=None)
+    assert t["mfu"] is None and t["measured_steps"] == 1
+    assert t["train_tokens_per_s"] == pytest.approx(100 / 8.0)
+
+
+def test_curves_hold_steps_and_validation() -> None:
+    c = curves(_steps()[:3], [{"step": 0, "val/acc": 0.2}, {"step": 3, "val/acc": 0.4}])
+    assert c["step"] == [1, 2, 3] and c["reward/mean"] == [0.1, 0.02, 0.03]
+    assert c["val_step"] == [0, 3] and c["val/acc"] == [0.2, 0.4]
