@@ -52,7 +52,7 @@ def test_scheduler_sets_optimizer_lr_per_step():
 @pytest.mark.parametrize(
     "kwargs, key",
     [
-        ({"lr": 0.0}, "optim.lr"),
+        ({"lr": -1e-3}, "optim.lr"),
         ({"betas": (0.9, 1.0)}, "optim.betas"),
         ({"weight_decay": -1.0}, "optim.weight_decay"),
         ({"lr_schedule": "linear"}, "optim.lr_schedule"),

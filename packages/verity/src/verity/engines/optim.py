@@ -38,7 +38,7 @@ class OptimConfig:
     """Optimizer settings owned by a training engine.
 
     Attributes:
-        lr: peak learning rate (after warm-up).
+        lr: peak learning rate (after warm-up); 0 leaves the weights unchanged.
         betas: AdamW ``(beta1, beta2)``.
         eps: AdamW epsilon.
         weight_decay: decoupled weight decay coefficient.
@@ -69,8 +69,8 @@ class OptimConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that is out of range."""
-        if not self.lr > 0:
-            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if not self.lr >= 0:  # 0 is allowed: a frozen run (e.g. a planted regression in the nightly)
+            raise ValueError(f"optim.lr must be >= 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"optim.betas must be two numbers in [0, 1), got {self.betas}")
         if not self.eps > 0:
