@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
+from verity.batch import Batch
 from verity.data.char_tokenizer import CharTokenizer
 from verity.data.tiny_model import build_tiny_qwen2_for
 from verity.rollout import HFRollout, SamplingParams, encode_prompts, filter_top_k_top_p, left_pad
@@ -107,14 +107,20 @@ def test_eos_stops_a_row_and_pads_after(tokenizer, prompts):
         [10, 11, 12, 13, eos],
     ]
     assert out["response_mask"].tolist() == [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1] * 5, [1] * 5]
-    # finished rows are fed the pad id; the others their own last token
-    assert model.fed[2].tolist() == [pad, pad, 10, 12]
+    # fed[k] is response token k: EOS itself, then the pad id once a row is finished
+    assert model.fed[2].tolist() == [eos, pad, 10, 12]
+    assert model.fed[3].tolist() == [pad, pad, 10, 13]
     # the loop stops as soon as every row is finished
     short = [[eos], [10, eos], [eos], [eos]]
     model = ScriptedLM(short)
     out = HFRollout(model, tokenizer, sampling=greedy).generate(dict(prompts))
     assert len(model.fed) == 1
-    assert out["response_mask"].tolist() == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [1, 0, 0, 0, 0]]
+    assert out["response_mask"].tolist() == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 0, 0, 0, 0],
+        [1, 0, 0, 0, 0],
+    ]
     # ignore_eos keeps generating to max_new_tokens
     ignore = SamplingParams(do_sample=False, max_new_tokens=5, ignore_eos=True)
     out = HFRollout(ScriptedLM(script), tokenizer, sampling=ignore).generate(dict(prompts))
@@ -177,6 +183,20 @@ def test_n_samples_repeat_rows_and_set_group(model, tokenizer, prompts):
     assert out["group"].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
     assert out["ground_truth"] == ["15"] * 3 + ["5"] * 3 + ["81"] * 3 + ["5"] * 3
     assert torch.equal(out["prompts"], prompts["input_ids"].repeat_interleave(3, 0))
+
+
+def test_batch_in_batch_out_keeps_per_row_fields_and_meta(model, tokenizer, prompts):
+    batch = Batch.from_dict(
+        dict(prompts), non_tensors={"ground_truth": ["15", "5", "81", "5"]}, meta={"k": 1}
+    )
+    out = HFRollout(model, tokenizer, sampling=SamplingParams(max_new_tokens=3)).generate(batch)
+    assert isinstance(out, Batch) and len(out) == 4
+    assert out["ground_truth"] == ["15", "5", "81", "5"] and out.meta["k"] == 1
+    padded = batch.split(3)[-1]  # 4 rows padded to 6: the last part is 2 padding rows
+    out = HFRollout(model, tokenizer, sampling=SamplingParams(max_new_tokens=3)).generate(padded)
+    assert out.pad_rows == padded.pad_rows == 2
+    with pytest.raises(ValueError, match="pad_rows"):
+        HFRollout(model, tokenizer, sampling=SamplingParams(max_new_tokens=3, n=2)).generate(padded)
 
 
 def test_meta_overrides_sampling(model, tokenizer, prompts):

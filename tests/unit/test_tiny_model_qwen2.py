@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
-
 from verity.data.char_tokenizer import CharTokenizer
 from verity.data.tiny_model import build_tiny_qwen2, build_tiny_qwen2_for, load_causal_lm
 
@@ -29,7 +28,9 @@ def test_seeded_init_is_reproducible_and_leaves_global_rng_alone():
     assert torch.equal(torch.rand(1), expected_next)
     b = build_tiny_qwen2(50, seed=7)
     c = build_tiny_qwen2(50, seed=8)
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
+    )
     assert not torch.equal(a.model.embed_tokens.weight, c.model.embed_tokens.weight)
 
 

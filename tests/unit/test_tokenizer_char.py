@@ -6,7 +6,6 @@ import json
 
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
 from verity.data.char_tokenizer import CharTokenizer
 
 

@@ -39,9 +39,7 @@ SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 DEFAULT_CHARACTERS: tuple[str, ...] = tuple(chr(code) for code in range(32, 127)) + ("\n",)
 """Printable ASCII (space .. tilde) and the newline."""
 
-CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
-)
+CHAT_TEMPLATE = "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
 """Renders ``<bos>`` followed by every message's content, verbatim."""
 
 # The class name written into tokenizer_config.json, so that any transformers
@@ -97,7 +95,9 @@ class CharTokenizer(PreTrainedTokenizerFast):
         if building:
             self.chat_template = CHAT_TEMPLATE
 
-    def save_pretrained(self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any) -> tuple[str, ...]:
+    def save_pretrained(
+        self, save_directory: str | os.PathLike, *args: Any, **kwargs: Any
+    ) -> tuple[str, ...]:
         """Save in Hugging Face format; the config names the generic fast tokenizer class."""
         files = super().save_pretrained(save_directory, *args, **kwargs)
         config_path = Path(save_directory) / "tokenizer_config.json"

@@ -1,6 +1,6 @@
 """The interface every generation backend implements (HF transformers, vLLM, SGLang).
 
-Input batch (``verity.batch.Batch``, or a plain dict of the same keys):
+Input batch (``verity.batch.Batch``, or a plain dict of the same keys; output: a ``Batch``):
 
 - ``input_ids``      [B, P] prompt token ids, **left**-padded with the pad id;
 - ``attention_mask`` [B, P] 1 on real prompt tokens, 0 on padding;
@@ -46,8 +46,8 @@ class RolloutEngine(abc.ABC):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy ``(parameter name, full tensor)`` pairs into the serving model in place; returns how many."""
 
-    def sleep(self) -> None:
+    def sleep(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Free accelerator memory held by the engine (weights, caches) until :meth:`wake`."""
 
-    def wake(self) -> None:
+    def wake(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Bring back what :meth:`sleep` released."""

@@ -24,12 +24,13 @@ that repeats the batch itself calls with ``n=1``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from verity.batch import Batch
 from verity.rollout.base import RolloutEngine
 from verity.rollout.batch_io import pack_batch, unpack_batch
 from verity.rollout.prompts import position_ids_from_mask
@@ -54,7 +55,10 @@ def _resolve_eos_ids(
 
 
 def _resolve_pad_id(
-    pad_token_id: int | None, tokenizer: PreTrainedTokenizerBase | None, model: PreTrainedModel, eos: list[int]
+    pad_token_id: int | None,
+    tokenizer: PreTrainedTokenizerBase | None,
+    model: PreTrainedModel,
+    eos: list[int],
 ) -> int:
     if pad_token_id is None and tokenizer is not None:
         pad_token_id = tokenizer.pad_token_id
@@ -107,19 +111,28 @@ class HFRollout(RolloutEngine):
 
     # ------------------------------------------------------------------ generate
 
-    def generate(self, batch: Any, params: SamplingParams | None = None) -> Any:
+    def generate(self, batch: Batch | Mapping[str, Any], params: SamplingParams | None = None) -> Batch:
         """Sample responses for left-padded prompts; keys and shapes in ``verity.rollout.base``.
 
         ``params`` overrides the engine's sampling parameters; otherwise the
         engine's are updated by sampling keys found in the batch's meta
         (``do_sample``, ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``,
-        ``n``, ``ignore_eos``). Non-tensor per-row fields and meta pass through.
+        ``n``, ``ignore_eos``). Non-tensor per-row fields, meta and
+        ``pad_rows`` (only with ``n == 1``) pass through.
         """
         tensors, non_tensors, meta = unpack_batch(batch)
         params = params or self.sampling.updated(meta)
+        pad_rows = int(getattr(batch, "pad_rows", 0))
+        if pad_rows and params.n > 1:
+            raise ValueError(
+                f"batch.pad_rows: a batch padded by split ({pad_rows} rows) cannot be sampled with n={params.n}; "
+                "repeat the prompts before splitting"
+            )
         for key in ("input_ids", "attention_mask"):
             if key not in tensors:
-                raise KeyError(f"batch: expected key {key!r} ([B, P] left-padded prompt), found {sorted(tensors)}")
+                raise KeyError(
+                    f"batch: expected key {key!r} ([B, P] left-padded prompt), found {sorted(tensors)}"
+                )
         prompt_ids, prompt_mask = tensors["input_ids"], tensors["attention_mask"]
         if prompt_ids.dim() != 2 or prompt_ids.shape != prompt_mask.shape:
             raise ValueError(
@@ -134,7 +147,9 @@ class HFRollout(RolloutEngine):
 
         if params.n > 1:
             tensors = {key: value.repeat_interleave(params.n, dim=0) for key, value in tensors.items()}
-            non_tensors = {key: [v for v in value for _ in range(params.n)] for key, value in non_tensors.items()}
+            non_tensors = {
+                key: [v for v in value for _ in range(params.n)] for key, value in non_tensors.items()
+            }
             if "group" not in tensors:
                 tensors["group"] = torch.arange(rows, dtype=torch.long).repeat_interleave(params.n)
             prompt_ids, prompt_mask = tensors["input_ids"], tensors["attention_mask"]
@@ -155,7 +170,7 @@ class HFRollout(RolloutEngine):
             attention_mask=attention_mask,
             position_ids=position_ids_from_mask(attention_mask),
         )
-        return pack_batch(out, non_tensors, meta)
+        return pack_batch(out, non_tensors, meta, pad_rows)
 
     @torch.no_grad()
     def _decode(

@@ -20,7 +20,9 @@ def render_chat(tokenizer: PreTrainedTokenizerBase, messages: Messages | str) ->
     if isinstance(messages, str):
         return messages
     if not isinstance(messages, list) or not all(isinstance(m, dict) and "content" in m for m in messages):
-        raise TypeError(f"messages: expected a str or a list of {{'role', 'content'}} dicts, got {messages!r}")
+        raise TypeError(
+            f"messages: expected a str or a list of {{'role', 'content'}} dicts, got {messages!r}"
+        )
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return "".join(message["content"] for message in messages)
