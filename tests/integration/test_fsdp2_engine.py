@@ -94,30 +94,98 @@ def library_loss(mode: str):
     return loss_fn
 
 
+def actor_loss(mode: str):
+    """The trainer's actor loss (``workers.actor_loss``): dual-clip PPO with clip-higher + k3 KL loss - entropy bonus."""
+    from verity.algorithms.configs import KLConfig, PolicyLossConfig
+    from verity.workers.actor_loss import make_actor_loss
+
+    policy = PolicyLossConfig(loss_agg_mode=mode, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
+    kl = KLConfig(use_kl_loss=True, kl_loss_kind="k3", kl_loss_coef=0.1)
+    return make_actor_loss(policy, kl, entropy_coeff=0.01)
+
+
+def add_rl_keys(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``old_logprobs``/``ref_logprobs`` = the initial policy's log-probs + noise (ratios on both sides
+    of the clip range); ``values``/``returns`` for the critic's loss."""
+    with torch.no_grad():
+        logits = tiny_qwen2()(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+        ).logits[:, P - 1 : P + R - 1]
+    logprobs = torch.log_softmax(logits, -1).gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    g = torch.Generator().manual_seed(11)
+    shape = logprobs.shape
+    return {
+        **batch,
+        "old_logprobs": logprobs + 0.3 * torch.randn(shape, generator=g),
+        "ref_logprobs": logprobs + 0.3 * torch.randn(shape, generator=g),
+        "values": 0.5 * torch.randn(shape, generator=g),
+        "returns": torch.randn(shape, generator=g),
+    }
+
+
+def tiny_value_model(seed: int = 0):
+    """The tiny Qwen2 backbone with a scalar head (a critic), as ``workers.critic`` builds it."""
+    from transformers import Qwen2Config, Qwen2ForTokenClassification
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        num_labels=1,
+        classifier_dropout=0.0,
+    )
+    return Qwen2ForTokenClassification(cfg)
+
+
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LOSSES = {
     "token_mean": token_mean_loss,
     "seq_mean_token_mean": seq_mean_token_mean_loss,
     **{mode: library_loss(mode) for mode in AGG_MODES},
+    **{f"actor/{mode}": actor_loss(mode) for mode in AGG_MODES},
 }
 CFG = OptimConfig(lr=1e-2, warmup_steps=2, max_grad_norm=1.0)
 
 
 def run_scenarios(engine_factory, shard_of, out: dict) -> None:
     """The scenarios run identically by the reference and by each rank."""
-    batch = shard_of(make_batch())
+    batch = shard_of(add_rl_keys(make_batch()))
     engine = engine_factory()
     for loss_name, loss_fn in LOSSES.items():
         for mbs in (1, 4):
-            engine.forward_backward(batch, loss_fn, mbs)
+            # the actor loss's entropy bonus needs the entropy's gradient
+            engine.forward_backward(batch, loss_fn, mbs, entropy_requires_grad=loss_name.startswith("actor/"))
             out[f"grad/{loss_name}/{mbs}"] = engine.full_gradients()
             engine.optimizer.zero_grad(set_to_none=True)
+    critic_scenarios(batch, out)
     out["logprobs"] = engine.compute_logprobs(batch, micro_batch_size=3, temperature=0.8)
     out["metrics"] = [engine.train_step(batch, token_mean_loss, 2) for _ in range(2)]
     out["weights"] = {
         n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
         for n, p in engine.model.named_parameters()
     }
+
+
+def critic_scenarios(batch, out: dict) -> None:
+    """A value model in the same engine: value-loss gradients per aggregation mode, and values."""
+    from verity.algorithms.configs import ValueLossConfig
+    from verity.workers.critic import make_value_loss
+
+    engine = FSDP2Engine(tiny_value_model(), CFG)
+    for mode in AGG_MODES:
+        loss_fn = make_value_loss(ValueLossConfig(cliprange_value=0.2, loss_agg_mode=mode))
+        for mbs in (1, 4):
+            engine.forward_backward_values(batch, loss_fn, mbs)
+            out[f"grad/critic/{mode}/{mbs}"] = engine.full_gradients()
+            engine.optimizer.zero_grad(set_to_none=True)
+    out["values"] = engine.compute_values(batch, micro_batch_size=3)
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
@@ -207,6 +275,26 @@ def test_gradient_equal_for_1_and_2_workers_and_micro_batch_sizes(
     assert_same_tensors(one_rank_group[f"grad/{loss_name}/{mbs}"], want, "1-rank group")
     for rank in range(WORLD):
         assert_same_tensors(two_ranks[rank][f"grad/{loss_name}/{mbs}"], want, f"2 ranks, rank {rank}")
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+@pytest.mark.parametrize("mbs", [1, 4])
+def test_critic_gradient_equal_for_1_and_2_workers_and_micro_batch_sizes(
+    two_ranks, reference, one_rank_group, mode, mbs
+):
+    want = reference[f"grad/critic/{mode}/1"]
+    assert want["model.layers.0.mlp.up_proj.weight"].abs().max() > 1e-4
+    assert_same_tensors(reference[f"grad/critic/{mode}/{mbs}"], want, "1 process", atol=1e-5)
+    assert_same_tensors(one_rank_group[f"grad/critic/{mode}/{mbs}"], want, "1-rank group", atol=1e-5)
+    for rank in range(WORLD):
+        got = two_ranks[rank][f"grad/critic/{mode}/{mbs}"]
+        assert_same_tensors(got, want, f"2 ranks, rank {rank}", atol=1e-5)
+
+
+def test_values_of_each_rank_match_its_rows(two_ranks, reference):
+    v0, v1 = two_ranks[0]["values"], two_ranks[1]["values"]
+    assert v0.shape == (4, R) and v1.shape == (4, R)
+    torch.testing.assert_close(torch.cat([v0, v1[:3]]), reference["values"], rtol=1e-4, atol=1e-5)
 
 
 def test_parameters_really_are_sharded(two_ranks, one_rank_group):
