@@ -244,3 +244,20 @@ def write_splits(
         "train": write_parquet(train_rows, out_dir / "train.parquet"),
         "test": write_parquet(test_rows, out_dir / "test.parquet"),
     }
+
+
+def generate(n: int, seed: int = 0, split: str = "train", **difficulty: Any) -> list[dict[str, Any]]:
+    """``n`` rows of one split; ``difficulty`` fills :class:`ArithmeticConfig`.
+
+    ``split="test"`` gives the same rows as ``generate_splits(0, n, seed)[1]``;
+    any other split the same as ``generate_splits(n, 0, seed)[0]`` (relabelled).
+    Rows of two calls may share expressions; use :func:`generate_splits` for
+    disjoint train/test splits.
+    """
+    config = ArithmeticConfig(**difficulty)
+    if split == "test":
+        return generate_splits(0, n, seed, config)[1]
+    rows = generate_splits(n, 0, seed, config)[0]
+    for row in rows:
+        row["extra_info"]["split"] = split
+    return rows
