@@ -172,3 +172,20 @@ def test_critic_worker_update_fits_the_returns(checkpoint):
 def test_a_checkpoint_that_is_not_a_folder_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match="critic model path"):
         load_value_model(str(tmp_path / "missing"))
+
+
+def test_critic_checkpoint_round_trip(checkpoint, tmp_path):
+    path, _ = checkpoint
+    cfg = load_config(["algorithm.advantage.estimator=gae", "trainer.n_workers=1"])
+    batch = Batch.from_dict(make_batch(rows=4, seed=9))
+    loss_fn = make_value_loss(ValueLossConfig(cliprange_value=None))
+    a, b = CriticWorker(cfg, path), CriticWorker(cfg, path)
+    a.engine = FSDP2Engine(load_value_model(path), OptimConfig(lr=1e-2))
+    b.engine = FSDP2Engine(load_value_model(path), OptimConfig(lr=1e-2))
+    a.engine.value_train_step(batch, loss_fn, 4)
+    a.save_checkpoint(str(tmp_path / "critic"))
+    b.load_checkpoint(str(tmp_path / "critic"))
+    assert b.engine.global_step == 1
+    a.engine.value_train_step(batch, loss_fn, 4)
+    b.engine.value_train_step(batch, loss_fn, 4)  # same weights and AdamW moments: same step
+    torch.testing.assert_close(b.engine.compute_values(batch, 4), a.engine.compute_values(batch, 4))
