@@ -33,6 +33,7 @@ parameters, gradients and optimizer state are sharded over the same ranks.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -167,6 +168,11 @@ class CriticWorker(Worker):
         cfg = self.cfg
         backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
         self.init_process_group(backend=backend.dist_backend)  # no-op when colocated with the actor
+        # The head's Linear on [B, T, H] returns a view; FSDP2 warns in case the caller edits it in
+        # place. verity.engines.values only slices and converts it (out of place), so this is noise.
+        warnings.filterwarnings(
+            "ignore", message=r"FSDP2-wrapped module .*ForTokenClassification\) returned a view"
+        )
         device = backend.device(self.local_rank)
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
         model = load_value_model(self.model_path, dtype=dtype)
