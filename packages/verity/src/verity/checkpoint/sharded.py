@@ -20,7 +20,10 @@ Engines provide ``state_dict_for_checkpoint()`` (model and optimizer state as sh
 
 from __future__ import annotations
 
+import contextlib
 import json
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,15 @@ from verity.checkpoint.state import capture_rng, restore_rng
 DCP_DIR = "dcp"
 RNG_DIR = "rng"
 META_FILE = "meta.json"
+
+
+@contextlib.contextmanager
+def _single_process_quiet(distributed: bool) -> Iterator[None]:
+    """Hide DCP's warning that it runs without a process group when that is intended."""
+    with warnings.catch_warnings():
+        if not distributed:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
 
 
 def _rng_file(folder: Path, rank: int) -> Path:
@@ -48,7 +60,8 @@ def save_engine(folder: str | Path, engine: Any, *, rank: int, world_size: int) 
     (base / RNG_DIR).mkdir(parents=True, exist_ok=True)
     state = engine.state_dict_for_checkpoint()
     distributed = dist.is_available() and dist.is_initialized()
-    dcp.save(state, checkpoint_id=str(base / DCP_DIR), no_dist=not distributed)
+    with _single_process_quiet(distributed):
+        dcp.save(state, checkpoint_id=str(base / DCP_DIR), no_dist=not distributed)
     write_file_atomic(_rng_file(base, rank), json.dumps(capture_rng()))
     if rank == 0:
         meta = {"world_size": world_size, "engine": type(engine).__name__}
@@ -74,7 +87,8 @@ def load_engine(folder: str | Path, engine: Any, *, rank: int, world_size: int) 
     saved_world = int(meta.get("world_size", world_size))
     state = engine.state_dict_for_checkpoint()
     distributed = dist.is_available() and dist.is_initialized()
-    dcp.load(state, checkpoint_id=str(base / DCP_DIR), no_dist=not distributed)
+    with _single_process_quiet(distributed):
+        dcp.load(state, checkpoint_id=str(base / DCP_DIR), no_dist=not distributed)
     engine.load_checkpoint_state(state)
     rng_path = _rng_file(base, rank)
     restored = saved_world == world_size and rng_path.is_file()

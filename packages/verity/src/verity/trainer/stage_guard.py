@@ -137,8 +137,10 @@ class StageGuard:
                 if running is None:
                     continue
                 busy.append((group_name, rank, running["method"], float(running["seconds"])))
+                role = running["role"]
+                method = running["method"] if role == "worker" else f"{role}.{running['method']}"
                 sections.append(
-                    f"--- {group_name} rank {rank} (pid {answer.get('pid')}): {running['role']}.{running['method']} "
+                    f"--- {group_name} rank {rank} (pid {answer.get('pid')}): {method} "
                     f"running for {running['seconds']:.1f} s\n{running['stack'].rstrip()}"
                 )
         where = f" at step {step}" if step is not None else ""

@@ -1,0 +1,65 @@
+"""StageGuard without Ray: a driver-side stage that outlives its limit is interrupted and named."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from verity.trainer.stage_guard import StageGuard, StageTimeoutError
+
+
+def spin(seconds: float) -> None:
+    """A busy Python loop (a stuck reward function, say)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+class FakeGroup:
+    """Answers ``stacks()`` like a worker group whose rank 1 is stuck in ``generate``."""
+
+    def stacks(self, timeout_s: float):
+        return {
+            0: {"pid": 10, "busy": None, "threads": {}},
+            1: {
+                "pid": 11,
+                "busy": {
+                    "role": "worker",
+                    "method": "generate",
+                    "seconds": 2.5,
+                    "stack": "  File x, in generate\n",
+                },
+                "threads": {},
+            },
+            2: None,  # did not answer
+        }
+
+
+def test_a_stage_over_its_limit_raises_naming_stage_step_and_busy_workers():
+    guard = StageGuard(0.3, {"actor": FakeGroup()})
+    start = time.monotonic()
+    with pytest.raises(StageTimeoutError) as info, guard.stage("reward", step=4):
+        spin(20.0)
+    assert time.monotonic() - start < 10.0  # interrupted, not waited out
+    err = info.value
+    assert err.stage == "reward" and err.step == 4 and err.timeout_s == pytest.approx(0.3)
+    message = str(err)
+    assert "stage 'reward' at step 4 exceeded trainer.stage_timeout_s = 0.3 s" in message
+    assert "actor rank 1 (generate)" in message and "in generate" in message
+    assert "actor rank 2: no answer" in message
+    assert "driver (main thread)" in message and "spin" in message
+    assert [(g, r, m) for g, r, m, _ in err.busy] == [("actor", 1, "generate"), ("actor", 2, "?")]
+
+
+def test_a_stage_within_its_limit_is_untouched_and_errors_pass_through():
+    guard = StageGuard(5.0)
+    with guard.stage("advantage", step=1):
+        spin(0.05)
+    with pytest.raises(KeyError, match="boom"), guard.stage("advantage", step=1):
+        raise KeyError("boom")
+    time.sleep(0.1)  # no late interrupt arrives after the stage ended
+
+
+def test_zero_means_no_limit():
+    with StageGuard(0).stage("generate"):
+        spin(0.05)
