@@ -83,7 +83,7 @@ class AnswerLM(torch.nn.Module):
         if past_key_values is None:
             self.prompt_len = attention_mask.shape[1]
         step = attention_mask.shape[1] - self.prompt_len
-        logits = torch.zeros(input_ids.shape[0], 1, 100)
+        logits = torch.zeros(input_ids.shape[0], 1, 260)
         for row, script in enumerate(self.scripts[: input_ids.shape[0]]):
             logits[row, 0, script[min(step, len(script) - 1)]] = 5.0
         return SimpleNamespace(logits=logits, past_key_values="cache")
@@ -162,7 +162,7 @@ def test_sft_command_writes_a_checkpoint(tmp_path, rows, capsys):
     assert code == 0
     text = capsys.readouterr().out
     assert "sft step 2" in text and "accuracy after" in text
-    assert AutoModelForCausalLM.from_pretrained(out).config.vocab_size == 100
+    assert AutoModelForCausalLM.from_pretrained(out).config.vocab_size == 260
     assert AutoTokenizer.from_pretrained(out).decode([37]) == "A"
     assert sft_main(["--output", str(out), "--train", str(tmp_path / "missing.parquet")]) == 2
     assert sft_main(["--output", str(out), "--steps", "0"]) == 2

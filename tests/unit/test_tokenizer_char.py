@@ -7,6 +7,7 @@ import json
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from verity.data.char_tokenizer import CharTokenizer
+from verity.data.tiny_model import build_tiny_qwen2_for
 
 
 @pytest.fixture(scope="module")
@@ -16,11 +17,11 @@ def tokenizer() -> CharTokenizer:
 
 def test_vocabulary_layout(tokenizer):
     assert isinstance(tokenizer, PreTrainedTokenizerFast)
-    assert len(tokenizer) == 100  # 4 special + 95 printable ASCII + newline
+    assert len(tokenizer) == 260  # 4 special + 256 bytes
     assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (0, 1, 2)
     assert tokenizer.unk_token_id == 3
-    # ' ' is code 32, the first character: id 4; 'A' is code 65: id 4 + 33
-    assert tokenizer(" A", add_special_tokens=False)["input_ids"] == [4, 37]
+    # ' ' is code 32, the first character: id 4; 'A' is code 65: id 4 + 33; '~' 98; newline 99
+    assert tokenizer(" A~\n", add_special_tokens=False)["input_ids"] == [4, 37, 98, 99]
 
 
 def test_round_trip_every_character(tokenizer):
@@ -37,8 +38,10 @@ def test_special_tokens_in_text_and_decoding(tokenizer):
     assert tokenizer.decode(ids) == "12<eos>"
 
 
-def test_unknown_character_maps_to_unk(tokenizer):
-    assert tokenizer("é", add_special_tokens=False)["input_ids"] == [3]
+def test_non_ascii_text_is_encoded_as_its_utf8_bytes(tokenizer):
+    ids = tokenizer("é", add_special_tokens=False)["input_ids"]  # UTF-8: 0xC3 0xA9
+    assert len(ids) == 2 and all(100 <= i < 260 for i in ids)
+    assert tokenizer.decode(ids) == "é"
 
 
 def test_chat_template_renders_bos_and_content(tokenizer):
@@ -63,11 +66,20 @@ def test_save_and_load_with_auto_tokenizer(tokenizer, tmp_path):
     assert isinstance(again, CharTokenizer) and again(text)["input_ids"] == tokenizer(text)["input_ids"]
 
 
-def test_custom_characters_and_bad_input():
-    small = CharTokenizer(characters="0123456789+-=")
-    assert len(small) == 4 + 13
-    assert small.decode(small("12+3=")["input_ids"]) == "12+3="
-    with pytest.raises(ValueError, match="characters"):
-        CharTokenizer(characters=["ab"])
-    with pytest.raises(ValueError, match="characters"):
-        CharTokenizer(characters="aa")
+def test_auto_tokenizer_beside_a_qwen2_config_encodes_the_same(tokenizer, tmp_path):
+    """Transformers 5 loads a tokenizer next to a qwen2 config.json as Qwen2Tokenizer; ids must not change."""
+    build_tiny_qwen2_for(
+        tokenizer, hidden=16, layers=1, heads=2, kv_heads=1, intermediate=16
+    ).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    for text in [
+        "Ann has 23 pens,  gets 14.\n Now? 37<eos>",
+        "  x\n\n y'll don't 12345 é \t!",
+        "<bos>9-4=<eos><pad>",
+    ]:
+        assert loaded(text)["input_ids"] == tokenizer(text)["input_ids"], (type(loaded).__name__, text)
+        assert loaded.decode(tokenizer(text)["input_ids"]) == text
+    assert (loaded.pad_token_id, loaded.bos_token_id, loaded.eos_token_id, len(loaded)) == (0, 1, 2, 260)
+    messages = [{"role": "user", "content": "1+2="}]
+    assert loaded.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == "<bos>1+2="

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-EMBEDDED_FORMAT = 1
+EMBEDDED_FORMAT = 2
 """Bump when the layout or the build procedure changes: old cache entries are then ignored."""
 
 

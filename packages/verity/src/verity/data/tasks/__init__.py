@@ -22,7 +22,7 @@ TASKS: dict[str, ModuleType] = {
 def task_for_data_source(data_source: str) -> ModuleType:
     """The task module whose ``DATA_SOURCE`` equals ``data_source``; KeyError naming the known ones otherwise."""
     for module in TASKS.values():
-        if module.DATA_SOURCE == data_source:
+        if data_source == module.DATA_SOURCE:
             return module
     known = sorted(module.DATA_SOURCE for module in TASKS.values())
     raise KeyError(f"data_source: no synthetic task for {data_source!r}; known: {known}")
