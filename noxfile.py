@@ -75,7 +75,7 @@ def quickstart(session: nox.Session) -> None:
     """GRPO on the embedded default: warm-start, evaluate, train, evaluate again."""
     install_runtime(session)
     out = session.posargs[0] if session.posargs else "outputs/quickstart"
-    session.run("verity", "quickstart", f"output_dir={out}", env={"PYTHONHASHSEED": "0"})
+    session.run("verity", "quickstart", f"trainer.output_dir={out}", env={"PYTHONHASHSEED": "0"})
 
 
 @nox.session
