@@ -39,13 +39,17 @@ def test_save_load_gives_equal_logits(tmp_path):
     model = build_tiny_qwen2_for(tokenizer).eval()
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists()
-    loaded = load_causal_lm(tmp_path, attn_implementation="eager")
+    loaded = load_causal_lm(tmp_path)  # sdpa, like the builder's default
     assert loaded.config.pad_token_id == 0 and loaded.config.eos_token_id == 2
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
     ids = torch.randint(4, 100, (3, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(model(ids).logits, loaded(ids).logits)
-        auto = AutoModelForCausalLM.from_pretrained(tmp_path).eval()  # sdpa: same math, other kernel
-        torch.testing.assert_close(auto(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-5)
+        auto = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+        assert torch.equal(auto(ids).logits, model(ids).logits)
+        eager = load_causal_lm(tmp_path, attn_implementation="eager")  # same math, other kernel
+        assert eager.config._attn_implementation == "eager"
+        torch.testing.assert_close(eager(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-5)
 
 
 def test_bad_shapes_raise():
