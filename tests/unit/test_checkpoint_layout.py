@@ -188,13 +188,30 @@ def test_resume_choice(tmp_path):
     commit_step(root, 2)
     commit_step(root, 5)
     assert resolve_resume(load_config(base)) == root / "step_5"
-    assert resolve_resume(load_config([*base, f"trainer.resume={root / 'step_2'}"])) == root / "step_2"
+    assert resolve_resume(load_config([*base, f"trainer.resume={root / 'step_5'}"])) == root / "step_5"
     assert resolve_resume(load_config([*base, f"trainer.resume={out}"])) == root / "step_5"
     with pytest.raises(ConfigError, match="already holds checkpoints"):
         resolve_resume(load_config([*base, "trainer.resume=off"]))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         resolve_resume(load_config([*base, f"trainer.resume={tmp_path / 'empty'}"]))
+
+
+def test_an_explicit_checkpoint_never_mixes_two_histories(tmp_path):
+    first = tmp_path / "first" / "checkpoints"
+    first.mkdir(parents=True)
+    commit_step(first, 2)
+    commit_step(first, 5)
+    own = [f"trainer.output_dir={tmp_path / 'first'}"]
+    with pytest.raises(ConfigError, match=r"newer than step_2 \(step_5\)"):
+        resolve_resume(load_config([*own, f"trainer.resume={first / 'step_2'}"]))
+    # a new run starting from another run's checkpoint: fine while its own folder is empty
+    second = [f"trainer.output_dir={tmp_path / 'second'}", f"trainer.resume={first / 'step_2'}"]
+    assert resolve_resume(load_config(second)) == first / "step_2"
+    (tmp_path / "second" / "checkpoints").mkdir(parents=True)
+    commit_step(tmp_path / "second" / "checkpoints", 3)
+    with pytest.raises(ConfigError, match="continue it with trainer.resume=auto"):
+        resolve_resume(load_config(second))
 
 
 @pytest.mark.parametrize(

@@ -63,3 +63,22 @@ def test_a_stage_within_its_limit_is_untouched_and_errors_pass_through():
 def test_zero_means_no_limit():
     with StageGuard(0).stage("generate"):
         spin(0.05)
+
+
+def test_outside_the_main_thread_the_overrun_is_reported_when_the_stage_returns():
+    import threading
+
+    caught: list[BaseException] = []
+
+    def drive() -> None:
+        try:
+            with StageGuard(0.2).stage("generate", step=2):
+                spin(0.6)
+        except BaseException as err:  # noqa: BLE001 (the test inspects whatever came out)
+            caught.append(err)
+
+    thread = threading.Thread(target=drive)
+    thread.start()
+    thread.join(timeout=30)
+    assert len(caught) == 1 and isinstance(caught[0], StageTimeoutError)
+    assert caught[0].stage == "generate" and "spin" in str(caught[0])

@@ -6,7 +6,9 @@
 - ``off``: a fresh start. Refused when the checkpoint folder already holds checkpoints
   (the new run would mix its checkpoints with an older run's).
 - a path: a ``step_N`` checkpoint folder, a checkpoint folder (its newest), or a run's
-  output folder (its ``checkpoints/``' newest).
+  output folder (its ``checkpoints/``' newest). Refused when that would mix two
+  histories: an older checkpoint of this run's own folder, or any checkpoint while this
+  run's folder already holds checkpoints (continue those with ``auto``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from verity.checkpoint.layout import find_latest, is_complete, list_checkpoints
+from verity.checkpoint.layout import find_latest, is_complete, list_checkpoints, step_of
 from verity.config.loader import ConfigError
 from verity.config.schema import VerityConfig
 
@@ -58,15 +60,42 @@ def resolve_resume(cfg: VerityConfig) -> Path | None:
     if mode == "auto":
         return find_latest(root)
     path = Path(mode).expanduser()
-    if is_complete(path):
-        return path
+    chosen = path if is_complete(path) else None
     for base in (path, path / "checkpoints"):
-        found = find_latest(base)
-        if found is not None:
-            return found
+        if chosen is None:
+            chosen = find_latest(base)
+    if chosen is None:
+        raise ConfigError(
+            f"trainer.resume={mode!r}: no complete checkpoint there (expected a step_N folder holding "
+            "trainer_state.json, a checkpoint folder, or a run output folder with checkpoints/)"
+        )
+    _refuse_mixed_histories(mode, chosen, root)
+    return chosen
+
+
+def _refuse_mixed_histories(mode: str, chosen: Path, root: Path) -> None:
+    """An explicit checkpoint must not mix this run's saves with checkpoints of another history.
+
+    Allowed: the newest checkpoint of this run's own folder, or any checkpoint when this
+    run's folder holds none yet. Otherwise rerunning the same command after a crash would
+    silently go back to ``chosen``, or ``latest`` would end up pointing into two timelines.
+    """
+    own = list_checkpoints(root)
+    if not own:
+        return
+    if chosen.parent.resolve() == root.resolve():
+        newer = [p.name for step, p in own if step > (step_of(chosen) or 0)]
+        if not newer:
+            return
+        raise ConfigError(
+            f"trainer.resume={mode!r}: {root} holds checkpoints newer than {chosen.name} ({', '.join(newer)}); "
+            "resuming from an older one would mix two histories in one folder: give a new "
+            "trainer.output_dir (or trainer.checkpoint.dir), or delete the newer checkpoints"
+        )
     raise ConfigError(
-        f"trainer.resume={mode!r}: no complete checkpoint there (expected a step_N folder holding "
-        "trainer_state.json, a checkpoint folder, or a run output folder with checkpoints/)"
+        f"trainer.resume={mode!r}: this run's checkpoint folder {root} already holds checkpoints "
+        f"({', '.join(p.name for _, p in own)}); continue it with trainer.resume=auto, or give a new "
+        "trainer.output_dir to start from the given checkpoint"
     )
 
 

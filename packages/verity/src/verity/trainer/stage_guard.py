@@ -10,7 +10,9 @@ it), and the stage raises :class:`StageTimeoutError` naming the stage, the step,
 worker ranks still running a group method (with how long and their Python stacks,
 fetched through each worker's diagnostics concurrency group) and the driver's own stack.
 A run that hangs in a collective, a deadlocked reward function or a stuck generation
-therefore ends with a message saying where, instead of hanging forever.
+therefore ends with a message saying where, instead of hanging forever. (A run driven
+from another thread cannot be interrupted that way: there the error is raised when the
+overrunning stage returns.)
 """
 
 from __future__ import annotations
@@ -60,18 +62,24 @@ class _StageWatch:
         self._fired = False
         self._driver_stack = ""
         self._timer: threading.Timer | None = None
+        self._thread_id = 0
+        self._interruptible = True
 
     def _fire(self) -> None:
         with self._lock:
             if not self._active:
                 return
             self._fired = True
-            frame = sys._current_frames().get(threading.main_thread().ident or -1)
+            frame = sys._current_frames().get(self._thread_id)
             self._driver_stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
-        _thread.interrupt_main()
+        if self._interruptible:
+            _thread.interrupt_main()
 
     def __enter__(self) -> _StageWatch:
         if self.guard.timeout_s > 0:
+            self._thread_id = threading.get_ident()
+            # only the main thread can be interrupted; elsewhere the overrun is reported when the stage ends
+            self._interruptible = threading.current_thread() is threading.main_thread()
             self._active = True
             self._timer = threading.Timer(self.guard.timeout_s, self._fire)
             self._timer.daemon = True
@@ -89,7 +97,7 @@ class _StageWatch:
                 self._active = False
                 fired = self._fired
             self._timer.cancel()
-            if fired and exc_type is not KeyboardInterrupt:
+            if fired and self._interruptible and exc_type is not KeyboardInterrupt:
                 # the interrupt was sent but has not landed yet: let it land here, not later
                 for _ in range(200):
                     time.sleep(0.005)
