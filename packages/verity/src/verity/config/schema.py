@@ -23,7 +23,7 @@ class ModelConfig:
     attn_implementation: str = "sdpa"
     gradient_checkpointing: bool = False
     # embedded default only: SFT warm-start steps and cache folder
-    embedded_sft_steps: int = 300
+    embedded_sft_steps: int | None = None  # None: the embedded default's own (see verity.data.embedded)
     embedded_cache_dir: str = "~/.cache/verity/embedded"
 
 
