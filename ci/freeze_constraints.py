@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
-ROOTS = ["verity", "nox", "ruff", "pytest", "pytest-timeout"]
+ROOTS = ["verity", "verity-harness", "playwright", "nox", "ruff", "pytest", "pytest-timeout", "pyyaml"]
 
 
 def canonical(name: str) -> str:
