@@ -10,7 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from verity.cli.sft import main as sft_main
 from verity.data.char_tokenizer import CharTokenizer
-from verity.data.embedded import EmbeddedSettings, ensure_embedded_default
+from verity.data.embedded import EmbeddedSettings, ensure_embedded_default, teacher_rows
 from verity.data.tasks.arithmetic import ArithmeticConfig, generate_splits, read_parquet_rows, write_parquet
 from verity.data.tiny_model import build_tiny_qwen2_for
 from verity.trainer.evaluate import evaluate, evaluate_greedy
@@ -114,6 +114,7 @@ def test_embedded_default_builds_once_and_loads_like_a_checkpoint(tmp_path):
     assert any("building" in line for line in lines)
     manifest = paths.manifest()
     assert manifest["settings"]["sft_steps"] == 3 and 0.0 <= manifest["test_greedy_accuracy"] <= 1.0
+    assert 0.0 <= manifest["test_greedy_clean_rate"] <= 1.0 and manifest["sft_slipped_rows"] > 0
     assert paths.root.name == settings.key() and paths.tokenizer_dir == paths.model_dir
     model = AutoModelForCausalLM.from_pretrained(paths.model_dir)
     tokenizer = AutoTokenizer.from_pretrained(paths.model_dir)
@@ -136,6 +137,23 @@ def test_embedded_default_builds_once_and_loads_like_a_checkpoint(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == sorted(
         [paths.root.name, other.root.name]
     )
+
+
+def test_teacher_rows_slip_only_on_chosen_operations():
+    rows, _ = generate_splits(400, 1, seed=0, config=ArithmeticConfig(style="expr"))
+    taught = teacher_rows(rows, slip_rate=0.7, slip_operations="-", seed=0)
+    assert [r["extra_info"] for r in taught] == [r["extra_info"] for r in rows]  # copies, same problems
+    assert all("response" not in r for r in rows)
+    subtractions = [t for t in taught if "-" in t["extra_info"]["expression"]]
+    slipped = [t for t in subtractions if t["response"].endswith(".")]
+    for row in taught:
+        truth = row["reward_model"]["ground_truth"]
+        assert row["response"] in (truth, truth + ".")
+        if "+" in row["extra_info"]["expression"]:
+            assert row["response"] == truth
+    assert 0.6 < len(slipped) / len(subtractions) < 0.8  # ~0.7 of about 200 rows
+    assert teacher_rows(rows, 0.7, "-", seed=0) == taught
+    assert all(t["response"] == t["reward_model"]["ground_truth"] for t in teacher_rows(rows, 0.0, "-"))
 
 
 def test_sft_command_writes_a_checkpoint(tmp_path, rows, capsys):

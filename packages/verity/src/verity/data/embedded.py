@@ -16,10 +16,20 @@ change of settings builds a new entry and an unchanged one is reused. Building
 happens in a temporary folder renamed into place at the end, under a file lock,
 so concurrent callers neither duplicate the work nor see a half-written entry.
 
-Defaults (measured on 2 CPU cores): 2-digit ``+``/``-`` problems in the ``expr``
-style, 6000 train / 500 test rows, 1600 SFT steps of 64 rows at lr 3e-3 (about
-a minute without other load) give about 30% held-out greedy accuracy — partial
-competence that RL can raise.
+The warm-start imitates an imperfect teacher. Its answers are always right,
+but on ``sft_slip_rate`` (70%) of the *subtraction* problems it ends the answer
+with a full stop (``"37."``), which the strict verifier rejects (a response
+must be exactly the integer, then EOS). The warm-started model therefore
+answers additions cleanly and, greedily, closes most subtractions with a full
+stop, while samples still hold clean subtraction answers about 30% of the
+time. That is the situation RL with a verifier is good at: the reward
+separates the samples, GRPO has a signal in most subtraction groups, and the
+fix (drop the full stop) generalises across prompts, so held-out greedy
+accuracy rises by tens of points within a few hundred steps. Without the slip
+(``sft_slip_rate=0``) the only thing left to learn is arithmetic itself — for
+this model mostly the units digit, a 200-entry table — which GRPO improves
+only a few points in minutes. Measured numbers are in ``docs`` and the
+manifest of each build.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -36,7 +47,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-EMBEDDED_FORMAT = 2
+EMBEDDED_FORMAT = 3
 """Bump when the layout or the build procedure changes: old cache entries are then ignored."""
 
 
@@ -62,12 +73,16 @@ class EmbeddedSettings:
         }
     )
     model_seed: int = 0
-    sft_steps: int = 1600
+    sft_steps: int = 3200
     sft_lr: float = 3e-3
     sft_batch_size: int = 64
     sft_seed: int = 0
+    sft_slip_rate: float = 0.7
+    sft_slip_operations: str = "-"
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.sft_slip_rate <= 1.0:
+            raise ValueError(f"sft_slip_rate: expected a fraction in [0, 1], got {self.sft_slip_rate}")
         if self.sft_steps < 0:
             raise ValueError(f"sft_steps: expected >= 0 (0 skips the warm-start), got {self.sft_steps}")
         if self.num_train < 1 or self.num_test < 1:
@@ -158,8 +173,9 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
 
     from verity.data.char_tokenizer import CharTokenizer
     from verity.data.tasks import TASKS
+    from verity.data.tasks.arithmetic import extract_answer
     from verity.data.tiny_model import build_tiny_qwen2_for
-    from verity.trainer.evaluate import evaluate_greedy
+    from verity.trainer.evaluate import evaluate
     from verity.trainer.sft import run_sft
 
     if settings.task not in TASKS:
@@ -191,10 +207,14 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
     started = time.perf_counter()
     if settings.sft_steps > 0:
         say(f"verity: SFT warm-start, {settings.sft_steps} steps of {settings.sft_batch_size} rows")
+        sft_rows = teacher_rows(
+            train_rows, settings.sft_slip_rate, settings.sft_slip_operations, seed=settings.sft_seed
+        )
+        record["sft_slipped_rows"] = sum(row["response"].endswith(".") for row in sft_rows)
         result = run_sft(
             model,
             tokenizer,
-            train_rows,
+            sft_rows,
             settings.sft_steps,
             lr=settings.sft_lr,
             batch_size=settings.sft_batch_size,
@@ -207,8 +227,12 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
             "final_loss_mean_last_50": sum(tail) / len(tail),
             "tokens": result.tokens,
         }
-    accuracy = evaluate_greedy(model, tokenizer, test_rows)
+    evaluation = evaluate(model, tokenizer, test_rows)
+    accuracy = evaluation.accuracy
     record["test_greedy_accuracy"] = accuracy
+    record["test_greedy_clean_rate"] = sum(
+        extract_answer(text) is not None for text in evaluation.responses
+    ) / len(evaluation.responses)
     record["build_seconds"] = round(time.perf_counter() - started, 2)
     say(
         f"verity: warm-start done in {record['build_seconds']:.0f} s, held-out greedy accuracy {accuracy:.1%}"
@@ -216,6 +240,25 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
     model.save_pretrained(paths.model_dir)
     tokenizer.save_pretrained(paths.model_dir)
     paths.manifest_file.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def teacher_rows(
+    rows: list[dict[str, Any]], slip_rate: float, slip_operations: str, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Copies of ``rows`` with the imperfect teacher's ``response`` (see the module docstring).
+
+    A row whose ``extra_info.expression`` uses one of ``slip_operations`` gets
+    ``answer + "."`` with probability ``slip_rate`` (seeded); every other row
+    the bare answer.
+    """
+    rng = random.Random(seed)
+    out = []
+    for row in rows:
+        answer = str(row["reward_model"]["ground_truth"])
+        expression = str(row.get("extra_info", {}).get("expression", ""))
+        slips = any(op in expression for op in slip_operations) and rng.random() < slip_rate
+        out.append({**row, "response": answer + "." if slips else answer})
+    return out
 
 
 def _task_config_class(task: Any) -> type:
