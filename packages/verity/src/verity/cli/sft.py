@@ -7,7 +7,8 @@
 ``--model tiny`` (the default) builds a fresh tiny Qwen2 with the character
 tokenizer; any other value is an HF model folder (its tokenizer is loaded from
 the same folder unless ``--tokenizer`` says otherwise). Without ``--train``
-the embedded arithmetic task's splits are generated. Rows are verl-schema
+the embedded default's arithmetic splits are generated (with the teacher's
+answers as they are: no full-stop slips, see ``verity.data.embedded``). Rows are verl-schema
 (parquet or JSONL); the target is ``response`` or ``reward_model.ground_truth``.
 With a test file, held-out greedy accuracy is printed before and after.
 
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model folder)")
     parser.add_argument("--train", default=None, help="verl-schema train file (.parquet/.jsonl)")
     parser.add_argument("--test", default=None, help="verl-schema held-out file for greedy accuracy")
-    parser.add_argument("--steps", type=int, default=1600, help="optimizer steps (default 1600)")
+    parser.add_argument("--steps", type=int, default=3200, help="optimizer steps (default 3200)")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default 3e-3)")
     parser.add_argument("--batch-size", type=int, default=64, help="rows per step (default 64)")
     parser.add_argument("--seed", type=int, default=0, help="sampling order and tiny-model init seed")
@@ -65,7 +66,8 @@ def main(argv: list[str]) -> int:
     from transformers import AutoTokenizer
 
     from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tasks.arithmetic import generate_splits
+    from verity.data.embedded import EmbeddedSettings
+    from verity.data.tasks.arithmetic import ArithmeticConfig, generate_splits
     from verity.data.tiny_model import build_tiny_qwen2_for, load_causal_lm
     from verity.trainer.evaluate import evaluate_greedy
     from verity.trainer.sft import run_sft
@@ -77,7 +79,13 @@ def main(argv: list[str]) -> int:
             train_rows = read_rows(args.train)
             test_rows = read_rows(args.test) if args.test else []
         else:
-            train_rows, test_rows = generate_splits(6000, 500, seed=0)
+            settings = EmbeddedSettings()
+            train_rows, test_rows = generate_splits(
+                settings.num_train,
+                settings.num_test,
+                settings.data_seed,
+                ArithmeticConfig(**settings.task_config),
+            )
             if args.test:
                 test_rows = read_rows(args.test)
         if args.model == "tiny":
