@@ -1,0 +1,45 @@
+"""ci/bench.py at a toy size: every pair runs, ratios are the quotients of the figures it reports."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("ci_bench", ROOT / "ci" / "bench.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_reports_side_by_side_ratios() -> None:
+    bench = _bench_module()
+    result = bench.run_bench(repeats=1, batch=4, prompt_len=8, response_len=4)
+    g, t, s = result["generate"], result["train"], result["weight_sync"]
+    ratios = result["ratios"]
+    assert ratios["generate_vs_hf_generate"] == pytest.approx(
+        g["verity_tokens_per_s"] / g["hf_generate_tokens_per_s"]
+    )
+    assert ratios["train_vs_plain_torch"] == pytest.approx(
+        t["verity_tokens_per_s"] / t["plain_torch_tokens_per_s"]
+    )
+    assert ratios["weight_sync_vs_load_state_dict"] == pytest.approx(
+        s["verity_seconds"] / s["load_state_dict_seconds"]
+    )
+    assert all(math.isfinite(v) and v > 0 for v in ratios.values())
+    table = bench.format_bench(result)
+    assert "generation tokens/s" in table and "batch 4 x (prompt 8 + response 4)" in table
+
+
+def test_bench_rejects_zero_repeats() -> None:
+    with pytest.raises(ValueError, match="repeats must be >= 1, got 0"):
+        _bench_module().run_bench(repeats=0)

@@ -1,0 +1,137 @@
+"""ci/nightly.py: the baseline comparison, the report, and a planted regression failing with its metric named."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"ci_{name}", ROOT / "ci" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+nightly = _load("nightly")
+
+BASELINE = {
+    "figures": {
+        "bench.train_vs_plain_torch": {"value": 0.8, "min_ratio": 0.7},
+        "bench.weight_sync_vs_load_state_dict": {"value": 1.0, "max_ratio": 2.0},
+        "grpo.accuracy_gain": {"value": 0.4, "min_ratio": 0.5},
+        "grpo.tokens_per_s_vs_plain_torch": {"value": 0.5, "min_ratio": 0.5},
+    }
+}
+
+
+def _recipe(gain: float, tokens_per_s: float = 5000.0, passed: bool = True) -> dict[str, Any]:
+    check = {
+        "metric": "accuracy_gain",
+        "value": gain,
+        "target": 0.4,
+        "tolerance": 0.1,
+        "mode": "at_least",
+        "passed": passed,
+        "reason": "" if passed else f"accuracy_gain {gain} < 0.3",
+    }
+    return {
+        "scores": {"accuracy_gain": gain, "accuracy_before": 0.5, "accuracy_after": 0.5 + gain},
+        "throughput": {"tokens_per_s": tokens_per_s},
+        "checks": [check],
+        "exit_code": 0 if passed else 1,
+    }
+
+
+def _bench(train_ratio: float = 0.8, sync_ratio: float = 1.0) -> dict[str, Any]:
+    return {
+        "ratios": {"train_vs_plain_torch": train_ratio, "weight_sync_vs_load_state_dict": sync_ratio},
+        "train": {"plain_torch_tokens_per_s": 10_000.0},
+        "exit_code": 0,
+    }
+
+
+def _failing(findings: list) -> list[str]:
+    return [f.metric for f in findings if not f.ok]
+
+
+def test_a_good_night_passes_every_figure() -> None:
+    findings = nightly.compare_with_baseline({"grpo": _recipe(0.42)}, _bench(), BASELINE)
+    assert _failing(findings) == []
+    by_metric = {f.metric: f for f in findings}
+    assert by_metric["grpo.tokens_per_s_vs_plain_torch"].value == pytest.approx(0.5)
+    assert by_metric["grpo.accuracy_gain"].ratio == pytest.approx(0.42 / 0.4)
+
+
+def test_a_lost_gain_fails_both_the_expected_file_and_the_baseline() -> None:
+    findings = nightly.compare_with_baseline({"grpo": _recipe(0.0, passed=False)}, _bench(), BASELINE)
+    assert _failing(findings) == ["grpo.accuracy_gain (expected file)", "grpo.accuracy_gain"]
+
+
+def test_ratios_regress_in_their_own_direction() -> None:
+    slow_train = nightly.compare_with_baseline({}, _bench(train_ratio=0.5), BASELINE)
+    assert _failing(slow_train) == ["bench.train_vs_plain_torch"]
+    slow_sync = nightly.compare_with_baseline({}, _bench(sync_ratio=2.5), BASELINE)
+    assert _failing(slow_sync) == ["bench.weight_sync_vs_load_state_dict"]
+    # a faster weight sync is never a regression
+    assert _failing(nightly.compare_with_baseline({}, _bench(sync_ratio=0.1), BASELINE)) == []
+
+
+def test_a_crashed_run_and_a_missing_figure_fail() -> None:
+    crashed = {"exit_code": 2}
+    findings = nightly.compare_with_baseline({"grpo": crashed}, {"exit_code": 3}, BASELINE)
+    failing = _failing(findings)
+    assert "grpo.run" in failing and "bench.run" in failing
+    assert "grpo.accuracy_gain" in failing  # not measured tonight
+
+
+def test_accepting_keeps_thresholds_and_adds_defaults() -> None:
+    figures = {"grpo.accuracy_gain": 0.41234, "ppo.accuracy_gain": 0.3, "bench.weight_sync_x": 1.2, "y": None}
+    new = nightly.accepted_baseline(figures, BASELINE, "abc123")
+    assert new["accepted"]["commit"] == "abc123"
+    assert new["figures"]["grpo.accuracy_gain"] == {"value": 0.4123, "min_ratio": 0.5}
+    assert new["figures"]["ppo.accuracy_gain"] == {"value": 0.3, "min_ratio": 0.5}
+    assert new["figures"]["bench.weight_sync_x"] == {"value": 1.2, "max_ratio": 2.0}
+    assert "y" not in new["figures"]
+
+
+def test_a_planted_regression_exits_1_naming_the_metric(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps(BASELINE))
+    seen: dict[str, Any] = {}
+
+    def fake_run_recipe(name: str, out: Path, results_dir: Path, overrides: list[str]) -> dict[str, Any]:
+        seen.update(name=name, results_dir=results_dir, overrides=list(overrides))
+        return _recipe(
+            0.0 if "actor.optim.lr=0" in overrides else 0.42, passed="actor.optim.lr=0" not in overrides
+        )
+
+    monkeypatch.setattr(nightly, "run_recipe", fake_run_recipe)
+    monkeypatch.setattr(nightly, "run_bench", lambda out: _bench())
+    monkeypatch.setattr(nightly.subprocess, "call", lambda cmd, cwd=None: 0)  # the leaderboard build
+    args = ["--recipes", "grpo", "--baseline", str(baseline), "--out", str(tmp_path / "night")]
+
+    assert nightly.main(args + ["--override", "actor.optim.lr=0", "--accept"]) == 1
+    err = capsys.readouterr().err
+    assert "REGRESSION in grpo.accuracy_gain (expected file), grpo.accuracy_gain" in err
+    assert "not accepting" in err
+    assert seen["results_dir"] == tmp_path / "night" / "results"  # planted runs stay out of leaderboards/
+    assert json.loads(baseline.read_text()) == BASELINE  # nothing already accepted is lost
+    report = (tmp_path / "night" / "report.md").read_text()
+    assert "REGRESSION" in report and "| grpo.accuracy_gain | 0 | 0.4 | 0 | >= 0.5 | **FAIL** |" in report
+
+    assert nightly.main(args + ["--accept"]) == 0
+    accepted = json.loads(baseline.read_text())
+    assert accepted["figures"]["grpo.accuracy_gain"]["value"] == 0.42
