@@ -1,0 +1,64 @@
+"""Every recipe of the checkout: found, its configs load through verity's loader, its expected files parse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from verity_harness.expected import load_expected
+from verity_harness.recipes import RecipeNotFoundError, find_recipe, list_recipes
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPES = list_recipes(REPO)
+
+
+def test_the_three_recipes_are_found() -> None:
+    assert {"grpo", "ppo", "rloo"} <= set(RECIPES)
+    with pytest.raises(RecipeNotFoundError, match="known: .*grpo"):
+        find_recipe("nope", REPO)
+    with pytest.raises(RecipeNotFoundError, match="no config 'gpu9'; known: cpu"):
+        RECIPES["grpo"].config_path("gpu9")
+
+
+def _placeholders(tmp_path: Path) -> list[str]:
+    """Stand-ins for the files a GPU config expects the user to point at."""
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text("{}")
+    data = []
+    for split in ("train", "test"):
+        path = tmp_path / f"{split}.parquet"
+        path.write_bytes(b"")
+        data.append(str(path))
+    return [f"model.path={model}", f"data.train_files=[{data[0]}]", f"data.val_files=[{data[1]}]"]
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_configs_load_and_expected_files_parse(name: str, tmp_path: Path) -> None:
+    from verity.config import load_config
+
+    recipe = RECIPES[name]
+    configs = recipe.configs()
+    assert "cpu" in configs
+    for config, path in configs.items():
+        cfg = load_config(_placeholders(tmp_path) if config != "cpu" else [], config_file=path)
+        assert cfg.trainer.total_steps > 0, config
+        if config == "cpu":
+            assert cfg.model.path == "embedded"
+    assert recipe.expected_files(), f"{name} has no expected file"
+    for path in recipe.expected_files():
+        expected = load_expected(path)
+        for config in expected.configs:
+            assert config in configs, f"{path.name} names config {config!r} that {name} does not have"
+    assert (recipe.folder.parents[1] / "README.md").is_file()
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_gpu_configs_refuse_to_run_on_their_placeholders(name: str) -> None:
+    from verity.config import ConfigError, load_config
+
+    for config, path in RECIPES[name].configs().items():
+        if config == "cpu":
+            continue
+        with pytest.raises(ConfigError, match=r"model.path '/path/to/"):
+            load_config([], config_file=path)
