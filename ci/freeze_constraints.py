@@ -22,7 +22,7 @@ def requirement_names(dist: metadata.Distribution) -> list[str]:
     names = []
     for req in dist.requires or []:
         head, _, marker = req.partition(";")
-        if "extra ==" in marker and "extra == \"test\"" not in marker:
+        if "extra ==" in marker and 'extra == "test"' not in marker:
             continue
         names.append(canonical(re.split(r"[\s\[<>=!~(]", head.strip(), maxsplit=1)[0]))
     return names

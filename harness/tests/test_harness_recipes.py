@@ -62,3 +62,15 @@ def test_gpu_configs_refuse_to_run_on_their_placeholders(name: str) -> None:
             continue
         with pytest.raises(ConfigError, match=r"model.path '/path/to/"):
             load_config([], config_file=path)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_each_recipe_package_finds_its_own_configs(name: str) -> None:
+    import importlib
+
+    recipe = RECIPES[name]
+    module = importlib.import_module(recipe.package)
+    assert name == module.NAME and module.PAPER
+    assert module.config_path() == recipe.config_path("cpu")
+    with pytest.raises(FileNotFoundError, match=r"no config 'gpu9' in .*configs; known: cpu, gsm8k"):
+        module.config_path("gpu9")

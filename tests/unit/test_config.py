@@ -72,3 +72,13 @@ def test_config_to_dict_is_plain() -> None:
     d = config_to_dict(load_config())
     assert d["actor"]["optim"]["lr"] == pytest.approx(1e-6)
     assert isinstance(d["data"]["train_files"], list)
+
+
+def test_named_config_file_finds_a_yaml_or_names_the_known_ones(tmp_path) -> None:
+    from verity.config import named_config_file
+
+    (tmp_path / "cpu.yaml").write_text("trainer: {total_steps: 1}\n")
+    (tmp_path / "big.yaml").write_text("trainer: {total_steps: 2}\n")
+    assert named_config_file(tmp_path, "cpu") == tmp_path / "cpu.yaml"
+    with pytest.raises(FileNotFoundError, match=r"no config 'gpu' in .*; known: big, cpu"):
+        named_config_file(tmp_path, "gpu")

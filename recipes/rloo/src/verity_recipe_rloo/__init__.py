@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from verity.config import named_config_file
+
 NAME = "rloo"
 PAPER = "Ahmadian et al., Back to Basics: Revisiting REINFORCE Style Optimization for Learning from Human Feedback in LLMs (2024), arXiv:2402.14740"
 FOLDER = Path(__file__).parent
@@ -20,8 +22,4 @@ FOLDER = Path(__file__).parent
 
 def config_path(name: str = "cpu") -> Path:
     """The path of ``configs/<name>.yaml``; FileNotFoundError naming the configs there otherwise."""
-    path = FOLDER / "configs" / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in (FOLDER / "configs").glob("*.yaml"))
-        raise FileNotFoundError(f"recipe {NAME!r} has no config {name!r}; known: {known}")
-    return path
+    return named_config_file(FOLDER / "configs", name)

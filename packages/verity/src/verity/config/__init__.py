@@ -1,6 +1,12 @@
 """Structured run configuration (dataclasses) composed by Hydra and validated up front."""
 
-from verity.config.loader import ConfigError, config_to_dict, load_config, validate_config
+from verity.config.loader import (
+    ConfigError,
+    config_to_dict,
+    load_config,
+    named_config_file,
+    validate_config,
+)
 from verity.config.schema import (
     ActorConfig,
     AlgorithmConfig,
@@ -26,5 +32,6 @@ __all__ = [
     "VerityConfig",
     "config_to_dict",
     "load_config",
+    "named_config_file",
     "validate_config",
 ]

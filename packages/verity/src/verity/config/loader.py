@@ -242,3 +242,16 @@ def _validate_critic(cfg: VerityConfig) -> None:
         raise ConfigError(f"critic: {err}") from None
     if c.model_path is not None and not Path(c.model_path).expanduser().is_dir():
         raise ConfigError(f"critic.model_path {c.model_path!r} is not a local HF checkpoint folder")
+
+
+def named_config_file(directory: str | Path, name: str) -> Path:
+    """``<directory>/<name>.yaml``, or FileNotFoundError naming the directory and the configs it has.
+
+    Recipe packages use it for their pinned configs: ``named_config_file(FOLDER / "configs", "cpu")``.
+    """
+    directory = Path(directory)
+    path = directory / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in directory.glob("*.yaml"))) or "none"
+        raise FileNotFoundError(f"no config {name!r} in {directory}; known: {known}")
+    return path
