@@ -9,56 +9,22 @@ gets rows 0-3, rank 1 rows 4-6 plus a padding copy of row 0 recorded in ``pad_ro
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.spawn import spawn_and_load
+from helpers.tiny_models import (
+    P,
+    R,
+    make_padded_batch,
+    seq_mean_token_mean_loss,
+    tiny_qwen2,
+    tiny_value_model,
+)
 from verity.engines import FSDP2Engine, OptimConfig
 
-VOCAB, P, R = 100, 5, 6
 WORLD = 2
-
-
-def tiny_qwen2(seed: int = 0):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(cfg)
-
-
-def make_batch(rows: int = 7, seed: int = 1) -> dict[str, torch.Tensor]:
-    """Left-padded prompts, right-padded responses of varying length, random advantages."""
-    g = torch.Generator().manual_seed(seed)
-    prompt_lens = torch.randint(2, P + 1, (rows,), generator=g)
-    response_lens = torch.randint(1, R + 1, (rows,), generator=g)
-    prompts = torch.randint(1, VOCAB, (rows, P), generator=g)
-    responses = torch.randint(1, VOCAB, (rows, R), generator=g)
-    prompt_mask = (torch.arange(P) >= P - prompt_lens[:, None]).long()
-    response_mask = (torch.arange(R) < response_lens[:, None]).long()
-    prompts = prompts * prompt_mask
-    responses = responses * response_mask
-    input_ids = torch.cat([prompts, responses], 1)
-    attention_mask = torch.cat([prompt_mask, response_mask], 1)
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
-        "responses": responses,
-        "response_mask": response_mask.float(),
-        "advantages": torch.randn(rows, R, generator=g),
-    }
 
 
 def rank_shard(batch: dict[str, torch.Tensor], rank: int):
@@ -74,13 +40,6 @@ def token_mean_loss(mb, logprobs, entropy, agg):
     """sum_tokens(-logprob * advantage) / global_tokens."""
     mask = mb["response_mask"]
     return -(logprobs * mb["advantages"] * mask).sum() / agg.global_tokens, {}
-
-
-def seq_mean_token_mean_loss(mb, logprobs, entropy, agg):
-    """sum_rows(token-mean of the row) / global_seqs."""
-    mask = mb["response_mask"]
-    per_row = (-(logprobs * mb["advantages"]) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    return per_row.sum() / agg.global_seqs, {}
 
 
 def library_loss(mode: str):
@@ -125,25 +84,6 @@ def add_rl_keys(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     }
 
 
-def tiny_value_model(seed: int = 0):
-    """The tiny Qwen2 backbone with a scalar head (a critic), as ``workers.critic`` builds it."""
-    from transformers import Qwen2Config, Qwen2ForTokenClassification
-
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        num_labels=1,
-        classifier_dropout=0.0,
-    )
-    return Qwen2ForTokenClassification(cfg)
-
-
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LOSSES = {
     "token_mean": token_mean_loss,
@@ -156,7 +96,7 @@ CFG = OptimConfig(lr=1e-2, warmup_steps=2, max_grad_norm=1.0)
 
 def run_scenarios(engine_factory, shard_of, out: dict) -> None:
     """The scenarios run identically by the reference and by each rank."""
-    batch = shard_of(add_rl_keys(make_batch()))
+    batch = shard_of(add_rl_keys(make_padded_batch()))
     engine = engine_factory()
     for loss_name, loss_fn in LOSSES.items():
         for mbs in (1, 4):
@@ -206,7 +146,7 @@ def checkpoint_scenario(rank: int, ckpt_dir: str, out: dict) -> None:
     """Train 1 step, save with DCP, restore into a differently initialised engine, train both once more."""
     import torch.distributed.checkpoint as dcp
 
-    batch = rank_shard(make_batch(seed=3), rank)
+    batch = rank_shard(make_padded_batch(seed=3), rank)
     a = FSDP2Engine(tiny_qwen2(seed=0), CFG)
     a.train_step(batch, token_mean_loss, 4)
     dcp.save(a.state_dict_for_checkpoint(), checkpoint_id=ckpt_dir)
@@ -223,17 +163,10 @@ def checkpoint_scenario(rank: int, ckpt_dir: str, out: dict) -> None:
     out["ckpt_step"] = b.global_step
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out_dir = str(tmp_path_factory.mktemp("fsdp2"))
-    mp.spawn(_worker, args=(_free_port(), out_dir), nprocs=WORLD, join=True)
-    return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(WORLD)]
+    return spawn_and_load(_worker, WORLD, out_dir)
 
 
 @pytest.fixture(scope="module")

@@ -9,54 +9,18 @@ The sync time is printed (no timing assertion).
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers.spawn import spawn_and_load
+from helpers.tiny_models import make_unpadded_batch, push_up_loss, tiny_qwen2
 from verity.engines import FSDP2Engine, OptimConfig
 from verity.engines.logprobs import response_logprobs
 from verity.resharding import ModuleWeightReceiver, iter_full_state_dict_buckets, sync_weights
 
-VOCAB, P, R = 100, 5, 6
 WORLD = 2
 BUCKET_BYTES = 48 * 1024  # several buckets for this ~0.2 MB model
-
-
-def tiny_qwen2(seed: int):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(cfg)
-
-
-def make_batch(rows: int, seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    responses = torch.randint(1, VOCAB, (rows, R), generator=g)
-    input_ids = torch.cat([torch.randint(1, VOCAB, (rows, P), generator=g), responses], 1)
-    attention_mask = torch.ones_like(input_ids)
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
-        "responses": responses,
-        "response_mask": torch.ones(rows, R),
-    }
-
-
-def push_up_loss(mb, logprobs, entropy, agg):
-    return -(logprobs * mb["response_mask"]).sum() / agg.global_tokens, {}
 
 
 def max_weight_diff(model, full: dict[str, torch.Tensor]) -> float:
@@ -70,7 +34,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     try:
         out: dict = {}
         engine = FSDP2Engine(tiny_qwen2(seed=0), OptimConfig(lr=1e-2))
-        batch = make_batch(4, seed=rank)
+        batch = make_unpadded_batch(4, seed=rank)
         engine.train_step(batch, push_up_loss, micro_batch_size=2)
         buckets = list(iter_full_state_dict_buckets(engine.model, BUCKET_BYTES))
         full = {name: t.clone() for bucket in buckets for name, t in bucket}
@@ -103,17 +67,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out_dir = str(tmp_path_factory.mktemp("weight_sync"))
-    mp.spawn(_worker, args=(_free_port(), out_dir), nprocs=WORLD, join=True)
-    return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(WORLD)]
+    return spawn_and_load(_worker, WORLD, out_dir)
 
 
 def test_rollout_weights_equal_trainer_weights_after_sync(results):

@@ -4,50 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.tiny_models import P, R, make_padded_batch, seq_mean_token_mean_loss, tiny_qwen2
 from verity.engines import FSDP2Engine, OptimConfig, build_engine
 from verity.engines.base import EngineUnavailableError
-
-VOCAB, P, R = 100, 5, 6
-
-
-def tiny_qwen2(seed: int = 0):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(cfg)
-
-
-def make_batch(rows: int = 7, seed: int = 1) -> dict[str, torch.Tensor]:
-    """Left-padded prompts, right-padded responses of varying length, random advantages."""
-    g = torch.Generator().manual_seed(seed)
-    prompt_lens = torch.randint(2, P + 1, (rows,), generator=g)
-    response_lens = torch.randint(1, R + 1, (rows,), generator=g)
-    prompts = torch.randint(1, VOCAB, (rows, P), generator=g)
-    responses = torch.randint(1, VOCAB, (rows, R), generator=g)
-    prompt_mask = (torch.arange(P) >= P - prompt_lens[:, None]).long()
-    response_mask = (torch.arange(R) < response_lens[:, None]).long()
-    prompts = prompts * prompt_mask
-    responses = responses * response_mask
-    input_ids = torch.cat([prompts, responses], 1)
-    attention_mask = torch.cat([prompt_mask, response_mask], 1)
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
-        "responses": responses,
-        "response_mask": response_mask.float(),
-        "advantages": torch.randn(rows, R, generator=g),
-    }
 
 
 def token_mean_loss(mb, logprobs, entropy, agg):
@@ -58,13 +17,6 @@ def token_mean_loss(mb, logprobs, entropy, agg):
     mask = mb["response_mask"]
     loss = -(logprobs * mb["advantages"] * mask).sum() / agg.global_tokens
     return loss, {"micro_rows": float(mask.shape[0])}
-
-
-def seq_mean_token_mean_loss(mb, logprobs, entropy, agg):
-    """mean over rows of the row's token-mean, divided by the global row count."""
-    mask = mb["response_mask"]
-    per_row = (-(logprobs * mb["advantages"]) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-    return per_row.sum() / agg.global_seqs, {}
 
 
 def grads_after_backward(engine, batch, loss_fn, mbs):
@@ -80,7 +32,7 @@ def engine():
 
 
 def test_compute_logprobs_matches_direct_forward_for_any_micro_batch(engine):
-    batch = make_batch()
+    batch = make_padded_batch()
     lp1, ent1 = engine.compute_logprobs(batch, micro_batch_size=1, temperature=0.9)
     lp4, ent4 = engine.compute_logprobs(batch, micro_batch_size=4, temperature=0.9)
     with torch.no_grad():
@@ -100,7 +52,7 @@ def test_compute_logprobs_matches_direct_forward_for_any_micro_batch(engine):
 
 @pytest.mark.parametrize("loss_fn", [token_mean_loss, seq_mean_token_mean_loss])
 def test_gradient_is_independent_of_micro_batch_size(engine, loss_fn):
-    batch = make_batch()
+    batch = make_padded_batch()
     g1 = grads_after_backward(engine, batch, loss_fn, 1)
     g4 = grads_after_backward(engine, batch, loss_fn, 4)
     g7 = grads_after_backward(engine, batch, loss_fn, 7)
@@ -112,7 +64,7 @@ def test_gradient_is_independent_of_micro_batch_size(engine, loss_fn):
 
 
 def test_padding_rows_with_empty_mask_change_nothing(engine):
-    batch = make_batch()
+    batch = make_padded_batch()
     padded = {k: torch.cat([v, v[:1]]) for k, v in batch.items()}
     padded["response_mask"][-1] = 0
     g_ref = grads_after_backward(engine, batch, seq_mean_token_mean_loss, 2)
@@ -124,7 +76,7 @@ def test_padding_rows_with_empty_mask_change_nothing(engine):
 def test_split_padding_rows_of_a_batch_are_skipped(engine):
     from verity.batch import Batch
 
-    batch = make_batch()
+    batch = make_padded_batch()
     padded = Batch.from_dict(batch).split(2)[1]  # rows 4, 5, 6 and a copy of row 0
     assert padded.pad_rows == 1
     real = {k: v[4:] for k, v in batch.items()}
@@ -139,7 +91,7 @@ def test_split_padding_rows_of_a_batch_are_skipped(engine):
 
 def test_train_step_metrics_and_learning():
     eng = FSDP2Engine(tiny_qwen2(), OptimConfig(lr=1e-2, warmup_steps=2))
-    batch = make_batch()
+    batch = make_padded_batch()
     batch["advantages"] = torch.ones_like(batch["advantages"])  # push logprobs of the responses up
     before = eng.compute_logprobs(batch, 4)[0]
     first = eng.train_step(batch, token_mean_loss, micro_batch_size=3)
@@ -172,7 +124,7 @@ def test_checkpoint_state_round_trip_through_dcp(tmp_path):
     import torch.distributed.checkpoint as dcp
 
     cfg = OptimConfig(lr=1e-2, warmup_steps=3)
-    batch = make_batch()
+    batch = make_padded_batch()
     a = FSDP2Engine(tiny_qwen2(seed=0), cfg)
     a.train_step(batch, token_mean_loss, 4)
     state = a.state_dict_for_checkpoint()
@@ -191,7 +143,7 @@ def test_checkpoint_state_round_trip_through_dcp(tmp_path):
 
 
 def test_bad_inputs_are_rejected_before_compute(engine):
-    batch = make_batch()
+    batch = make_padded_batch()
     with pytest.raises(ValueError, match="micro_batch_size"):
         engine.compute_logprobs(batch, 0)
     missing = {k: v for k, v in batch.items() if k != "position_ids"}
@@ -212,7 +164,7 @@ def test_inference_only_engine_refuses_to_train():
     ref = FSDP2Engine(tiny_qwen2(), None)
     assert all(not p.requires_grad for p in ref.model.parameters())
     with pytest.raises(RuntimeError, match="inference only"):
-        ref.train_step(make_batch(), token_mean_loss, 2)
+        ref.train_step(make_padded_batch(), token_mean_loss, 2)
     assert set(ref.state_dict_for_checkpoint()) == {"model", "global_step"}
 
 
@@ -229,7 +181,7 @@ def test_model_path_loads_a_saved_checkpoint(tmp_path):
     model = tiny_qwen2()
     model.save_pretrained(tmp_path / "ckpt")
     eng = FSDP2Engine(tmp_path / "ckpt", None)
-    batch = make_batch()
+    batch = make_padded_batch()
     lp_path = eng.compute_logprobs(batch, 4)[0]
     lp_mod = FSDP2Engine(model, None).compute_logprobs(batch, 4)[0]
     torch.testing.assert_close(lp_path, lp_mod)
@@ -238,7 +190,7 @@ def test_model_path_loads_a_saved_checkpoint(tmp_path):
 
 
 def test_aggregation_context_counts_and_max_response_len_override(engine):
-    batch = make_batch()
+    batch = make_padded_batch()
     seen = []
 
     def spy(mb, logprobs, entropy, agg):
@@ -255,7 +207,7 @@ def test_aggregation_context_counts_and_max_response_len_override(engine):
 
 
 def test_gradient_checkpointing_gives_the_same_gradient():
-    batch = make_batch()
+    batch = make_padded_batch()
     checkpointed = FSDP2Engine(tiny_qwen2(), OptimConfig(), gradient_checkpointing=True)
     assert checkpointed.model.is_gradient_checkpointing
     g_ref = grads_after_backward(FSDP2Engine(tiny_qwen2(), OptimConfig()), batch, token_mean_loss, 4)

@@ -4,33 +4,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.tiny_models import VOCAB, P, R, tiny_qwen2
 from verity.algorithms.configs import ValueLossConfig
 from verity.batch import Batch
 from verity.config import load_config
 from verity.engines import FSDP2Engine, OptimConfig
 from verity.workers.critic import CriticWorker, load_value_model, make_value_loss
 
-VOCAB, P, R = 100, 5, 6
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A saved tiny Qwen2 causal LM (the actor checkpoint) and the module itself."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    cfg = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-    model = Qwen2ForCausalLM(cfg).eval()
+    model = tiny_qwen2(seed=0).eval()
     path = tmp_path_factory.mktemp("actor") / "ckpt"
     model.save_pretrained(path)
     return str(path), model

@@ -1,0 +1,93 @@
+"""The tiny Qwen2 models, batches and losses shared by the engine, weight-sync and critic tests.
+
+A plain module, not conftest fixtures: the multi-process tests build these inside spawned
+workers, which import the test module (and so this one) afresh.
+"""
+
+from __future__ import annotations
+
+import torch
+
+VOCAB, P, R = 100, 5, 6  # vocabulary, prompt length, response length
+
+
+def tiny_qwen2_config(**overrides):
+    """A 2-layer, 64-wide Qwen2 config over ``VOCAB`` tokens; ``overrides`` set further fields."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        **overrides,
+    )
+
+
+def tiny_qwen2(seed: int = 0, tie_word_embeddings: bool = True):
+    """The tiny Qwen2 causal LM, initialised from ``torch.manual_seed(seed)``."""
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(tiny_qwen2_config(tie_word_embeddings=tie_word_embeddings))
+
+
+def tiny_value_model(seed: int = 0):
+    """The tiny Qwen2 backbone with a scalar head (a critic), as ``workers.critic`` builds it."""
+    from transformers import Qwen2ForTokenClassification
+
+    torch.manual_seed(seed)
+    return Qwen2ForTokenClassification(tiny_qwen2_config(num_labels=1, classifier_dropout=0.0))
+
+
+def make_padded_batch(rows: int = 7, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Left-padded prompts, right-padded responses of varying length, random advantages."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_lens = torch.randint(2, P + 1, (rows,), generator=g)
+    response_lens = torch.randint(1, R + 1, (rows,), generator=g)
+    prompts = torch.randint(1, VOCAB, (rows, P), generator=g)
+    responses = torch.randint(1, VOCAB, (rows, R), generator=g)
+    prompt_mask = (torch.arange(P) >= P - prompt_lens[:, None]).long()
+    response_mask = (torch.arange(R) < response_lens[:, None]).long()
+    prompts = prompts * prompt_mask
+    responses = responses * response_mask
+    input_ids = torch.cat([prompts, responses], 1)
+    attention_mask = torch.cat([prompt_mask, response_mask], 1)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "responses": responses,
+        "response_mask": response_mask.float(),
+        "advantages": torch.randn(rows, R, generator=g),
+    }
+
+
+def make_unpadded_batch(rows: int, seed: int) -> dict[str, torch.Tensor]:
+    """Full-length prompts and responses (every mask all ones), no advantages."""
+    g = torch.Generator().manual_seed(seed)
+    responses = torch.randint(1, VOCAB, (rows, R), generator=g)
+    input_ids = torch.cat([torch.randint(1, VOCAB, (rows, P), generator=g), responses], 1)
+    attention_mask = torch.ones_like(input_ids)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "responses": responses,
+        "response_mask": torch.ones(rows, R),
+    }
+
+
+def seq_mean_token_mean_loss(mb, logprobs, entropy, agg):
+    """sum_rows(token-mean of the row's -logprob * advantage) / global_seqs."""
+    mask = mb["response_mask"]
+    per_row = (-(logprobs * mb["advantages"]) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_row.sum() / agg.global_seqs, {}
+
+
+def push_up_loss(mb, logprobs, entropy, agg):
+    """-sum_tokens(logprob) / global_tokens: raise the probability of every response token."""
+    return -(logprobs * mb["response_mask"]).sum() / agg.global_tokens, {}
