@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 from verity.data.tasks import TASKS, countdown, digit_sequence, gsm8k_style
+from verity.data.tasks._common import draw_rows
 from verity.data.verl_dataset import check_rows
 
 MY_TASKS = [gsm8k_style, countdown, digit_sequence]
@@ -112,3 +114,20 @@ def test_bad_knobs_are_named(factory, knobs, name):
 def test_too_many_distinct_problems_is_an_error():
     with pytest.raises(ValueError, match="distinct"):
         digit_sequence.generate(5000, seed=0, kinds=["repeat"], shown=3, predict=1)
+
+
+@pytest.mark.parametrize("task", MY_TASKS)
+def test_task_generators_look_defined_in_the_task_module(task):
+    config_class = next(v for k, v in vars(task).items() if k.endswith("Config") and isinstance(v, type))
+    for function in (task.generate, task.generate_splits):
+        assert function.__module__ == task.__name__ and function.__qualname__ == function.__name__
+        assert config_class.__name__ in function.__doc__
+        assert pickle.loads(pickle.dumps(function)) is function
+
+    def draw(counts):
+        draw_one = lambda rng: task.draw_problem(rng, config_class())  # noqa: E731
+        return draw_rows(draw_one, counts, 7, task.DATA_SOURCE, task.ABILITY)
+
+    splits = draw({"test": 4, "train": 6})
+    assert task.generate_splits(6, 4, seed=7) == (splits["train"], splits["test"])
+    assert task.generate(6, seed=7, split="val") == draw({"val": 6})["val"]

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from verity.data.tasks._common import cut_response, draw_rows
+from verity.data.tasks._common import cut_response, task_generators
 
 DATA_SOURCE = "verity/digit_sequence"
 ABILITY = "pattern"
@@ -87,25 +87,9 @@ def draw_problem(rng: random.Random, config: DigitSequenceConfig) -> tuple[str, 
     return prompt, prompt, answer, {"kind": kind}
 
 
-def generate(n: int, seed: int = 0, split: str = "train", **difficulty: Any) -> list[dict[str, Any]]:
-    """``n`` distinct seeded problems as verl rows; ``difficulty`` fills :class:`DigitSequenceConfig`."""
-    config = DigitSequenceConfig(**difficulty)
-    return draw_rows(lambda rng: draw_problem(rng, config), {split: n}, seed, DATA_SOURCE, ABILITY)[split]
-
-
-def generate_splits(
-    num_train: int, num_test: int, seed: int = 0, config: DigitSequenceConfig | None = None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Seeded train and test rows that share no problem (the test split is drawn first)."""
-    config = config or DigitSequenceConfig()
-    splits = draw_rows(
-        lambda rng: draw_problem(rng, config),
-        {"test": num_test, "train": num_train},
-        seed,
-        DATA_SOURCE,
-        ABILITY,
-    )
-    return splits["train"], splits["test"]
+# generate(n, seed=0, split="train", **difficulty) and generate_splits(num_train, num_test, seed=0,
+# config=None): seeded, distinct problems as verl rows (see verity.data.tasks._common.task_generators).
+generate, generate_splits = task_generators(draw_problem, DigitSequenceConfig, DATA_SOURCE, ABILITY)
 
 
 def extract_terms(response_text: str) -> list[int]:

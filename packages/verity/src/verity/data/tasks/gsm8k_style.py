@@ -19,7 +19,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from verity.data.tasks._common import cut_response, draw_rows
+from verity.data.tasks._common import cut_response, task_generators
 
 DATA_SOURCE = "verity/gsm8k_style"
 ABILITY = "math"
@@ -79,25 +79,9 @@ def draw_problem(rng: random.Random, config: GSM8KStyleConfig) -> tuple[str, str
     return question, f"{question} {INSTRUCTION}", str(total), {"solution": solution}
 
 
-def generate(n: int, seed: int = 0, split: str = "train", **difficulty: Any) -> list[dict[str, Any]]:
-    """``n`` distinct seeded problems as verl rows; ``difficulty`` fills :class:`GSM8KStyleConfig`."""
-    config = GSM8KStyleConfig(**difficulty)
-    return draw_rows(lambda rng: draw_problem(rng, config), {split: n}, seed, DATA_SOURCE, ABILITY)[split]
-
-
-def generate_splits(
-    num_train: int, num_test: int, seed: int = 0, config: GSM8KStyleConfig | None = None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Seeded train and test rows that share no problem (the test split is drawn first)."""
-    config = config or GSM8KStyleConfig()
-    splits = draw_rows(
-        lambda rng: draw_problem(rng, config),
-        {"test": num_test, "train": num_train},
-        seed,
-        DATA_SOURCE,
-        ABILITY,
-    )
-    return splits["train"], splits["test"]
+# generate(n, seed=0, split="train", **difficulty) and generate_splits(num_train, num_test, seed=0,
+# config=None): seeded, distinct problems as verl rows (see verity.data.tasks._common.task_generators).
+generate, generate_splits = task_generators(draw_problem, GSM8KStyleConfig, DATA_SOURCE, ABILITY)
 
 
 def extract_answer(response_text: str) -> str | None:
