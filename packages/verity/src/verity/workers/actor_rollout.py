@@ -28,32 +28,12 @@ from verity.checkpoint.sharded import load_engine, save_engine
 from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines import FSDP2Engine
-from verity.engines import OptimConfig as EngineOptimConfig
 from verity.engines.fsdp2 import load_causal_lm
 from verity.hardware import get_backend
 from verity.resharding import sync_weights
 from verity.rollout import HFRollout, SamplingParams
 from verity.workers.actor_loss import make_actor_loss
-
-
-def engine_optim_config(cfg: VerityConfig, total_optimizer_steps: int) -> EngineOptimConfig:
-    """Map the run config's ``actor.optim`` onto the engine's optimizer settings."""
-    o = cfg.actor.optim
-    return EngineOptimConfig(
-        lr=o.lr,
-        betas=(float(o.betas[0]), float(o.betas[1])),
-        weight_decay=o.weight_decay,
-        max_grad_norm=o.grad_clip,
-        warmup_steps=o.warmup_steps,
-        lr_schedule=o.scheduler,
-        total_steps=max(1, total_optimizer_steps),
-        min_lr_ratio=o.min_lr_ratio,
-    )
-
-
-def optimizer_steps_per_rl_step(cfg: VerityConfig) -> int:
-    """Optimizer steps the actor takes per RL step: mini-batches x PPO epochs."""
-    return (cfg.data.train_batch_size // cfg.actor.ppo_mini_batch_size) * cfg.actor.ppo_epochs
+from verity.workers.role_training import build_role_engine, minibatch_epochs
 
 
 class ActorRolloutRefWorker(Worker):
@@ -86,13 +66,7 @@ class ActorRolloutRefWorker(Worker):
 
         policy = load_causal_lm(self.model_path, dtype=dtype)
         rollout_model = copy.deepcopy(policy).to(device).eval()
-        total = optimizer_steps_per_rl_step(cfg) * max(1, cfg.trainer.total_steps)
-        self.actor = FSDP2Engine(
-            policy,
-            engine_optim_config(cfg, total),
-            device=device,
-            gradient_checkpointing=cfg.model.gradient_checkpointing,
-        )
+        self.actor = build_role_engine(policy, cfg, cfg.actor, device)
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.rollout = HFRollout(rollout_model, tokenizer, seed=cfg.trainer.seed + self.rank)
         kl = cfg.algorithm.kl
@@ -159,21 +133,19 @@ class ActorRolloutRefWorker(Worker):
         maybe_stall("update_actor")
         cfg = self.cfg
         rows_per_mini = cfg.actor.ppo_mini_batch_size * cfg.rollout.n // self.world_size
-        sums: dict[str, float] = {}
-        steps = 0
-        for _ in range(cfg.actor.ppo_epochs):
-            for start in range(0, len(batch), rows_per_mini):
-                mini = batch.index(slice(start, start + rows_per_mini))
-                metrics = self.actor.train_step(
-                    mini,
-                    self.loss_fn,
-                    cfg.actor.micro_batch_size,
-                    temperature=cfg.rollout.temperature,
-                    entropy_requires_grad=cfg.actor.entropy_coeff != 0,  # the bonus needs d(entropy)
-                )
-                for key, value in metrics.items():
-                    sums[key] = sums.get(key, 0.0) + float(value)
-                steps += 1
+        actor = self.actor
+        sums, steps = minibatch_epochs(
+            batch,
+            rows_per_mini,
+            cfg.actor.ppo_epochs,
+            lambda mini: actor.train_step(
+                mini,
+                self.loss_fn,
+                cfg.actor.micro_batch_size,
+                temperature=cfg.rollout.temperature,
+                entropy_requires_grad=cfg.actor.entropy_coeff != 0,  # the bonus needs d(entropy)
+            ),
+        )
         out = {k if k.startswith("actor/") else f"actor/{k}": v / steps for k, v in sums.items()}
         out["actor/optimizer_steps"] = float(steps)
         start = time.perf_counter()

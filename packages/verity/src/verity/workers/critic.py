@@ -46,8 +46,8 @@ from verity.checkpoint.sharded import load_engine, save_engine
 from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines import FSDP2Engine
-from verity.engines import OptimConfig as EngineOptimConfig
 from verity.hardware import get_backend
+from verity.workers.role_training import build_role_engine, minibatch_epochs
 
 ValueLossFn = Callable[[Any, torch.Tensor, Any], tuple[torch.Tensor, dict[str, float]]]
 
@@ -126,26 +126,6 @@ def make_value_loss(config: ValueLossConfig) -> ValueLossFn:
     return loss_fn
 
 
-def critic_optim_config(cfg: VerityConfig, total_optimizer_steps: int) -> EngineOptimConfig:
-    """Map ``critic.optim`` onto the engine's optimizer settings."""
-    o = cfg.critic.optim
-    return EngineOptimConfig(
-        lr=o.lr,
-        betas=(float(o.betas[0]), float(o.betas[1])),
-        weight_decay=o.weight_decay,
-        max_grad_norm=o.grad_clip,
-        warmup_steps=o.warmup_steps,
-        lr_schedule=o.scheduler,
-        total_steps=max(1, total_optimizer_steps),
-        min_lr_ratio=o.min_lr_ratio,
-    )
-
-
-def critic_steps_per_rl_step(cfg: VerityConfig) -> int:
-    """Optimizer steps the critic takes per RL step: mini-batches x epochs."""
-    return (cfg.data.train_batch_size // cfg.critic.ppo_mini_batch_size) * cfg.critic.ppo_epochs
-
-
 class CriticWorker(Worker):
     """One data-parallel rank of the critic (see the module docstring).
 
@@ -177,13 +157,7 @@ class CriticWorker(Worker):
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
         model = load_value_model(self.model_path, dtype=dtype)
         n_params = sum(p.numel() for p in model.parameters())
-        total = critic_steps_per_rl_step(cfg) * max(1, cfg.trainer.total_steps)
-        self.engine = FSDP2Engine(
-            model,
-            critic_optim_config(cfg, total),
-            device=device,
-            gradient_checkpointing=cfg.model.gradient_checkpointing,
-        )
+        self.engine = build_role_engine(model, cfg, cfg.critic, device)
         c = cfg.critic
         self.loss_fn = make_value_loss(
             ValueLossConfig(cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode)
@@ -216,15 +190,13 @@ class CriticWorker(Worker):
             raise KeyError(f"CriticWorker.update_critic: batch is missing {missing}; it has {batch.keys()}")
         cfg = self.cfg
         rows_per_mini = max(1, cfg.critic.ppo_mini_batch_size * cfg.rollout.n // self.world_size)
-        sums: dict[str, float] = {}
-        steps = 0
-        for _ in range(cfg.critic.ppo_epochs):
-            for start in range(0, len(batch), rows_per_mini):
-                mini = batch.index(slice(start, start + rows_per_mini))
-                metrics = self.engine.value_train_step(mini, self.loss_fn, cfg.critic.micro_batch_size)
-                for key, value in metrics.items():
-                    sums[key] = sums.get(key, 0.0) + float(value)
-                steps += 1
+        engine, loss_fn = self.engine, self.loss_fn
+        sums, steps = minibatch_epochs(
+            batch,
+            rows_per_mini,
+            cfg.critic.ppo_epochs,
+            lambda mini: engine.value_train_step(mini, loss_fn, cfg.critic.micro_batch_size),
+        )
         renamed = {"loss": "value_loss"}  # the engine's exact mini-batch loss
         out = {
             k if k.startswith("critic/") else f"critic/{renamed.get(k, k)}": v / steps

@@ -1,0 +1,74 @@
+"""What the actor and critic workers share: optimizer settings per role, the engine, the epoch loop."""
+
+from __future__ import annotations
+
+import torch
+from helpers.tiny_models import tiny_qwen2
+from verity.batch import Batch
+from verity.config import load_config
+from verity.engines import OptimConfig
+from verity.workers.role_training import (
+    build_role_engine,
+    engine_optim_config,
+    minibatch_epochs,
+    optimizer_steps_per_rl_step,
+)
+
+
+def _cfg():
+    return load_config(
+        [
+            "data.train_batch_size=8",
+            "actor.ppo_mini_batch_size=2",
+            "actor.ppo_epochs=3",
+            "actor.optim.lr=2e-4",
+            "actor.optim.betas=[0.8,0.95]",
+            "actor.optim.scheduler=cosine",
+            "actor.optim.warmup_steps=2",
+            "actor.optim.min_lr_ratio=0.1",
+            "critic.ppo_mini_batch_size=8",
+            "critic.optim.grad_clip=0.5",
+            "critic.optim.weight_decay=0.01",
+            "trainer.total_steps=5",
+        ]
+    )
+
+
+def test_each_role_maps_its_own_optim_section():
+    cfg = _cfg()
+    assert engine_optim_config(cfg.actor.optim, 0) == OptimConfig(
+        lr=2e-4,
+        betas=(0.8, 0.95),
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        warmup_steps=2,
+        lr_schedule="cosine",
+        total_steps=1,  # floored at 1
+        min_lr_ratio=0.1,
+    )
+    critic = engine_optim_config(cfg.critic.optim, 7)
+    assert (critic.lr, critic.max_grad_norm, critic.weight_decay, critic.total_steps) == (1e-5, 0.5, 0.01, 7)
+    assert optimizer_steps_per_rl_step(cfg, cfg.actor) == 4 * 3
+    assert optimizer_steps_per_rl_step(cfg, cfg.critic) == 1
+
+
+def test_role_engine_schedules_the_whole_run():
+    cfg = _cfg()
+    engine = build_role_engine(tiny_qwen2(seed=0), cfg, cfg.actor, torch.device("cpu"))
+    assert engine.optim_config == engine_optim_config(cfg.actor.optim, 12 * 5)
+    assert engine.optimizer is not None and engine.device == torch.device("cpu")
+
+
+def test_minibatch_epochs_steps_over_consecutive_rows_and_sums_metrics():
+    batch = Batch.from_dict({"x": torch.arange(5)})
+    seen = []
+
+    def step(mini):
+        seen.append(mini["x"].tolist())
+        return {"loss": torch.tensor(float(len(seen))), "rows": len(mini)}
+
+    sums, steps = minibatch_epochs(batch, 2, 2, step)
+    assert seen == [[0, 1], [2, 3], [4]] * 2
+    assert steps == 6 and sums == {"loss": 21.0, "rows": 10.0}
+    assert all(type(v) is float for v in sums.values())
+    assert minibatch_epochs(batch, 2, 0, step) == ({}, 0)
