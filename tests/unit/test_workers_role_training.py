@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from helpers.tiny_models import tiny_qwen2
 from verity.batch import Batch
@@ -72,3 +73,23 @@ def test_minibatch_epochs_steps_over_consecutive_rows_and_sums_metrics():
     assert steps == 6 and sums == {"loss": 21.0, "rows": 10.0}
     assert all(type(v) is float for v in sums.values())
     assert minibatch_epochs(batch, 2, 0, step) == ({}, 0)
+
+
+class _FakeBackend:
+    def __init__(self, visible: int) -> None:
+        self.visible = visible
+
+    def device_count(self) -> int:
+        return self.visible
+
+    def device(self, index: int) -> torch.device:
+        return torch.device("cuda", index)
+
+
+@pytest.mark.parametrize(("visible", "local_rank", "expected"), [(1, 3, 0), (0, 1, 0), (4, 3, 3), (2, 0, 0)])
+def test_role_device_uses_index_0_under_isolation_else_the_local_rank(
+    visible: int, local_rank: int, expected: int
+) -> None:
+    from verity.workers.role_training import role_device
+
+    assert role_device(_FakeBackend(visible), local_rank) == torch.device("cuda", expected)

@@ -33,7 +33,7 @@ from verity.hardware import get_backend
 from verity.resharding import sync_weights
 from verity.rollout import HFRollout, SamplingParams
 from verity.workers.actor_loss import make_actor_loss
-from verity.workers.role_training import build_role_engine, minibatch_epochs
+from verity.workers.role_training import build_role_engine, minibatch_epochs, role_device
 
 
 class ActorRolloutRefWorker(Worker):
@@ -58,9 +58,7 @@ class ActorRolloutRefWorker(Worker):
         backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
         torch.set_num_threads(max(1, int(cfg.trainer.cpus_per_worker)))
         self.init_process_group(backend=backend.dist_backend)
-        # Ray gives each GPU worker only its own device (index 0); without Ray's isolation
-        # (several devices visible) the local rank picks the device.
-        device = backend.device(0 if backend.device_count() <= 1 else self.local_rank)
+        device = role_device(backend, self.local_rank)
         torch.manual_seed(cfg.trainer.seed)
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
 

@@ -47,7 +47,7 @@ from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines import FSDP2Engine
 from verity.hardware import get_backend
-from verity.workers.role_training import build_role_engine, minibatch_epochs
+from verity.workers.role_training import build_role_engine, minibatch_epochs, role_device
 
 ValueLossFn = Callable[[Any, torch.Tensor, Any], tuple[torch.Tensor, dict[str, float]]]
 
@@ -153,7 +153,7 @@ class CriticWorker(Worker):
         warnings.filterwarnings(
             "ignore", message=r"FSDP2-wrapped module .*ForTokenClassification\) returned a view"
         )
-        device = backend.device(self.local_rank)
+        device = role_device(backend, self.local_rank)  # the actor's rule: see role_device
         dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
         model = load_value_model(self.model_path, dtype=dtype)
         n_params = sum(p.numel() for p in model.parameters())

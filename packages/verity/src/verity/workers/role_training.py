@@ -26,6 +26,16 @@ class TrainedRole(Protocol):
     ppo_epochs: int
 
 
+def role_device(backend: Any, local_rank: int) -> torch.device:
+    """The device a role's worker computes on.
+
+    Ray gives each GPU worker only its own device, visible as index 0; without that
+    isolation (several devices visible to one process) the worker's local rank picks
+    its device. ``backend`` is a :mod:`verity.hardware` backend.
+    """
+    return backend.device(0 if backend.device_count() <= 1 else local_rank)
+
+
 def engine_optim_config(optim: OptimConfig, total_optimizer_steps: int) -> EngineOptimConfig:
     """Map a role's ``optim`` section onto the engine's optimizer settings.
 
