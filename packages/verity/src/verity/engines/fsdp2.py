@@ -135,11 +135,11 @@ class FSDP2Engine(TrainingEngine):
         if getattr(module, "config", None) is not None and hasattr(module.config, "use_cache"):
             module.config.use_cache = False
         if gradient_checkpointing:
-            if not hasattr(module, "gradient_checkpointing_enable"):
+            if not hasattr(module, "activation_checkpointing_enable"):
                 raise ValueError(
-                    "gradient_checkpointing=True needs an HF model with gradient_checkpointing_enable()"
+                    "gradient_checkpointing=True needs an HF model with activation_checkpointing_enable()"
                 )
-            module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self._module = module
         self._loss_scale = 1.0
         self.fsdp_modules: list[nn.Module] = []
