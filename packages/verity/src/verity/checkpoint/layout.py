@@ -23,12 +23,13 @@ import contextlib
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
+
+from verity.tracking.summary import atomic_write_text
 
 LATEST_FILE = "latest"
 STATE_FILE = "trainer_state.json"
-TMP_SUFFIX = ".tmp"
+TMP_SUFFIX = ".tmp"  # also the suffix of atomic_write_text's temp files, which prune and cleanup recognise
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -71,20 +72,9 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 def write_file_atomic(path: str | os.PathLike[str], data: str) -> None:
-    """Write ``data`` to ``path`` via a synced temp file in the same folder and ``os.replace``."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=TMP_SUFFIX, dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(target.parent)
+    """Write ``data`` to ``path`` atomically (:func:`verity.tracking.summary.atomic_write_text`), then
+    fsync the folder so the rename itself survives a crash."""
+    fsync_dir(atomic_write_text(path, data).parent)
 
 
 def read_latest(root: str | os.PathLike[str]) -> Path | None:

@@ -50,7 +50,10 @@ def _jsonable(node: Any) -> Any:
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` via a temp file in the same directory and ``os.replace``."""
+    """Write ``text`` to ``path`` via a synced temp file (``.<name>.*.tmp``) in the same folder and ``os.replace``.
+
+    Readers see the old file or the new one, never a partial write; the temp file is removed on failure.
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -61,7 +64,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     return target
