@@ -20,7 +20,6 @@ def _figure(width: float = 6.4, height: float = 3.2) -> tuple[Any, Any]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams["svg.hashsalt"] = "verity"  # stable ids: the same data gives the same file
     fig, ax = plt.subplots(figsize=(width, height), dpi=100)
     return fig, ax
 
@@ -29,7 +28,10 @@ def _to_svg(fig: Any, label: str) -> str:
     import matplotlib.pyplot as plt
 
     buffer = io.StringIO()
-    fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
+    # Text as <text> (not glyph outlines repeated in every plot); ids salted by the plot's label,
+    # so several plots on one page never share an id and the same data gives the same file.
+    with plt.rc_context({"svg.fonttype": "none", "svg.hashsalt": f"verity:{label}"}):
+        fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
     plt.close(fig)
     svg = _XML_HEADER.sub("", buffer.getvalue())
     return svg.replace("<svg ", f'<svg role="img" aria-label="{label}" class="plot" ', 1)
