@@ -59,6 +59,8 @@ def tests(session: nox.Session) -> None:
     session.install("-c", CONSTRAINTS, "-e", "harness[browser]")
     for folder in recipe_folders():
         session.install("-c", CONSTRAINTS, "--no-deps", "-e", str(folder.relative_to(ROOT)))
+    # a test plug-in that reaches the runtime only through the verity.plugins entry points
+    session.install("--no-deps", "-e", "tests/plugins/demo")
     env = {"PYTHONHASHSEED": "0", "MLFLOW_ALLOW_FILE_STORE": "true"}
     session.run("pytest", "-q", "-m", "not gpu", *session.posargs, env=env)
 

@@ -91,7 +91,7 @@ LOSSES = {
     **{mode: library_loss(mode) for mode in AGG_MODES},
     **{f"actor/{mode}": actor_loss(mode) for mode in AGG_MODES},
 }
-CFG = OptimConfig(lr=1e-2, warmup_steps=2, max_grad_norm=1.0)
+CFG = OptimConfig(lr=1e-2, warmup_steps=2, grad_clip=1.0)
 
 
 def run_scenarios(engine_factory, shard_of, out: dict) -> None:

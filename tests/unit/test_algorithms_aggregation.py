@@ -20,7 +20,7 @@ from verity.algorithms import (
     value_loss,
 )
 
-MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+MODES = ["token-sum", "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 
 def tensor(rows):
@@ -42,6 +42,7 @@ def test_context_from_mask_counts_non_empty_rows():
 @pytest.mark.parametrize(
     ("mode", "expected"),
     [
+        ("token-sum", 1 + 2 + 4),  # the plain sum over masked-in tokens
         ("token-mean", (1 + 2 + 4) / 3),  # 7 / 3 tokens
         ("seq-mean-token-sum", (3 + 4) / 2),  # row sums 3, 4 over 2 non-empty rows
         ("seq-mean-token-mean", (1.5 + 4) / 2),  # row means 1.5, 4

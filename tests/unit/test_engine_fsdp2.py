@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers.tiny_models import P, R, make_padded_batch, seq_mean_token_mean_loss, tiny_qwen2
-from verity.engines import FSDP2Engine, OptimConfig, build_engine
-from verity.engines.base import EngineUnavailableError
+from verity.engines import EngineBuildContext, FSDP2Engine, OptimConfig, build_training_engine
+from verity.registry import UnknownNameError
 
 
 def token_mean_loss(mb, logprobs, entropy, agg):
@@ -28,7 +28,7 @@ def grads_after_backward(engine, batch, loss_fn, mbs):
 
 @pytest.fixture(scope="module")
 def engine():
-    return FSDP2Engine(tiny_qwen2(), OptimConfig(lr=1e-2, max_grad_norm=1.0))
+    return FSDP2Engine(tiny_qwen2(), OptimConfig(lr=1e-2, grad_clip=1.0))
 
 
 def test_compute_logprobs_matches_direct_forward_for_any_micro_batch(engine):
@@ -171,10 +171,12 @@ def test_inference_only_engine_refuses_to_train():
 def test_cpu_refuses_mixed_precision_and_unknown_engines():
     with pytest.raises(ValueError, match="mixed_precision"):
         FSDP2Engine(tiny_qwen2(), None, device="cpu", mixed_precision=True)
-    with pytest.raises(ValueError, match="known engines: fsdp2, megatron"):
-        build_engine("deepspeed")
-    with pytest.raises(EngineUnavailableError, match="fsdp2"):
-        build_engine("megatron")
+    ctx = EngineBuildContext(
+        role="actor", load_model=tiny_qwen2, model_path="unused", device=torch.device("cpu")
+    )
+    with pytest.raises(UnknownNameError, match="known training engines: fsdp2"):
+        build_training_engine("deepspeed", ctx)
+    assert build_training_engine("fsdp2", ctx).name == "fsdp2"
 
 
 def test_model_path_loads_a_saved_checkpoint(tmp_path):

@@ -22,18 +22,19 @@ def test_warmup_is_linear_and_starts_above_zero():
 
 
 def test_cosine_after_warmup_hand_values():
-    cfg = OptimConfig(lr=1.0, warmup_steps=2, lr_schedule="cosine", total_steps=6, min_lr_ratio=0.2)
-    # progress p = (s - 2) / 4 ; f = 0.2 + 0.8 * 0.5 * (1 + cos(pi p))
-    assert lr_multiplier(0, cfg) == pytest.approx(0.5)
-    assert lr_multiplier(2, cfg) == pytest.approx(1.0)
-    assert lr_multiplier(4, cfg) == pytest.approx(0.2 + 0.4 * (1 + math.cos(math.pi / 2)))
-    assert lr_multiplier(6, cfg) == pytest.approx(0.2)
-    assert lr_multiplier(100, cfg) == pytest.approx(0.2)
+    cfg = OptimConfig(lr=1.0, warmup_steps=2, scheduler="cosine", min_lr_ratio=0.2)
+    # total T = 6; progress p = (s - 2) / 4 ; f = 0.2 + 0.8 * 0.5 * (1 + cos(pi p))
+    assert lr_multiplier(0, cfg, 6) == pytest.approx(0.5)
+    assert lr_multiplier(2, cfg, 6) == pytest.approx(1.0)
+    assert lr_multiplier(4, cfg, 6) == pytest.approx(0.2 + 0.4 * (1 + math.cos(math.pi / 2)))
+    assert lr_multiplier(6, cfg, 6) == pytest.approx(0.2)
+    assert lr_multiplier(100, cfg, 6) == pytest.approx(0.2)
 
 
 def test_warmup_ratio_resolves_against_total_steps():
-    cfg = OptimConfig(warmup_ratio=0.25, total_steps=20)
-    assert cfg.effective_warmup_steps == 5
+    cfg = OptimConfig(warmup_ratio=0.25)
+    assert cfg.warmup_length(20) == 5
+    assert [lr_multiplier(s, cfg, 20) for s in (0, 4, 5)] == [0.2, 1.0, 1.0]
 
 
 def test_scheduler_sets_optimizer_lr_per_step():
@@ -52,18 +53,19 @@ def test_scheduler_sets_optimizer_lr_per_step():
 @pytest.mark.parametrize(
     "kwargs, key",
     [
-        ({"lr": -1e-3}, "optim.lr"),
-        ({"betas": (0.9, 1.0)}, "optim.betas"),
-        ({"weight_decay": -1.0}, "optim.weight_decay"),
-        ({"lr_schedule": "linear"}, "optim.lr_schedule"),
-        ({"lr_schedule": "cosine"}, "optim.total_steps"),
-        ({"warmup_ratio": 0.1}, "optim.total_steps"),
-        ({"warmup_steps": -1}, "optim.warmup_steps"),
+        ({"lr": -1e-3}, "lr"),
+        ({"betas": [0.9, 1.0]}, "betas"),
+        ({"weight_decay": -1.0}, "weight_decay"),
+        ({"scheduler": "linear"}, "scheduler"),
+        ({"warmup_ratio": 1.5}, "warmup_ratio"),
+        ({"warmup_steps": -1}, "warmup_steps"),
     ],
 )
 def test_bad_settings_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key):
-        OptimConfig(**kwargs)
+        OptimConfig(**kwargs).validate()
+    with pytest.raises(ValueError, match=key):
+        build_optimizer(nn.Linear(2, 2).parameters(), OptimConfig(**kwargs))
 
 
 def test_clip_gradients_hand_computed():

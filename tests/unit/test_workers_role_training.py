@@ -10,7 +10,6 @@ from verity.config import load_config
 from verity.engines import OptimConfig
 from verity.workers.role_training import (
     build_role_engine,
-    engine_optim_config,
     minibatch_epochs,
     optimizer_steps_per_rl_step,
 )
@@ -35,29 +34,33 @@ def _cfg():
     )
 
 
-def test_each_role_maps_its_own_optim_section():
+def test_each_role_has_its_own_optim_section():
     cfg = _cfg()
-    assert engine_optim_config(cfg.actor.optim, 0) == OptimConfig(
+    assert cfg.actor.optim == OptimConfig(
         lr=2e-4,
-        betas=(0.8, 0.95),
+        betas=[0.8, 0.95],
         weight_decay=0.0,
-        max_grad_norm=1.0,
+        grad_clip=1.0,
         warmup_steps=2,
-        lr_schedule="cosine",
-        total_steps=1,  # floored at 1
+        scheduler="cosine",
         min_lr_ratio=0.1,
     )
-    critic = engine_optim_config(cfg.critic.optim, 7)
-    assert (critic.lr, critic.max_grad_norm, critic.weight_decay, critic.total_steps) == (1e-5, 0.5, 0.01, 7)
+    critic = cfg.critic.optim
+    assert (critic.lr, critic.grad_clip, critic.weight_decay) == (1e-5, 0.5, 0.01)
     assert optimizer_steps_per_rl_step(cfg, cfg.actor) == 4 * 3
     assert optimizer_steps_per_rl_step(cfg, cfg.critic) == 1
 
 
 def test_role_engine_schedules_the_whole_run():
     cfg = _cfg()
-    engine = build_role_engine(tiny_qwen2(seed=0), cfg, cfg.actor, torch.device("cpu"))
-    assert engine.optim_config == engine_optim_config(cfg.actor.optim, 12 * 5)
+    engine = build_role_engine(
+        "actor", lambda: tiny_qwen2(seed=0), cfg, cfg.actor, torch.device("cpu"), "unused"
+    )
+    assert engine.name == "fsdp2"
+    assert engine.optim_config is cfg.actor.optim
     assert engine.optimizer is not None and engine.device == torch.device("cpu")
+    # the cosine horizon is the run's 12 x 5 = 60 optimizer steps: after warm-up 2, f(31) = 0.1 + 0.9 * 0.5
+    assert engine.lr_scheduler.lr_lambdas[0](31) == pytest.approx(0.1 + 0.9 * 0.5)
 
 
 def test_minibatch_epochs_steps_over_consecutive_rows_and_sums_metrics():

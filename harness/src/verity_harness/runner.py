@@ -74,6 +74,20 @@ def harness_overrides(
     return out
 
 
+def ran_engine(summary: dict[str, Any], role: str) -> str:
+    """The engine the workers reported running for ``role`` (``rollout``, ``actor``), from ``summary.json``.
+
+    A result records what ran, never the config's string; a summary without it cannot be a result.
+    """
+    ran = summary.get("ran") or {}
+    if role not in ran:
+        raise ValueError(
+            f"summary.json has no record of the {role} engine that ran (summary['ran'] = {ran}); "
+            "it was written by a verity older than this harness"
+        )
+    return str(ran[role])
+
+
 def build_result(
     recipe: Recipe,
     config: str,
@@ -97,8 +111,8 @@ def build_result(
         "family": machine.family,
         "device_name": machine.device_name,
         "device_count": machine.device_count,
-        "backend": cfg.rollout.engine,
-        "train_engine": "fsdp2",
+        "backend": ran_engine(summary, "rollout"),
+        "train_engine": ran_engine(summary, "actor"),
         "date": now.date().isoformat(),
         "finished_at": now.isoformat(timespec="seconds"),
         "git_commit": commit,

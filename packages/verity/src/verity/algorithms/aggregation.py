@@ -18,11 +18,17 @@ and :math:`\sum_i` over the rows present in the local tensor:
 =========================  ==================================================================
 mode                        local contribution
 =========================  ==================================================================
+token-sum                   :math:`\sum_i\sum_t m_{i,t}\ell_{i,t}` (no normalisation)
 token-mean                  :math:`\frac{1}{T}\sum_i\sum_t m_{i,t}\ell_{i,t}`
 seq-mean-token-sum          :math:`\frac{1}{S}\sum_i\sum_t m_{i,t}\ell_{i,t}`
 seq-mean-token-mean         :math:`\frac{1}{S}\sum_{i: n_i>0}\frac{1}{n_i}\sum_t m_{i,t}\ell_{i,t}`
 seq-mean-token-sum-norm     :math:`\frac{1}{S L}\sum_i\sum_t m_{i,t}\ell_{i,t}`
 =========================  ==================================================================
+
+``token-sum`` is verl's mode of that name in its global form: the sum of
+:math:`m\ell` over every valid token of the mini-batch. verl multiplies it by the
+data-parallel size because its gradient reducer averages over ranks; here ranks sum,
+so the plain local sum already adds up to the global one.
 
 Every row's contribution depends only on that row and on the global counts,
 so the SUM of the aggregated losses of any partition of the mini-batch's rows
@@ -98,6 +104,11 @@ def _safe(denominator: float) -> float:
     return denominator if denominator > 0 else 1.0
 
 
+@AGGREGATION_MODES.register("token-sum")
+def _token_sum(loss_mat: Tensor, mask: Tensor, ctx: AggregationContext) -> Tensor:
+    return masked_sum(loss_mat, mask)
+
+
 @AGGREGATION_MODES.register("token-mean")
 def _token_mean(loss_mat: Tensor, mask: Tensor, ctx: AggregationContext) -> Tensor:
     return masked_sum(loss_mat, mask) / _safe(ctx.global_tokens)
@@ -128,8 +139,8 @@ def aggregate_loss(loss_mat: Tensor, mask: Tensor, mode: str, ctx: AggregationCo
         loss_mat: per-token loss ``[B, R]`` (any unit; the result has the same unit
             per token or per sequence depending on ``mode``).
         mask: ``[B, R]`` 1 on tokens that count, 0 elsewhere.
-        mode: one of ``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``,
-            ``seq-mean-token-sum-norm`` (formulas in the module docstring).
+        mode: one of ``token-sum``, ``token-mean``, ``seq-mean-token-sum``,
+            ``seq-mean-token-mean``, ``seq-mean-token-sum-norm`` (formulas in the module docstring).
         ctx: counts over the whole mini-batch.
 
     Returns:

@@ -8,7 +8,7 @@
 tokenizer; any other value is an HF model folder (its tokenizer is loaded from
 the same folder unless ``--tokenizer`` says otherwise). Without ``--train``
 the embedded default's arithmetic splits are generated (with the teacher's
-answers as they are: no full-stop slips, see ``verity.data.embedded``). Rows are verl-schema
+answers as they are: no full-stop slips, see ``verity.trainer.embedded``). Rows are verl-schema
 (parquet or JSONL); the target is ``response`` or ``reward_model.ground_truth``.
 With a test file, held-out greedy accuracy is printed before and after.
 
@@ -66,9 +66,9 @@ def main(argv: list[str]) -> int:
     from transformers import AutoTokenizer
 
     from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.embedded import EmbeddedSettings
     from verity.data.tasks.arithmetic import ArithmeticConfig, generate_splits
     from verity.data.tiny_model import build_tiny_qwen2_for, load_causal_lm
+    from verity.trainer.embedded import EmbeddedSettings
     from verity.trainer.evaluate import evaluate_greedy
     from verity.trainer.sft import run_sft
 

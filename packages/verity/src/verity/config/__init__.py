@@ -1,12 +1,7 @@
 """Structured run configuration (dataclasses) composed by Hydra and validated up front."""
 
-from verity.config.loader import (
-    ConfigError,
-    config_to_dict,
-    load_config,
-    named_config_file,
-    validate_config,
-)
+from verity.config.errors import ConfigError
+from verity.config.loader import config_to_dict, load_config, named_config_file
 from verity.config.schema import (
     ActorConfig,
     AlgorithmConfig,
@@ -14,10 +9,13 @@ from verity.config.schema import (
     ModelConfig,
     OptimConfig,
     RewardConfig,
+    RewardModelConfig,
     RolloutConfig,
     TrainerConfig,
     VerityConfig,
 )
+from verity.config.sections import register_config_section, schema_class
+from verity.config.validate import validate_config
 
 __all__ = [
     "ActorConfig",
@@ -27,11 +25,14 @@ __all__ = [
     "ModelConfig",
     "OptimConfig",
     "RewardConfig",
+    "RewardModelConfig",
     "RolloutConfig",
     "TrainerConfig",
     "VerityConfig",
     "config_to_dict",
     "load_config",
     "named_config_file",
+    "register_config_section",
+    "schema_class",
     "validate_config",
 ]

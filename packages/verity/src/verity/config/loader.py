@@ -20,41 +20,54 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from verity.config.errors import ConfigError
 from verity.config.schema import VerityConfig
+from verity.config.validate import validate_config
 
 SCHEMA_NAME = "verity"
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot run: names the key and what was expected."""
-
-
-def _register_schema() -> None:
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=VerityConfig)
+def _register_schema(schema: type) -> None:
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=schema)
 
 
 def load_config(overrides: Sequence[str] = (), config_file: str | os.PathLike | None = None) -> VerityConfig:
-    """Compose ``VerityConfig`` from an optional YAML file plus command-line overrides.
+    """Compose the run config from an optional YAML file plus command-line overrides.
 
-    Raises :class:`ConfigError` naming the offending key for unknown keys, wrong types
-    and a missing config file. The result is validated by :func:`validate_config`.
+    Order: the installed plug-ins are loaded (their config sections join the schema,
+    :mod:`verity.plugins`), the config's ``plugins`` requirements are checked, every
+    key of the file and the overrides is checked against the schema (all unknown keys
+    reported at once, each with its closest known name), Hydra composes, and
+    :func:`validate_config` checks values. Raises :class:`ConfigError` naming the
+    offending key(s) for each failure.
     """
-    _register_schema()
+    from verity.config.keys import check_keys
+    from verity.config.sections import schema_class
+    from verity.plugins import PluginError, load_plugins
+
+    try:
+        load_plugins()
+    except PluginError as err:
+        raise ConfigError(str(err)) from None
+    schema = schema_class()
+    path = None if config_file is None else Path(config_file).expanduser().resolve()
+    file_data = _read_config_file(path) if path is not None else {}
+    _check_required_plugins(file_data, overrides, path)
+    unknown, overrides = check_keys(schema, file_data, overrides)
+    if unknown:
+        raise ConfigError(_unknown_keys_message(unknown, file_data, overrides))
+    _register_schema(schema)
     GlobalHydra.instance().clear()
     try:
-        if config_file is None:
+        if path is None:
             with initialize(version_base="1.3", config_path=None):
                 raw = compose(config_name=SCHEMA_NAME, overrides=list(overrides))
         else:
-            path = Path(config_file).expanduser().resolve()
-            if not path.is_file():
-                raise ConfigError(f"config file {str(config_file)!r} does not exist")
-            _ensure_schema_default(path)
             with initialize_config_dir(config_dir=str(path.parent), version_base="1.3"):
                 raw = compose(config_name=path.stem, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as err:
         cause = f" ({str(err.__cause__).splitlines()[0]})" if err.__cause__ else ""
-        raise ConfigError(f"invalid configuration: {str(err).splitlines()[0]}{cause}") from None
+        raise ConfigError(f"invalid configuration: {_first_lines(err)}{cause}") from None
     finally:
         GlobalHydra.instance().clear()
     cfg = OmegaConf.to_object(raw)
@@ -63,185 +76,80 @@ def load_config(overrides: Sequence[str] = (), config_file: str | os.PathLike | 
     return cfg
 
 
-def _ensure_schema_default(path: Path) -> None:
+def _first_lines(err: BaseException) -> str:
+    """The error's text up to the line naming the key (Hydra puts the key on a later line)."""
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    keep = lines[:1] + [line.strip() for line in lines[1:3] if "key" in line.lower()]
+    return " ".join(keep)
+
+
+def _read_config_file(path: Path) -> dict:
+    """The YAML file's data; it must start with ``defaults: [verity, _self_]``."""
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
     text = path.read_text()
-    data = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
-    defaults = data.get("defaults") if isinstance(data, dict) or OmegaConf.is_dict(data) else None
+    try:
+        data = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
+    except (OmegaConfBaseException, ValueError) as err:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from None
+    if not OmegaConf.is_dict(data):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of config sections")
+    defaults = data.get("defaults")
     if not defaults or SCHEMA_NAME not in [d if isinstance(d, str) else None for d in defaults]:
         raise ConfigError(
             f"config file {str(path)!r} must start with 'defaults: [{SCHEMA_NAME}, _self_]' "
             "so its keys are checked against the schema"
         )
+    return OmegaConf.to_container(data, resolve=False)  # type: ignore[return-value]
+
+
+def _required_plugins(file_data: dict, overrides: Sequence[str]) -> list[str]:
+    wanted = list(file_data.get("plugins") or [])
+    for text in overrides:
+        key, _, value = text.lstrip("+~").partition("=")
+        if key.strip() == "plugins":
+            wanted = [v.strip() for v in value.strip().strip("[]").split(",") if v.strip()]
+    return wanted
+
+
+def _check_required_plugins(file_data: dict, overrides: Sequence[str], path: Path | None) -> None:
+    """Every package named in the config's ``plugins`` list is installed, or a ConfigError naming it."""
+    from verity.plugins import _normalise, installed_distributions
+
+    missing = [
+        p for p in _required_plugins(file_data, overrides) if _normalise(p) not in installed_distributions()
+    ]
+    if missing:
+        where = f"config file {str(path)!r}" if path is not None else "this config"
+        raise ConfigError(
+            f"{where} needs the plug-in package(s) {', '.join(missing)} (key plugins), not installed here: "
+            f"pip install {' '.join(missing)} (in a checkout of verity: pip install -e recipes/<name>)"
+        )
+
+
+def _unknown_keys_message(unknown: list, file_data: dict, overrides: Sequence[str]) -> str:
+    from verity.config.sections import CONFIG_SECTIONS
+    from verity.plugins import loaded_plugins
+
+    lines = [f"{len(unknown)} unknown config key(s):"]
+    lines += [f"  {u.describe()}" for u in unknown]
+    top = {u.key.split(".")[0] for u in unknown}
+    sections = [
+        t for t in top if "." not in t and t not in CONFIG_SECTIONS and isinstance(file_data.get(t), dict)
+    ]
+    if sections:
+        loaded = ", ".join(p.name for p in loaded_plugins()) or "none"
+        lines.append(
+            f"section(s) {', '.join(sorted(sections))} come from no installed plug-in (plug-ins loaded: {loaded}); "
+            "a recipe's section needs its package installed (pip install -e recipes/<name>) and listed under "
+            "'plugins:' in the config"
+        )
+    return "\n".join(lines)
 
 
 def config_to_dict(cfg: VerityConfig) -> dict:
     """The config as a plain nested dict (for logging, hashing and summary files)."""
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
-
-
-def validate_config(cfg: VerityConfig) -> None:
-    """Check the arithmetic of batch sizes and the value ranges before any worker starts.
-
-    Raises :class:`ConfigError` whose message names the key(s) and shows the arithmetic.
-    """
-    d, a, r, t = cfg.data, cfg.actor, cfg.rollout, cfg.trainer
-    positive = {
-        "data.train_batch_size": d.train_batch_size,
-        "data.val_batch_size": d.val_batch_size,
-        "data.max_prompt_length": d.max_prompt_length,
-        "data.max_response_length": d.max_response_length,
-        "rollout.n": r.n,
-        "rollout.micro_batch_size": r.micro_batch_size,
-        "actor.ppo_mini_batch_size": a.ppo_mini_batch_size,
-        "actor.ppo_epochs": a.ppo_epochs,
-        "actor.micro_batch_size": a.micro_batch_size,
-        "trainer.n_workers": t.n_workers,
-    }
-    for key, value in positive.items():
-        if value < 1:
-            raise ConfigError(f"{key} must be >= 1, got {value}")
-    if t.total_steps < 0:
-        raise ConfigError(f"trainer.total_steps must be >= 0, got {t.total_steps}")
-    if d.train_batch_size % a.ppo_mini_batch_size:
-        raise ConfigError(
-            f"data.train_batch_size ({d.train_batch_size} prompts) must be a multiple of "
-            f"actor.ppo_mini_batch_size ({a.ppo_mini_batch_size} prompts)"
-        )
-    rows = a.ppo_mini_batch_size * r.n
-    if rows % t.n_workers:
-        raise ConfigError(
-            f"a mini-batch of actor.ppo_mini_batch_size x rollout.n = {a.ppo_mini_batch_size} x {r.n} "
-            f"= {rows} rows does not divide over trainer.n_workers = {t.n_workers} workers"
-        )
-    if a.optim.lr < 0:
-        raise ConfigError(f"actor.optim.lr must be >= 0, got {a.optim.lr}")
-    if r.temperature < 0:
-        raise ConfigError(f"rollout.temperature must be >= 0, got {r.temperature}")
-    if not 0.0 < r.top_p <= 1.0:
-        raise ConfigError(f"rollout.top_p must be in (0, 1], got {r.top_p}")
-    if d.truncation not in ("error", "filter", "truncate_left", "truncate_right"):
-        raise ConfigError(
-            f"data.truncation must be one of error|filter|truncate_left|truncate_right, got {d.truncation!r}"
-        )
-    _validate_algorithm_choices(cfg)
-    _validate_critic(cfg)
-    if cfg.model.dtype not in ("float32", "bfloat16"):
-        raise ConfigError(f"model.dtype must be float32 or bfloat16, got {cfg.model.dtype!r}")
-    if cfg.model.path != "embedded" and not Path(cfg.model.path).expanduser().is_dir():
-        raise ConfigError(f"model.path {cfg.model.path!r} is not a local HF checkpoint folder")
-    if cfg.model.path != "embedded" and not (Path(cfg.model.path).expanduser() / "config.json").is_file():
-        raise ConfigError(f"model.path {cfg.model.path!r} has no config.json: not an HF checkpoint folder")
-    if cfg.model.tokenizer_path and not Path(cfg.model.tokenizer_path).expanduser().is_dir():
-        raise ConfigError(f"model.tokenizer_path {cfg.model.tokenizer_path!r} is not a local folder")
-    _validate_fault_tolerance(cfg)
-    for key in ("train_files", "val_files"):
-        for f in getattr(d, key):
-            if not Path(f).expanduser().is_file():
-                raise ConfigError(f"data.{key}: file {f!r} does not exist")
-    if cfg.reward.custom_path and not Path(cfg.reward.custom_path).expanduser().is_file():
-        raise ConfigError(f"reward.custom_path: file {cfg.reward.custom_path!r} does not exist")
-
-
-def _validate_fault_tolerance(cfg: VerityConfig) -> None:
-    """Checkpoint, resume, stage time-limit and malformed-row settings."""
-    t = cfg.trainer
-    if cfg.data.on_malformed not in ("error", "skip"):
-        raise ConfigError(f"data.on_malformed must be error or skip, got {cfg.data.on_malformed!r}")
-    if t.checkpoint.every < 0:
-        raise ConfigError(
-            f"trainer.checkpoint.every must be >= 0 (0: no periodic checkpoints), got {t.checkpoint.every}"
-        )
-    if t.checkpoint.keep < 0:
-        raise ConfigError(f"trainer.checkpoint.keep must be >= 0 (0: keep all), got {t.checkpoint.keep}")
-    if t.stage_timeout_s < 0:
-        raise ConfigError(f"trainer.stage_timeout_s must be >= 0 (0: no limit), got {t.stage_timeout_s}")
-    if not t.resume:
-        raise ConfigError("trainer.resume must be auto, off or a checkpoint path, got an empty value")
-    if t.resume not in ("auto", "off") and not Path(t.resume).expanduser().exists():
-        raise ConfigError(
-            f"trainer.resume: {t.resume!r} is neither auto, off nor an existing checkpoint path"
-        )
-
-
-def _validate_algorithm_choices(cfg: VerityConfig) -> None:
-    """Registry names exist and each algorithm sub-config's own checks pass."""
-    import verity.algorithms  # noqa: F401  (fills the registries)
-    from verity.algorithms.registry import (
-        ADVANTAGE_ESTIMATORS,
-        AGGREGATION_MODES,
-        KL_ESTIMATORS,
-        POLICY_LOSSES,
-        UnknownNameError,
-    )
-
-    kl = cfg.algorithm.kl
-    choices = [
-        ("algorithm.advantage.estimator", ADVANTAGE_ESTIMATORS, cfg.algorithm.advantage.estimator),
-        ("actor.policy_loss.name", POLICY_LOSSES, cfg.actor.policy_loss.name),
-        ("actor.policy_loss.loss_agg_mode", AGGREGATION_MODES, cfg.actor.policy_loss.loss_agg_mode),
-        ("algorithm.kl.kl_loss_kind", KL_ESTIMATORS, kl.kl_loss_kind),
-        ("algorithm.kl.kl_in_reward_kind", KL_ESTIMATORS, kl.kl_in_reward_kind),
-    ]
-    for key, registry, name in choices:
-        try:
-            registry.get(name)
-        except UnknownNameError as err:
-            raise ConfigError(f"{key}: {err}") from None
-    subs = [
-        ("algorithm.advantage", cfg.algorithm.advantage),
-        ("algorithm.kl", kl),
-        ("actor.policy_loss", cfg.actor.policy_loss),
-    ]
-    for key, sub in subs:
-        try:
-            sub.validate()
-        except ValueError as err:
-            raise ConfigError(f"{key}: {err}") from None
-
-
-def _validate_critic(cfg: VerityConfig) -> None:
-    """The critic section: on when the estimator needs values, batch arithmetic, value-loss settings."""
-    from verity.algorithms.advantages import estimators_needing
-    from verity.algorithms.configs import ValueLossConfig
-    from verity.algorithms.registry import AGGREGATION_MODES, UnknownNameError
-
-    c, estimator = cfg.critic, cfg.algorithm.advantage.estimator
-    needs_values = estimator in estimators_needing("values")
-    if c.enabled is False and needs_values:
-        raise ConfigError(
-            f"algorithm.advantage.estimator={estimator!r} needs critic values but critic.enabled=false; "
-            "set critic.enabled=true (or null for auto)"
-        )
-    if not (c.enabled or needs_values):
-        return
-    for key in ("ppo_mini_batch_size", "ppo_epochs", "micro_batch_size"):
-        if getattr(c, key) < 1:
-            raise ConfigError(f"critic.{key} must be >= 1, got {getattr(c, key)}")
-    if c.warmup_steps < 0:
-        raise ConfigError(f"critic.warmup_steps must be >= 0, got {c.warmup_steps}")
-    if cfg.data.train_batch_size % c.ppo_mini_batch_size:
-        raise ConfigError(
-            f"data.train_batch_size ({cfg.data.train_batch_size} prompts) must be a multiple of "
-            f"critic.ppo_mini_batch_size ({c.ppo_mini_batch_size} prompts)"
-        )
-    rows = c.ppo_mini_batch_size * cfg.rollout.n
-    if rows % cfg.trainer.n_workers:
-        raise ConfigError(
-            f"a critic mini-batch of critic.ppo_mini_batch_size x rollout.n = {c.ppo_mini_batch_size} x "
-            f"{cfg.rollout.n} = {rows} rows does not divide over trainer.n_workers = {cfg.trainer.n_workers}"
-        )
-    if c.optim.lr < 0:
-        raise ConfigError(f"critic.optim.lr must be >= 0, got {c.optim.lr}")
-    try:
-        AGGREGATION_MODES.get(c.loss_agg_mode)
-    except UnknownNameError as err:
-        raise ConfigError(f"critic.loss_agg_mode: {err}") from None
-    try:
-        ValueLossConfig(cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode).validate()
-    except ValueError as err:
-        raise ConfigError(f"critic: {err}") from None
-    if c.model_path is not None and not Path(c.model_path).expanduser().is_dir():
-        raise ConfigError(f"critic.model_path {c.model_path!r} is not a local HF checkpoint folder")
 
 
 def named_config_file(directory: str | Path, name: str) -> Path:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from verity.algorithms.configs import AdvantageConfig, KLConfig, PolicyLossConfig
+from verity.engines.optim import OptimConfig
+from verity.engines.options import FSDP2Options
 
 
 @dataclass
@@ -20,55 +22,47 @@ class ModelConfig:
     path: str = "embedded"
     tokenizer_path: str | None = None  # defaults to `path`
     dtype: str = "float32"  # parameter dtype for training: float32 | bfloat16
+    # HF attention kernel every role loads with: sdpa | eager | flash_attention_2 | ...
     attn_implementation: str = "sdpa"
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in backward (trained roles)
     # embedded default only: SFT warm-start steps and cache folder
-    embedded_sft_steps: int | None = None  # None: the embedded default's own (see verity.data.embedded)
-    embedded_cache_dir: str = "~/.cache/verity/embedded"
+    embedded_sft_steps: int | None = None  # None: the embedded default's own (see verity.trainer.embedded)
+    embedded_cache_dir: str = "~/.cache/verity/embedded"  # where the embedded default is built and reused
 
 
 @dataclass
 class DataConfig:
     train_files: list[str] = field(default_factory=list)  # parquet/jsonl in the verl schema
-    val_files: list[str] = field(default_factory=list)
+    val_files: list[str] = field(default_factory=list)  # held-out files for validation (same schema)
     train_batch_size: int = 32  # prompts per RL step
     val_batch_size: int = 256  # prompts per evaluation generate call
     max_prompt_length: int = 64  # tokens
     max_response_length: int = 16  # tokens
     truncation: str = "error"  # error | filter | truncate_left | truncate_right
     on_malformed: str = "error"  # rows not in the verl schema: error (list them) | skip (log and count them)
-    shuffle: bool = True
+    shuffle: bool = True  # draw training prompts in a seeded random order (resumable)
     val_max_samples: int = -1  # -1: the whole validation set
 
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"
+    engine: str = "hf"  # generation backend, from the rollout-engine registry (verity.rollout.registry)
     n: int = 8  # samples per prompt
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: float = 1.0  # sampling temperature during training (0: greedy)
+    top_p: float = 1.0  # nucleus sampling: keep the smallest token set with this total probability
     top_k: int = 0  # 0: no top-k
-    val_temperature: float = 0.0  # 0: greedy evaluation
+    val_temperature: float = 0.0  # held-out evaluation: 0 greedy, > 0 one sample at this temperature
     micro_batch_size: int = 256  # rows per generate call inside a worker
 
 
 @dataclass
-class OptimConfig:
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    warmup_steps: int = 0  # optimizer steps of linear warm-up
-    scheduler: str = "constant"  # constant | cosine
-    min_lr_ratio: float = 0.0  # cosine floor, as a fraction of lr
-    grad_clip: float = 1.0  # max global grad norm; <= 0 disables
-
-
-@dataclass
 class ActorConfig:
+    engine: str = "fsdp2"  # training backend, from the training-engine registry (verity.engines.registry)
+    fsdp2: FSDP2Options = field(default_factory=FSDP2Options)  # settings of the fsdp2 engine
     optim: OptimConfig = field(default_factory=OptimConfig)
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     ppo_mini_batch_size: int = 32  # prompts per optimizer step
-    ppo_epochs: int = 1
+    ppo_epochs: int = 1  # passes over each RL step's batch
     micro_batch_size: int = 64  # rows per forward/backward inside a worker
     entropy_coeff: float = 0.0  # entropy bonus: loss -= coeff * aggregate(entropy)
 
@@ -83,12 +77,16 @@ class CriticConfig:
     # with a scalar head, initialised from the actor checkpoint, colocated with the actor
     enabled: bool | None = None  # None (auto): on exactly when the estimator needs values
     model_path: str | None = None  # None: the actor's checkpoint (model.path)
+    engine: str = "fsdp2"  # training backend (verity.engines.registry)
+    fsdp2: FSDP2Options = field(default_factory=FSDP2Options)
+    placement: str = "colocated"  # colocated: in the actor's processes | separate: its own worker group
+    n_workers: int | None = None  # workers of a separate critic group; None: trainer.n_workers
     optim: OptimConfig = field(default_factory=_critic_optim)
     ppo_mini_batch_size: int = 32  # prompts per optimizer step
-    ppo_epochs: int = 1
+    ppo_epochs: int = 1  # passes over each RL step's batch
     micro_batch_size: int = 64  # rows per forward/backward inside a worker
     cliprange_value: float | None = 0.5  # values kept within +-this of the old values; null: no clip
-    loss_agg_mode: str = "token-mean"
+    loss_agg_mode: str = "token-mean"  # value-loss aggregation (see docs/algorithms.md)
     warmup_steps: int = 0  # RL steps at the start that train only the critic (the actor waits)
 
 
@@ -106,7 +104,21 @@ class RewardConfig:
     timeout_s: float = 10.0  # per sample
     failure_score: float = 0.0  # score of a sample whose verifier timed out or crashed
     custom_path: str | None = None  # file with a user reward function
-    custom_name: str = "compute_score"
+    custom_name: str = "compute_score"  # the function to call in custom_path
+
+
+@dataclass
+class RewardModelConfig:
+    # a learned reward model (a sequence classifier on a causal-LM backbone, e.g.
+    # Qwen2ForSequenceClassification) scoring each response; its score is added to the rule reward
+    enabled: bool = False
+    model_path: str | None = None  # local HF folder of the reward model (required when enabled)
+    tokenizer_path: str | None = None  # None: model_path
+    weight: float = 1.0  # score = rule score + weight x reward-model score; 0: logged only
+    max_length: int = 1024  # tokens of prompt + response, truncated on the left
+    micro_batch_size: int = 16  # rows per forward pass
+    placement: str = "colocated"  # colocated: in the actor's processes | separate: its own worker group
+    n_workers: int | None = None  # workers of a separate reward-model group; None: trainer.n_workers
 
 
 @dataclass
@@ -119,19 +131,19 @@ class CheckpointConfig:
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = 60
+    total_steps: int = 60  # RL steps (each: train_batch_size prompts x rollout.n samples)
     n_workers: int = 2  # actor data-parallel workers (Ray actors)
     device: str = "auto"  # auto | cpu | cuda | rocm | npu
-    seed: int = 0
-    output_dir: str = "outputs/run"
-    experiment_name: str = "verity"
-    run_name: str | None = None
+    seed: int = 0  # seeds data order, sampling and initialisation: same seed, same machine, same run
+    output_dir: str = "outputs/run"  # summary, metrics, curves, checkpoints and the MLflow store go here
+    experiment_name: str = "verity"  # MLflow experiment
+    run_name: str | None = None  # MLflow run name; None: MLflow picks one
     tracking_uri: str | None = None  # None: sqlite store in output_dir
-    val_before_train: bool = True
+    val_before_train: bool = True  # evaluate the starting model on the held-out set
     val_every: int = 0  # steps; 0: only before and after
     ray_address: str | None = None  # None: a private local Ray cluster
-    cpus_per_worker: float = 1.0
-    progress: bool = True
+    cpus_per_worker: float = 1.0  # CPUs reserved per worker (Ray) and torch threads per worker
+    progress: bool = True  # print a progress line
     # auto: continue from the newest complete checkpoint (fresh start if none) | off | a checkpoint path
     resume: str = "auto"
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -140,6 +152,9 @@ class TrainerConfig:
 
 @dataclass
 class VerityConfig:
+    # plug-in packages this config needs (distribution names, e.g. verity-recipe-dapo); a missing
+    # one fails validation naming it. Installed plug-ins load whether listed or not (verity.plugins).
+    plugins: list[str] = field(default_factory=list)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -147,4 +162,5 @@ class VerityConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -93,8 +93,16 @@ class WorkerHost:
         return ray.util.get_node_ip_address(), port
 
     def setup(self, env: dict[str, str], roles: dict[str, RoleSpec]) -> dict[str, DPLayout]:
-        """Export ``env`` then build the role objects in order; return their data-parallel layouts."""
+        """Export ``env``, load the plug-ins, then build the role objects in order; return their layouts.
+
+        Plug-ins (:mod:`verity.plugins`) load here, in the worker process, before any role
+        is built, so what they register (engines, stages' worker-side code, reward sources)
+        exists where the roles run.
+        """
+        from verity.plugins import load_plugins
+
         os.environ.update(env)
+        load_plugins()
         peers: dict[str, Any] = {}
         for name, spec in roles.items():
             obj = spec.cls(*spec.args, **spec.kwargs)

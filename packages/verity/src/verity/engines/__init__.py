@@ -1,14 +1,14 @@
-"""verity.engines: training backends behind one interface.
+"""verity.engines: training backends behind one interface, built by name.
 
-- :class:`FSDP2Engine` (default): ``fully_shard`` per decoder layer, CPU/gloo and GPU/nccl.
-- ``megatron``: a GPU-only placeholder that raises :class:`EngineUnavailableError`.
+- :class:`FSDP2Engine` (``fsdp2``, the default): ``fully_shard`` per decoder layer,
+  CPU/gloo and GPU/nccl.
 
-Build one by name with :func:`build_engine`.
+An engine is chosen by ``actor.engine`` / ``critic.engine`` and built through
+:func:`build_training_engine` from the registry in :mod:`verity.engines.registry`;
+plug-ins add engines with :func:`register_training_engine`.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from verity.engines.base import (
     EngineUnavailableError,
@@ -25,34 +25,32 @@ from verity.engines.optim import (
     clip_gradients,
     lr_multiplier,
 )
-
-ENGINES = ("fsdp2", "megatron")
-
-
-def build_engine(name: str, *args: Any, **kwargs: Any) -> TrainingEngine:
-    """Construct the engine called ``name`` (one of :data:`ENGINES`) with the given arguments."""
-    if name == "fsdp2":
-        return FSDP2Engine(*args, **kwargs)
-    if name == "megatron":
-        from verity.engines.megatron import raise_unavailable
-
-        raise_unavailable()
-    raise ValueError(f"unknown engine {name!r}; known engines: {', '.join(ENGINES)}")
-
+from verity.engines.options import FSDP2Options
+from verity.engines.registry import (
+    TRAINING_ENGINES,
+    EngineBuildContext,
+    EngineSpec,
+    build_training_engine,
+    register_training_engine,
+)
 
 __all__ = [
-    "ENGINES",
+    "TRAINING_ENGINES",
+    "EngineBuildContext",
+    "EngineSpec",
     "EngineUnavailableError",
     "FSDP2Engine",
+    "FSDP2Options",
     "LossFn",
     "OptimConfig",
     "TrainingEngine",
-    "build_engine",
     "build_lr_scheduler",
     "build_optimizer",
+    "build_training_engine",
     "clip_gradients",
     "logprobs_and_entropy_from_logits",
     "lr_multiplier",
     "make_aggregation_context",
+    "register_training_engine",
     "response_logprobs",
 ]

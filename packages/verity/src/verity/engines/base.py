@@ -58,6 +58,8 @@ def make_aggregation_context(
 class TrainingEngine(abc.ABC):
     """Interface of a data-parallel training backend (see the module docstring)."""
 
+    #: the engine's registered name (``fsdp2``, ``megatron``, ...): what a run records as having trained
+    name: str = "engine"
     #: rank and size of the data-parallel group (0 and 1 in a single process)
     rank: int
     world_size: int

@@ -78,14 +78,20 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return []
 
 
-def load_causal_lm(model_path: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """Load an HF causal LM from a local directory (no download)."""
+def load_causal_lm(
+    model_path: str | Path, dtype: torch.dtype = torch.float32, attn_implementation: str | None = None
+) -> nn.Module:
+    """Load an HF causal LM from a local directory (no download).
+
+    ``attn_implementation``: the HF attention kernel (``sdpa``, ``eager``, ...); None: HF's default.
+    """
     from transformers import AutoModelForCausalLM
 
     path = Path(model_path)
     if not path.is_dir():
         raise FileNotFoundError(f"model path {str(path)!r} is not a directory with an HF checkpoint")
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True, **extra)
 
 
 class FSDP2Engine(TrainingEngine):
@@ -95,6 +101,7 @@ class FSDP2Engine(TrainingEngine):
         model: an ``nn.Module`` (HF causal LM) or a local checkpoint directory.
         optim_config: AdamW and LR-schedule settings; ``None`` makes an inference-only
             engine (e.g. the reference policy): :meth:`train_step` then raises.
+        total_steps: optimizer steps of the whole run, the horizon of the LR schedule.
         device: where this rank computes; default :func:`default_device`.
         mixed_precision: bf16 compute / fp32 reduction; default True on CUDA, False
             on CPU (where it is refused).
@@ -104,11 +111,14 @@ class FSDP2Engine(TrainingEngine):
         logprob_chunk_tokens: row chunk for the no-grad log-prob pass.
     """
 
+    name = "fsdp2"  # what a run records as the engine that trained
+
     def __init__(
         self,
         model: nn.Module | str | Path,
         optim_config: OptimConfig | None = None,
         *,
+        total_steps: int = 1,
         device: torch.device | str | None = None,
         mixed_precision: bool | None = None,
         gradient_checkpointing: bool = False,
@@ -151,7 +161,7 @@ class FSDP2Engine(TrainingEngine):
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         if optim_config is not None:
             self.optimizer = build_optimizer(self._module.parameters(), optim_config)
-            self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_config)
+            self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_config, total_steps)
         else:
             self._module.requires_grad_(False)
         self.global_step = 0
@@ -413,7 +423,7 @@ class FSDP2Engine(TrainingEngine):
         """
         optimizer = self._require_optimizer()
         assert self.optim_config is not None and self.lr_scheduler is not None
-        grad_norm = clip_gradients(self._module.parameters(), self.optim_config.max_grad_norm)
+        grad_norm = clip_gradients(self._module.parameters(), self.optim_config.grad_clip)
         lr = float(optimizer.param_groups[0]["lr"])
         finite = math.isfinite(grad_norm)
         if finite:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -35,103 +35,85 @@ LR_SCHEDULES = ("constant", "cosine")
 
 @dataclass
 class OptimConfig:
-    """Optimizer settings owned by a training engine.
+    """Optimizer settings of one trained role (``actor.optim``, ``critic.optim``, ...).
 
-    Attributes:
-        lr: peak learning rate (after warm-up); 0 leaves the weights unchanged.
-        betas: AdamW ``(beta1, beta2)``.
-        eps: AdamW epsilon.
-        weight_decay: decoupled weight decay coefficient.
-        max_grad_norm: clip the global gradient L2 norm to this value; ``<= 0`` or
-            ``inf`` disables clipping (the norm is still measured and reported).
-        warmup_steps: number of linear warm-up optimizer steps (0 = none).
-        warmup_ratio: if > 0 and ``total_steps`` is set, warm-up length is
-            ``round(warmup_ratio * total_steps)``; it overrides ``warmup_steps``.
-        lr_schedule: ``"constant"`` or ``"cosine"`` after warm-up.
-        total_steps: total optimizer steps, required by ``"cosine"`` and ``warmup_ratio``.
-        min_lr_ratio: the cosine schedule's floor as a fraction of ``lr``.
+    The same dataclass is the config section and what the engines read; the LR
+    schedule's horizon (``total_steps``, optimizer steps of the whole run) is not a
+    setting but derived by the caller and passed beside it.
     """
 
-    lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    max_grad_norm: float = 1.0
-    warmup_steps: int = 0
-    warmup_ratio: float = 0.0
-    lr_schedule: str = "constant"
-    total_steps: int | None = None
-    min_lr_ratio: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)  # type: ignore[assignment]
-        self.validate()
+    lr: float = 1e-6  # peak learning rate (after warm-up); 0 leaves the weights unchanged
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW (beta1, beta2)
+    eps: float = 1e-8  # AdamW epsilon
+    warmup_steps: int = 0  # optimizer steps of linear warm-up
+    warmup_ratio: float = 0.0  # > 0: warm-up = round(ratio x total optimizer steps), overrides warmup_steps
+    scheduler: str = "constant"  # after warm-up: constant | cosine
+    min_lr_ratio: float = 0.0  # cosine floor, as a fraction of lr
+    grad_clip: float = 1.0  # max global grad L2 norm; <= 0 disables clipping (the norm is still reported)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that is out of range."""
         if not self.lr >= 0:  # 0 is allowed: a frozen run (e.g. a planted regression in the nightly)
-            raise ValueError(f"optim.lr must be >= 0, got {self.lr}")
-        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ValueError(f"optim.betas must be two numbers in [0, 1), got {self.betas}")
+            raise ValueError(f"lr must be >= 0, got {self.lr}")
+        if len(self.betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {list(self.betas)}")
         if not self.eps > 0:
-            raise ValueError(f"optim.eps must be > 0, got {self.eps}")
+            raise ValueError(f"eps must be > 0, got {self.eps}")
         if self.weight_decay < 0:
-            raise ValueError(f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if self.warmup_steps < 0:
-            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ValueError(f"optim.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.lr_schedule not in LR_SCHEDULES:
-            raise ValueError(f"optim.lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
-        if self.total_steps is not None and self.total_steps <= 0:
-            raise ValueError(f"optim.total_steps must be > 0 or None, got {self.total_steps}")
-        if self.lr_schedule == "cosine" and self.total_steps is None:
-            raise ValueError("optim.lr_schedule='cosine' needs optim.total_steps")
-        if self.warmup_ratio > 0 and self.total_steps is None:
-            raise ValueError("optim.warmup_ratio > 0 needs optim.total_steps")
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.scheduler not in LR_SCHEDULES:
+            raise ValueError(f"scheduler must be one of {'|'.join(LR_SCHEDULES)}, got {self.scheduler!r}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
 
-    @property
-    def effective_warmup_steps(self) -> int:
-        """Warm-up length in optimizer steps after resolving ``warmup_ratio``."""
-        if self.warmup_ratio > 0 and self.total_steps is not None:
-            return int(round(self.warmup_ratio * self.total_steps))
+    def warmup_length(self, total_steps: int) -> int:
+        """Warm-up length in optimizer steps, ``warmup_ratio`` resolved against ``total_steps``."""
+        if self.warmup_ratio > 0:
+            return int(round(self.warmup_ratio * total_steps))
         return self.warmup_steps
 
 
-def lr_multiplier(step: int, config: OptimConfig) -> float:
-    """The schedule factor ``f(step)`` (see the module docstring); ``lr = config.lr * f``."""
-    warmup = config.effective_warmup_steps
+def lr_multiplier(step: int, config: OptimConfig, total_steps: int = 1) -> float:
+    """The schedule factor ``f(step)`` (see the module docstring); ``lr = config.lr * f``.
+
+    ``total_steps``: optimizer steps of the whole run (the cosine horizon ``T``).
+    """
+    warmup = config.warmup_length(total_steps)
     if step < warmup:
         return (step + 1) / warmup
-    if config.lr_schedule == "constant":
+    if config.scheduler == "constant":
         return 1.0
-    total = config.total_steps or 1
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
     m = config.min_lr_ratio
     return m + (1.0 - m) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def build_optimizer(params: Iterable[nn.Parameter], config: OptimConfig) -> torch.optim.AdamW:
     """AdamW over the trainable ``params`` (those with ``requires_grad``)."""
+    config.validate()
     trainable = [p for p in params if p.requires_grad]
     if not trainable:
         raise ValueError("build_optimizer: the model has no parameter with requires_grad=True")
     return torch.optim.AdamW(
         trainable,
         lr=config.lr,
-        betas=config.betas,
+        betas=(float(config.betas[0]), float(config.betas[1])),
         eps=config.eps,
         weight_decay=config.weight_decay,
     )
 
 
 def build_lr_scheduler(
-    optimizer: torch.optim.Optimizer, config: OptimConfig
+    optimizer: torch.optim.Optimizer, config: OptimConfig, total_steps: int = 1
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """A ``LambdaLR`` applying :func:`lr_multiplier`; call ``.step()`` once per optimizer step."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, config))
+    horizon = max(1, int(total_steps))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, config, horizon))
 
 
 def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float) -> float:

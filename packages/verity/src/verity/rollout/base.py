@@ -32,6 +32,8 @@ from verity.rollout.sampling import SamplingParams
 class RolloutEngine(abc.ABC):
     """A generation backend: sample responses, take new weights, free memory between uses."""
 
+    #: the engine's registered name (``hf``, ``vllm``, ...): what a run records as the rollout backend
+    name: str = "rollout"
     sampling: SamplingParams
 
     @abc.abstractmethod
@@ -41,6 +43,10 @@ class RolloutEngine(abc.ABC):
         ``params`` overrides the engine's sampling parameters for this call;
         otherwise the engine's, updated by any sampling keys in the batch's meta.
         """
+
+    @abc.abstractmethod
+    def set_seed(self, seed: int) -> None:
+        """Restart the engine's random stream from ``seed`` (the same seed gives the same samples)."""
 
     @abc.abstractmethod
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:

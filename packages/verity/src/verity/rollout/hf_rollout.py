@@ -76,6 +76,8 @@ class HFRollout(RolloutEngine):
     :class:`SamplingParams`. ``seed``: seeds the engine's private generator.
     """
 
+    name = "hf"  # what a run records as the rollout backend
+
     def __init__(
         self,
         model: PreTrainedModel,

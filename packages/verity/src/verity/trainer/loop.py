@@ -21,7 +21,21 @@ from typing import Any
 from verity.batch import Batch
 from verity.config.schema import VerityConfig
 from verity.trainer.metrics import StageTimer, batch_metrics
-from verity.trainer.stages import Stage, StepContext, default_stages
+from verity.trainer.stages import Stage, StepContext
+
+
+def validation_sampling(cfg: VerityConfig) -> dict[str, Any]:
+    """Sampling for held-out evaluation: greedy at ``rollout.val_temperature == 0``, else sampled at it."""
+    temperature = cfg.rollout.val_temperature
+    sampled = temperature > 0
+    return {
+        "do_sample": sampled,
+        "temperature": temperature if sampled else 0.0,
+        "top_p": cfg.rollout.top_p if sampled else 1.0,
+        "top_k": (cfg.rollout.top_k if cfg.rollout.top_k > 0 else -1) if sampled else -1,
+        "max_new_tokens": cfg.data.max_response_length,
+        "n": 1,
+    }
 
 
 @dataclass
@@ -47,7 +61,10 @@ class RLTrainer:
         tracker: a :class:`verity.tracking.Tracker` (or ``None``).
         kl_controller: for KL in the reward.
         critic: the critic worker group (``compute_values``, ``update_critic``), or ``None``.
-        stages: override the stage list (default from the config).
+        roles: every role's handle by name (the actor and critic are added from the
+            arguments above), for stages that use other roles (``ctx.roles``).
+        stages: override the stage list (default: the config's stage plan, plug-in
+            planners included, :func:`verity.trainer.stage_plan.build_stage_plan`).
         progress: a callable ``(step, metrics)`` for console progress, or ``None``.
     """
 
@@ -62,6 +79,7 @@ class RLTrainer:
         tracker: Any | None = None,
         kl_controller: Any | None = None,
         critic: Any | None = None,
+        roles: dict[str, Any] | None = None,
         stages: list[Stage] | None = None,
         progress: Any | None = None,
     ) -> None:
@@ -73,7 +91,12 @@ class RLTrainer:
         self.tracker = tracker
         self.kl_controller = kl_controller
         self.critic = critic
-        self.stages = stages if stages is not None else default_stages(cfg)
+        self.roles = dict(roles or {})
+        if stages is None:
+            from verity.trainer.stage_plan import build_stage_plan
+
+            stages = build_stage_plan(cfg).stages
+        self.stages = stages
         self.progress = progress
         self.start_step = 0  # RL steps already done (a resumed run)
         self.result = TrainResult()  # their metrics and evaluations
@@ -87,18 +110,17 @@ class RLTrainer:
 
     # ---------------------------------------------------------------- validation
     def validate(self, step: int) -> dict[str, float]:
-        """Greedy accuracy and mean score on the held-out prompts: ``val/acc``, ``val/reward``."""
+        """Accuracy and mean score on the held-out prompts: ``val/acc``, ``val/reward``.
+
+        One response per prompt: greedy, or sampled at ``rollout.val_temperature`` when it is > 0.
+        """
         correct = total = 0.0
         score_sum = 0.0
         per_source: dict[str, list[float]] = {}
         lengths = 0.0
         for prompts in self.val_batches():
-            prompts.meta["sampling"] = {
-                "do_sample": False,
-                "temperature": 0.0,
-                "max_new_tokens": self.cfg.data.max_response_length,
-                "n": 1,
-            }
+            prompts.meta["sampling"] = validation_sampling(self.cfg)
+            prompts.meta["seed"] = self.cfg.trainer.seed * 1_000_003 + 999_983 + step
             out = self.actor.generate(prompts)
             scores, extra, _ = self.rewards.score(out)
             acc = extra.get("acc")
@@ -130,7 +152,14 @@ class RLTrainer:
     def step(self, step: int, prompts: Batch) -> dict[str, float]:
         """Run every stage once on one batch of prompts; returns the step's metrics."""
         ctx = StepContext(
-            self.cfg, self.actor, self.rewards, self.kl_controller, step=step, critic=self.critic
+            self.cfg,
+            self.actor,
+            self.rewards,
+            self.kl_controller,
+            step=step,
+            critic=self.critic,
+            roles=dict(self.roles),
+            loader=self.train_batches,
         )
         timer = StageTimer()
         batch = prompts

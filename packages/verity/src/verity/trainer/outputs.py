@@ -2,7 +2,9 @@
 
 - ``summary.json``: final and best metrics, ``accuracy_before``/``accuracy_after``
   (held-out greedy accuracy before and after training), ``steps``, ``wall_seconds``,
-  the config hash and the MLflow run id;
+  the config hash, the MLflow run id, ``ran`` (the engines the workers reported
+  running: ``{"actor": "fsdp2", "rollout": "hf", "device": "cpu", ...}``) and
+  ``stage_plan``;
 - ``metrics.jsonl``: one JSON object of metrics per step;
 - ``validation.jsonl``: one JSON object per evaluation;
 - ``curves.png``: training reward and accuracy per step, held-out accuracy.
@@ -67,9 +69,17 @@ def plot_curves(result: TrainResult, path: Path) -> None:
 
 
 def write_run_outputs(
-    out_dir: Path, result: TrainResult, cfg_dict: dict[str, Any], cfg_hash: str, tracker: Any | None
+    out_dir: Path,
+    result: TrainResult,
+    cfg_dict: dict[str, Any],
+    cfg_hash: str,
+    tracker: Any | None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write every output file listed in the module docstring; return the summary dict."""
+    """Write every output file listed in the module docstring; return the summary dict.
+
+    ``extra``: more summary fields (the run adds ``ran``: what the workers report running).
+    """
     from verity.tracking import write_summary
 
     _write_jsonl(result.history, out_dir / "metrics.jsonl")
@@ -89,6 +99,7 @@ def write_run_outputs(
         "steps": len(result.history),
         "run_id": getattr(tracker, "run_id", None),
         "tracking_uri": getattr(tracker, "tracking_uri", None),
+        **(extra or {}),
     }
     path = write_summary(out_dir, final, best_metrics(result), result.wall_seconds, cfg_hash, extra)
     if tracker is not None:

@@ -2,10 +2,12 @@
 
     summary = run_training(load_config(["trainer.total_steps=50"]))
 
-Order of work: validate and resolve inputs (model folder, data files) -> start Ray
-(a private local cluster unless ``trainer.ray_address``) -> reserve a resource pool
--> start the actor worker group -> score, train, evaluate -> write
-``summary.json``, ``metrics.jsonl`` and ``curves.png`` into ``trainer.output_dir``.
+Order of work: validate and resolve inputs (model folder, data files) -> plan the
+stages (built-in + plug-in planners; printed and logged) -> start Ray (a private local
+cluster unless ``trainer.ray_address``) -> start every enabled role's worker group
+(:mod:`verity.trainer.roles`) -> score, train, evaluate -> write ``summary.json``
+(with ``ran``: the engines the workers report running), ``metrics.jsonl`` and
+``curves.png`` into ``trainer.output_dir``.
 Nothing is downloaded: ``model.path=embedded`` builds (or reuses) the tiny model.
 """
 
@@ -37,7 +39,7 @@ def resolve_inputs(cfg: VerityConfig) -> ResolvedInputs:
     """Resolve ``model.path=embedded`` (build or reuse the warm-started tiny model and task files)."""
     d = cfg.data
     if cfg.model.path == "embedded":
-        from verity.data.embedded import ensure_embedded_default
+        from verity.trainer.embedded import ensure_embedded_default
 
         paths = ensure_embedded_default(
             Path(cfg.model.embedded_cache_dir).expanduser(), sft_steps=cfg.model.embedded_sft_steps
@@ -62,39 +64,13 @@ def resolve_inputs(cfg: VerityConfig) -> ResolvedInputs:
     return ResolvedInputs(model_path, tokenizer_path, train, val)
 
 
-def build_worker_groups(cfg: VerityConfig, pool: Any, inputs: ResolvedInputs) -> tuple[Any, Any | None]:
-    """``(actor, critic)`` handles on ``pool``; ``critic`` is ``None`` when the run has none.
-
-    With a critic, the critic role is colocated with the actor/rollout/reference role
-    (``verity.controller.colocate``): the same processes, the same process group, no
-    extra CPU reservation. Each handle exposes its role's methods as group calls.
-    """
-    from verity.controller import WorkerGroup, colocate, role
-    from verity.trainer.stages import needs_critic
-    from verity.workers.actor_rollout import ActorRolloutRefWorker
-
-    if not needs_critic(cfg):
-        actor = WorkerGroup(
-            pool, ActorRolloutRefWorker, cfg, inputs.model_path, inputs.tokenizer_path, name="actor"
-        )
-        return actor, None
-    from verity.workers.critic import CriticWorker
-
-    roles = {
-        "actor": role(ActorRolloutRefWorker, cfg, inputs.model_path, inputs.tokenizer_path),
-        "critic": role(CriticWorker, cfg, inputs.model_path),
-    }
-    group = WorkerGroup(pool, colocate(roles), name="actor+critic")
-    return group.actor, group.critic
-
-
 def run_training(cfg: VerityConfig) -> dict[str, Any]:
     """Train as configured; return the summary dict (also written to ``summary.json``)."""
     from transformers import AutoTokenizer
 
     from verity.algorithms.kl_control import build_kl_controller
     from verity.checkpoint.signals import GracefulStop, TrainingStopped
-    from verity.controller import ResourcePool, init_ray, shutdown_ray
+    from verity.controller import init_ray, shutdown_ray
     from verity.data.prompt_loader import PromptDataLoader
     from verity.data.verl_dataset import PromptDataset
     from verity.hardware import get_backend
@@ -103,6 +79,9 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
     from verity.trainer.loop import RLTrainer
     from verity.trainer.outputs import write_run_outputs
     from verity.trainer.recovery import attach_recovery, open_tracker, plan_resume
+    from verity.trainer.roles import RoleGroups, cpus_needed, start_roles
+    from verity.trainer.stage_plan import build_stage_plan
+    from verity.workers.registry import RoleInputs
 
     inputs = resolve_inputs(cfg)
     out_dir = Path(cfg.trainer.output_dir).expanduser()
@@ -141,11 +120,7 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
         experiment=cfg.trainer.experiment_name,
         tracking_uri=cfg.trainer.tracking_uri,
         run_name=cfg.trainer.run_name,
-        tags={
-            "backend": backend.name,
-            "rollout_engine": cfg.rollout.engine,
-            "algorithm": cfg.algorithm.advantage.estimator,
-        },
+        tags={"backend": backend.name, "algorithm": cfg.algorithm.advantage.estimator},
     )
     tracker.log_params(cfg_dict)
     tracker.log_params(
@@ -155,26 +130,32 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
         }
     )
     rewards = RewardManager(cfg.reward, tokenizer=tokenizer)
+    plan_text = build_stage_plan(cfg).describe()
+    print(f"verity: stages {plan_text}", flush=True)
+    tracker.log_params({"trainer.stage_plan": plan_text})
     init_ray(
         cfg.trainer.ray_address,
-        **({"num_cpus": max(2, os.cpu_count() or 2)} if cfg.trainer.ray_address is None else {}),
+        **(
+            {"num_cpus": max(2, os.cpu_count() or 2, cpus_needed(cfg))}
+            if cfg.trainer.ray_address is None
+            else {}
+        ),
     )
-    pool = None
+    groups: RoleGroups | None = None
     status = "FAILED"
     stop = GracefulStop().install()  # after init_ray, which installs its own SIGTERM handler
     try:
-        n = cfg.trainer.n_workers
-        if backend.ray_resource == "CPU":
-            pool = ResourcePool([n], cpus_per_bundle=cfg.trainer.cpus_per_worker, name="actor")
-        else:
-            pool = ResourcePool(
-                [n], resource=backend.ray_resource, cpus_per_bundle=cfg.trainer.cpus_per_worker, name="actor"
-            )
-        actor, critic = build_worker_groups(cfg, pool, inputs)
-        facts = actor.init_model()
-        tracker.log_params({"model.n_params": facts[0]["n_params"]})
-        if critic is not None:
-            tracker.log_params({"critic.n_params": critic.init_model()[0]["n_params"]})
+        groups = start_roles(cfg, RoleInputs(inputs.model_path, inputs.tokenizer_path), backend)
+        ran = groups.ran()
+        tracker.log_params(
+            {
+                ("model" if name == "actor" else name) + ".n_params": facts["n_params"]
+                for name, facts in groups.facts.items()
+                if "n_params" in facts
+            }
+        )
+        tracker.set_tags({f"ran.{key}": value for key, value in ran.items()})
+        actor, critic = groups.handles["actor"], groups.handles.get("critic")
         show = cfg.trainer.progress and cfg.trainer.total_steps > 0
         progress = ProgressLine(cfg.trainer.total_steps, desc="train") if show else None
         trainer = RLTrainer(
@@ -186,13 +167,14 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
             tracker=tracker,
             kl_controller=build_kl_controller(cfg.algorithm.kl),
             critic=critic,
+            roles=groups.handles,
             progress=(lambda step, m: progress.update(step, m)) if progress else None,
         )
         attach_recovery(
             trainer,
             cfg,
             plan=plan,
-            groups={"actor": actor, **({"critic": critic} if critic is not None else {})},
+            groups=groups.trained,
             stop=stop,
             out_dir=out_dir,
             cfg_dict=cfg_dict,
@@ -207,14 +189,21 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
             raise
         if progress is not None:
             progress.close()
-        summary = write_run_outputs(out_dir, result, cfg_dict, config_hash(cfg_dict), tracker)
+        summary = write_run_outputs(
+            out_dir,
+            result,
+            cfg_dict,
+            config_hash(cfg_dict),
+            tracker,
+            extra={"ran": {**ran, "device": backend.name}, "stage_plan": plan_text.split(" -> ")},
+        )
         status = "FINISHED"
         return summary
     finally:
         stop.uninstall()
         tracker.finish(status)
         rewards.close()
-        if pool is not None:
-            pool.remove()
+        if groups is not None:
+            groups.close()
         if cfg.trainer.ray_address is None:
             shutdown_ray()

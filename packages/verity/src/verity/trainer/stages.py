@@ -3,8 +3,8 @@
 The one RL loop (:mod:`verity.trainer.loop`) runs a list of :class:`Stage` in
 order and times each. The full list is::
 
-    [generate_baseline] -> generate -> reward -> old_log_prob -> [ref_log_prob]
-        -> [values] -> advantage -> [update_critic] -> update_actor
+    [generate_baseline] -> generate -> reward -> [reward_model] -> old_log_prob
+        -> [ref_log_prob] -> [values] -> advantage -> [update_critic] -> update_actor
 
 (the weight sync to the rollout happens inside ``update_actor``, timed as
 ``timing/weight_sync_s``). The bracketed stages run only when the config needs
@@ -12,8 +12,10 @@ them: ``ref_log_prob`` when a KL term needs the reference; ``values`` and
 ``update_critic`` when there is a critic (an estimator that needs values, e.g.
 ``gae`` for PPO, or ``critic.enabled=true``); ``generate_baseline`` when the
 estimator needs ``baseline_scores`` (ReMax: the score of a greedy response to each
-prompt). An algorithm that needs another step (a process reward) adds a stage; it
-never copies the loop.
+prompt); ``reward_model`` when ``reward_model.enabled`` (a learned reward model's
+score added to the rule reward). An algorithm that needs another step (a process
+reward, dynamic sampling) adds or replaces stages through a stage planner
+(:mod:`verity.trainer.stage_plan`); it never copies the loop.
 """
 
 from __future__ import annotations
@@ -24,24 +26,53 @@ from typing import Any
 
 import torch
 
-from verity.algorithms.advantages import compute_advantages, estimators_needing
+from verity.algorithms.advantages import compute_advantages
 from verity.algorithms.kl_control import apply_kl_penalty
 from verity.batch import Batch, register_key
+from verity.config.derived import needs_baseline, needs_critic, needs_reference
 from verity.config.schema import VerityConfig
 from verity.rewards.manager import token_rewards_from_scores
 
 
 @dataclass
 class StepContext:
-    """What the stages of one step share: the config, the worker groups, the step number."""
+    """What the stages of one step share.
+
+    Attributes:
+        cfg: the run config (plug-in sections included: ``ctx.cfg.dapo``).
+        actor: the actor/rollout/reference role (its methods are group calls).
+        rewards: the :class:`verity.rewards.RewardManager`.
+        kl_controller: the KL-in-reward coefficient controller, or None.
+        step: this RL step's number (1-based).
+        metrics: what the stages report; the loop logs them with the step's metrics.
+        critic: the critic role, when the run has one.
+        roles: every role of the run by name (``actor``, ``critic``, ``reward_model``,
+            a plug-in's); :meth:`role` looks one up with a clear error.
+        loader: the training prompt loader: ``loader.next_batch()`` draws the next
+            ``data.train_batch_size`` prompts (a stage that needs more prompts, e.g.
+            dynamic sampling, draws them here, so a resumed run draws the same ones).
+    """
 
     cfg: VerityConfig
-    actor: Any  # the actor/rollout/reference worker group
-    rewards: Any  # verity.rewards.RewardManager
+    actor: Any
+    rewards: Any
     kl_controller: Any | None
     step: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
-    critic: Any | None = None  # the critic worker group (values, update_critic), when there is one
+    critic: Any | None = None
+    roles: dict[str, Any] = field(default_factory=dict)
+    loader: Any | None = None
+
+    def __post_init__(self) -> None:
+        for name, handle in (("actor", self.actor), ("critic", self.critic)):
+            if handle is not None:
+                self.roles.setdefault(name, handle)
+
+    def role(self, name: str) -> Any:
+        """The handle of role ``name``; KeyError naming the roles this run has otherwise."""
+        if name not in self.roles:
+            raise KeyError(f"this run has no role {name!r}; its roles: {sorted(self.roles)}")
+        return self.roles[name]
 
 
 StageFn = Callable[[StepContext, Batch], Batch]
@@ -49,6 +80,8 @@ StageFn = Callable[[StepContext, Batch], Batch]
 
 @dataclass(frozen=True)
 class Stage:
+    """One named step of the RL loop: ``run(ctx, batch) -> batch``."""
+
     name: str
     run: StageFn
 
@@ -200,27 +233,42 @@ def update_actor(ctx: StepContext, batch: Batch) -> Batch:
     return batch
 
 
-def needs_reference(cfg: VerityConfig) -> bool:
-    """Whether any KL term needs the reference policy's log-probs."""
-    return cfg.algorithm.kl.use_kl_loss or cfg.algorithm.kl.use_kl_in_reward
+def reward_model_score(ctx: StepContext, batch: Batch) -> Batch:
+    """Add the learned reward model's score: ``scores += reward_model.weight x rm_scores [B]``.
 
+    The reward model re-renders each sample from its chat messages (``raw_prompt``) and the
+    decoded response with its own tokenizer. ``acc`` stays the verifier's judgement.
+    """
+    from verity.workers.reward_model import mix_scores
 
-def needs_critic(cfg: VerityConfig) -> bool:
-    """Whether the run has a critic: ``critic.enabled``, or (auto) an estimator that needs values."""
-    if cfg.critic.enabled is not None:
-        return bool(cfg.critic.enabled)
-    return cfg.algorithm.advantage.estimator in estimators_needing("values")
-
-
-def needs_baseline(cfg: VerityConfig) -> bool:
-    """Whether the estimator needs ``baseline_scores`` (ReMax's greedy rollouts)."""
-    return cfg.algorithm.advantage.estimator in estimators_needing("baseline_scores")
+    tokenizer = ctx.rewards.tokenizer
+    if tokenizer is None:
+        raise RuntimeError(
+            "the reward_model stage decodes responses with the policy tokenizer; the reward manager has none"
+        )
+    mask = batch["response_mask"].bool()
+    texts = tokenizer.batch_decode(
+        [row[m].tolist() for row, m in zip(batch["responses"], mask, strict=True)], skip_special_tokens=True
+    )
+    request = Batch.from_dict({"response_text": texts, "raw_prompt": list(batch["raw_prompt"])})
+    rm_scores = ctx.role("reward_model").compute_rm_score(request)["rm_scores"]
+    batch["rm_scores"] = rm_scores
+    batch["scores"] = mix_scores(batch["scores"], rm_scores, ctx.cfg.reward_model.weight)
+    batch["token_rewards"] = token_rewards_from_scores(batch["scores"], batch["response_mask"])
+    ctx.metrics["reward/rm_score_mean"] = float(rm_scores.float().mean())
+    return batch
 
 
 def default_stages(cfg: VerityConfig) -> list[Stage]:
-    """The stage list for the configured algorithm (see the module docstring)."""
+    """The built-in stage list for the configured algorithm (see the module docstring).
+
+    Plug-ins edit it through stage planners (:mod:`verity.trainer.stage_plan`).
+    """
     stages = [Stage("generate_baseline", generate_baseline)] if needs_baseline(cfg) else []
-    stages += [Stage("generate", generate), Stage("reward", reward), Stage("old_log_prob", old_log_prob)]
+    stages += [Stage("generate", generate), Stage("reward", reward)]
+    if cfg.reward_model.enabled:
+        stages.append(Stage("reward_model", reward_model_score))
+    stages.append(Stage("old_log_prob", old_log_prob))
     if needs_reference(cfg):
         stages.append(Stage("ref_log_prob", ref_log_prob))
     critic = needs_critic(cfg)

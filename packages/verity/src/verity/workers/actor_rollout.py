@@ -2,13 +2,14 @@
 
 Each worker of the group holds, on its device:
 
-- the **actor**: the policy trained by :class:`~verity.engines.FSDP2Engine` (its
-  parameters sharded over the group's data-parallel ranks);
-- the **rollout**: an :class:`~verity.rollout.HFRollout` over a full (unsharded) copy
-  of the policy, refreshed from the actor's shards after every update
-  (:func:`~verity.resharding.sync_weights`, gathered in bounded buckets and copied
-  in place — no serialisation, since both live in this process);
-- the **reference** policy (only when a KL term needs it): a frozen FSDP2 engine.
+- the **actor**: the policy trained by the engine ``actor.engine`` names (built
+  through :mod:`verity.engines.registry`; FSDP2 by default, its parameters sharded
+  over the group's data-parallel ranks);
+- the **rollout**: the engine ``rollout.engine`` names (:mod:`verity.rollout.registry`;
+  HF transformers by default, over a full copy of the policy), refreshed from the
+  actor's shards after every update (:func:`~verity.resharding.sync_weights`, gathered
+  in bounded buckets and handed over in this process);
+- the **reference** policy (only when a KL term needs it): a frozen engine of the same kind.
 
 The driver calls the methods as group calls; every data method splits its batch
 across the data-parallel ranks (``DP_SPLIT``) and the results come back in order.
@@ -27,13 +28,13 @@ from verity.checkpoint.faults import maybe_stall
 from verity.checkpoint.sharded import load_engine, save_engine
 from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
-from verity.engines import FSDP2Engine
+from verity.engines import EngineBuildContext, TrainingEngine, build_training_engine
 from verity.engines.fsdp2 import load_causal_lm
 from verity.hardware import get_backend
 from verity.resharding import sync_weights
-from verity.rollout import HFRollout, SamplingParams
+from verity.rollout import RolloutBuildContext, RolloutEngine, SamplingParams, build_rollout_engine
 from verity.workers.actor_loss import make_actor_loss
-from verity.workers.role_training import build_role_engine, minibatch_epochs, role_device
+from verity.workers.role_training import build_role_engine, minibatch_epochs, role_device, role_model_dtype
 
 
 class ActorRolloutRefWorker(Worker):
@@ -44,14 +45,19 @@ class ActorRolloutRefWorker(Worker):
         self.cfg = cfg
         self.model_path = model_path
         self.tokenizer_path = tokenizer_path
-        self.actor: FSDP2Engine | None = None
-        self.ref: FSDP2Engine | None = None
-        self.rollout: HFRollout | None = None
+        self.actor: TrainingEngine | None = None
+        self.ref: TrainingEngine | None = None
+        self.rollout: RolloutEngine | None = None
 
     # ------------------------------------------------------------------ setup
     @register(Dispatch.BROADCAST)
     def init_model(self) -> dict[str, Any]:
-        """Form the process group, load actor / rollout / reference; returns this rank's facts."""
+        """Form the process group, build actor / rollout / reference; returns this rank's facts.
+
+        The facts name what actually runs here — ``train_engine`` and ``rollout_engine``
+        are the built engines' own names, not the config's strings — plus ``device``
+        and ``n_params``.
+        """
         from transformers import AutoTokenizer
 
         cfg = self.cfg
@@ -60,19 +66,52 @@ class ActorRolloutRefWorker(Worker):
         self.init_process_group(backend=backend.dist_backend)
         device = role_device(backend, self.local_rank)
         torch.manual_seed(cfg.trainer.seed)
-        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+        dtype = role_model_dtype(cfg)
+        attn = cfg.model.attn_implementation
 
-        policy = load_causal_lm(self.model_path, dtype=dtype)
-        rollout_model = copy.deepcopy(policy).to(device).eval()
-        self.actor = build_role_engine(policy, cfg, cfg.actor, device)
+        policy = load_causal_lm(self.model_path, dtype=dtype, attn_implementation=attn)
+        n_params = sum(p.numel() for p in policy.parameters())
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
-        self.rollout = HFRollout(rollout_model, tokenizer, seed=cfg.trainer.seed + self.rank)
+        # the rollout takes its copy before the engine shards the policy in place
+        self.rollout = build_rollout_engine(
+            cfg.rollout.engine,
+            RolloutBuildContext(
+                model_path=self.model_path,
+                tokenizer=tokenizer,
+                device=device,
+                dtype=dtype,
+                seed=cfg.trainer.seed + self.rank,
+                rank=self.rank,
+                world_size=self.world_size,
+                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+                load_policy=lambda: copy.deepcopy(policy),
+                options=getattr(cfg.rollout, cfg.rollout.engine, None),
+                cfg=cfg,
+            ),
+        )
+        self.actor = build_role_engine("actor", lambda: policy, cfg, cfg.actor, device, self.model_path)
         kl = cfg.algorithm.kl
         if kl.use_kl_loss or kl.use_kl_in_reward:
-            self.ref = FSDP2Engine(load_causal_lm(self.model_path, dtype=dtype), None, device=device)
+            self.ref = build_training_engine(
+                cfg.actor.engine,
+                EngineBuildContext(
+                    role="reference",
+                    load_model=lambda: load_causal_lm(self.model_path, dtype=dtype, attn_implementation=attn),
+                    model_path=self.model_path,
+                    device=device,
+                    options=getattr(cfg.actor, cfg.actor.engine, None),
+                    cfg=cfg,
+                ),
+            )
         self.loss_fn = make_actor_loss(cfg.actor.policy_loss, kl, cfg.actor.entropy_coeff)
-        n_params = sum(p.numel() for p in rollout_model.parameters())
-        return {"rank": self.rank, "device": str(device), "n_params": n_params}
+        return {
+            "rank": self.rank,
+            "device": str(device),
+            "n_params": n_params,
+            "train_engine": self.actor.name,
+            "rollout_engine": self.rollout.name,
+            "reference_engine": self.ref.name if self.ref is not None else None,
+        }
 
     # ------------------------------------------------------------ generation
     @register(Dispatch.DP_SPLIT)

@@ -24,11 +24,13 @@ aggregated with ``critic.loss_agg_mode`` and the global aggregation context (cou
 over the whole mini-batch across ranks), so the critic's gradient, like the actor's,
 does not depend on the micro-batch size or the number of workers.
 
-**Placement.** The trainer colocates the critic with the actor
-(``verity.controller.colocate``): each rank's process holds the actor, rollout,
-reference and critic, and the critic reuses the process group the actor formed. On a
-small machine this costs no extra processes or CPU reservations; the critic's
-parameters, gradients and optimizer state are sharded over the same ranks.
+**Placement.** By default (``critic.placement: colocated``) the trainer colocates the
+critic with the actor (``verity.controller.colocate``): each rank's process holds the
+actor, rollout, reference and critic, and the critic reuses the process group the
+actor formed. On a small machine this costs no extra processes or CPU reservations;
+the critic's parameters, gradients and optimizer state are sharded over the same
+ranks. ``critic.placement: separate`` gives it a worker group of its own
+(``critic.n_workers`` ranks, its own process group).
 """
 
 from __future__ import annotations
@@ -45,9 +47,9 @@ from verity.batch import Batch
 from verity.checkpoint.sharded import load_engine, save_engine
 from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
-from verity.engines import FSDP2Engine
+from verity.engines import TrainingEngine
 from verity.hardware import get_backend
-from verity.workers.role_training import build_role_engine, minibatch_epochs, role_device
+from verity.workers.role_training import build_role_engine, minibatch_epochs, role_device, role_model_dtype
 
 ValueLossFn = Callable[[Any, torch.Tensor, Any], tuple[torch.Tensor, dict[str, float]]]
 
@@ -63,7 +65,9 @@ CRITIC_UPDATE_KEYS = (
 )
 
 
-def load_value_model(model_path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def load_value_model(
+    model_path: str, dtype: torch.dtype = torch.float32, attn_implementation: str | None = None
+) -> torch.nn.Module:
     """The checkpoint at ``model_path`` as a value model: its backbone plus a zero-initialised scalar head.
 
     Returns an HF ``*ForTokenClassification`` module (``num_labels=1``, no head
@@ -82,8 +86,9 @@ def load_value_model(model_path: str, dtype: torch.dtype = torch.float32) -> tor
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the new head is "missing" from a causal-LM checkpoint, as intended
     try:
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
         model = AutoModelForTokenClassification.from_pretrained(
-            model_path, config=config, dtype=dtype, local_files_only=True
+            model_path, config=config, dtype=dtype, local_files_only=True, **extra
         )
     finally:
         hf_logging.set_verbosity(verbosity)
@@ -139,7 +144,7 @@ class CriticWorker(Worker):
         super().__init__()
         self.cfg = cfg
         self.model_path = cfg.critic.model_path or model_path
-        self.engine: FSDP2Engine | None = None
+        self.engine: TrainingEngine | None = None
         self.loss_fn: ValueLossFn | None = None
 
     @register(Dispatch.BROADCAST)
@@ -154,15 +159,21 @@ class CriticWorker(Worker):
             "ignore", message=r"FSDP2-wrapped module .*ForTokenClassification\) returned a view"
         )
         device = role_device(backend, self.local_rank)  # the actor's rule: see role_device
-        dtype = torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
-        model = load_value_model(self.model_path, dtype=dtype)
+        model = load_value_model(
+            self.model_path, dtype=role_model_dtype(cfg), attn_implementation=cfg.model.attn_implementation
+        )
         n_params = sum(p.numel() for p in model.parameters())
-        self.engine = build_role_engine(model, cfg, cfg.critic, device)
+        self.engine = build_role_engine("critic", lambda: model, cfg, cfg.critic, device, self.model_path)
         c = cfg.critic
         self.loss_fn = make_value_loss(
             ValueLossConfig(cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode)
         )
-        return {"rank": self.rank, "device": str(device), "n_params": n_params}
+        return {
+            "rank": self.rank,
+            "device": str(device),
+            "n_params": n_params,
+            "train_engine": self.engine.name,
+        }
 
     @register(Dispatch.DP_SPLIT)
     def compute_values(self, batch: Batch) -> Batch:

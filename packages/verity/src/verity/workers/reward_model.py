@@ -137,7 +137,10 @@ class RewardModelWorker(Worker):
         micro_batch_size: int = 16,
         device: str = "cpu",
         dtype: str = "float32",
+        backend: str = "auto",
     ) -> None:
+        """``device``: a torch device string, or ``auto``: this rank's device on ``backend``
+        (``auto`` | ``cpu`` | ``cuda`` | ``rocm`` | ``npu``), chosen as the actor chooses its own."""
         if max_length < 1 or micro_batch_size < 1:
             raise ValueError(
                 f"max_length/micro_batch_size: expected >= 1, got {max_length}/{micro_batch_size}"
@@ -149,18 +152,40 @@ class RewardModelWorker(Worker):
         self.max_length = max_length
         self.micro_batch_size = micro_batch_size
         self.device = device
+        self.backend = backend
         self.dtype = getattr(torch, dtype)
         self.model: torch.nn.Module | None = None
         self.tokenizer: Any = None
 
+    @classmethod
+    def args_from_config(cls, cfg: Any) -> tuple:
+        """Constructor arguments from the run config's ``reward_model`` section (device chosen per rank)."""
+        rm = cfg.reward_model
+        return (
+            rm.model_path,
+            rm.tokenizer_path,
+            rm.max_length,
+            rm.micro_batch_size,
+            "auto",
+            cfg.model.dtype,
+            cfg.trainer.device,
+        )
+
     @register(Dispatch.BROADCAST)
     def init_model(self) -> dict[str, Any]:
-        """Load the tokenizer and the model on this rank; returns ``{"rank", "parameters"}``."""
+        """Load the tokenizer and the model on this rank; returns ``{"rank", "parameters", "device"}``."""
         from transformers import AutoTokenizer
 
+        if self.device == "auto":
+            from verity.hardware import get_backend
+            from verity.workers.role_training import role_device
+
+            backend = get_backend(None if self.backend == "auto" else self.backend)
+            self.device = str(role_device(backend, self.local_rank))
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
         self.model = load_reward_model(self.model_path, self.dtype).to(self.device)
-        return {"rank": self.rank, "parameters": sum(p.numel() for p in self.model.parameters())}
+        n_params = sum(p.numel() for p in self.model.parameters())
+        return {"rank": self.rank, "parameters": n_params, "n_params": n_params, "device": self.device}
 
     @register(Dispatch.DP_SPLIT)
     def compute_rm_score(self, batch: Batch) -> Batch:

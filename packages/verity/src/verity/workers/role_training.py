@@ -1,8 +1,9 @@
-"""What the trained roles (actor, critic) share: their optimizer settings, engine and epoch loop.
+"""What the trained roles (actor, critic, a plug-in's) share: their engine, optimizer and epoch loop.
 
-A role is the ``actor`` or ``critic`` section of the run config: each has its own
-``optim`` (:class:`~verity.config.schema.OptimConfig`), ``ppo_mini_batch_size``
-(prompts per optimizer step) and ``ppo_epochs``.
+A trained role's config section (``actor``, ``critic``, ...) names its ``engine``
+(built through :mod:`verity.engines.registry`) and has its own ``optim``
+(:class:`~verity.engines.optim.OptimConfig`), ``ppo_mini_batch_size`` (prompts per
+optimizer step) and ``ppo_epochs``.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from typing import Any, Protocol
 import torch
 
 from verity.batch import Batch
-from verity.config.schema import OptimConfig, VerityConfig
-from verity.engines import FSDP2Engine
-from verity.engines import OptimConfig as EngineOptimConfig
+from verity.config.schema import VerityConfig
+from verity.engines import EngineBuildContext, OptimConfig, TrainingEngine, build_training_engine
 
 
 class TrainedRole(Protocol):
     """The config fields of a role trained by mini-batch epochs (``cfg.actor``, ``cfg.critic``)."""
 
+    engine: str
     optim: OptimConfig
     ppo_mini_batch_size: int
     ppo_epochs: int
@@ -36,44 +37,43 @@ def role_device(backend: Any, local_rank: int) -> torch.device:
     return backend.device(0 if backend.device_count() <= 1 else local_rank)
 
 
-def engine_optim_config(optim: OptimConfig, total_optimizer_steps: int) -> EngineOptimConfig:
-    """Map a role's ``optim`` section onto the engine's optimizer settings.
-
-    ``total_optimizer_steps`` (optimizer steps of the whole run, floored at 1) is the
-    horizon of the LR schedule.
-    """
-    return EngineOptimConfig(
-        lr=optim.lr,
-        betas=(float(optim.betas[0]), float(optim.betas[1])),
-        weight_decay=optim.weight_decay,
-        max_grad_norm=optim.grad_clip,
-        warmup_steps=optim.warmup_steps,
-        lr_schedule=optim.scheduler,
-        total_steps=max(1, total_optimizer_steps),
-        min_lr_ratio=optim.min_lr_ratio,
-    )
-
-
 def optimizer_steps_per_rl_step(cfg: VerityConfig, role: TrainedRole) -> int:
     """Optimizer steps ``role`` takes per RL step: mini-batches (prompts) x epochs."""
     return (cfg.data.train_batch_size // role.ppo_mini_batch_size) * role.ppo_epochs
 
 
+def role_model_dtype(cfg: VerityConfig) -> torch.dtype:
+    """The dtype roles load their weights in (``model.dtype``)."""
+    return torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
+
+
 def build_role_engine(
-    model: torch.nn.Module, cfg: VerityConfig, role: TrainedRole, device: torch.device
-) -> FSDP2Engine:
-    """An FSDP2 engine that trains ``model`` on ``device`` with ``role.optim``.
+    role_name: str,
+    load_model: Callable[[], torch.nn.Module],
+    cfg: VerityConfig,
+    role: TrainedRole,
+    device: torch.device,
+    model_path: str,
+) -> TrainingEngine:
+    """The engine named ``role.engine`` training the module ``load_model()`` on ``device`` with ``role.optim``.
 
     The LR schedule spans ``optimizer_steps_per_rl_step x trainer.total_steps``
-    optimizer steps; ``model.gradient_checkpointing`` applies.
+    optimizer steps; ``model.gradient_checkpointing`` applies; the engine's own
+    settings are the role section's field named after it (``actor.fsdp2``), if any.
     """
     total = optimizer_steps_per_rl_step(cfg, role) * max(1, cfg.trainer.total_steps)
-    return FSDP2Engine(
-        model,
-        engine_optim_config(role.optim, total),
+    ctx = EngineBuildContext(
+        role=role_name,
+        load_model=load_model,
+        model_path=model_path,
         device=device,
+        optim=role.optim,
+        total_steps=total,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
+        options=getattr(role, role.engine, None),
+        cfg=cfg,
     )
+    return build_training_engine(role.engine, ctx)
 
 
 def minibatch_epochs(

@@ -1,0 +1,133 @@
+"""Every key of the run config, so that unknown keys are all reported at once with a suggestion.
+
+Hydra stops at the first unknown key and, for ``+key=value`` (verl users type ``+``
+constantly), may add a key the dataclasses do not have, which the typed config then
+drops without a word. Before composing, :func:`check_keys` walks the schema
+(dataclasses, resolved type hints) and checks every key of the config file and of
+the overrides against it: ``+`` on a key that exists is accepted (it is an ordinary
+override), every unknown key is listed with its closest known name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["UnknownKey", "check_keys", "schema_keys"]
+
+_FREE = "*"  # marks a mapping-typed field: any key below it is allowed
+
+
+@dataclasses.dataclass(frozen=True)
+class UnknownKey:
+    """A key not in the schema, where it came from, and the closest known key (or None)."""
+
+    key: str
+    source: str
+    suggestion: str | None
+
+    def describe(self) -> str:
+        hint = f" (did you mean {self.suggestion}?)" if self.suggestion else ""
+        return f"{self.key} [{self.source}]{hint}"
+
+
+def _is_mapping_type(tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+        return any(_is_mapping_type(a) for a in typing.get_args(tp) if a is not type(None))
+    return tp is dict or origin in (dict, Mapping) or tp is Any
+
+
+def _dataclass_of(tp: Any) -> type | None:
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return tp
+    for arg in typing.get_args(tp):
+        if isinstance(arg, type) and dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+def schema_keys(cls: type, prefix: str = "") -> dict[str, str]:
+    """``{dotted key: "section" | "leaf" | "*"}`` for every key of the dataclass ``cls``.
+
+    ``"*"`` marks a mapping-typed field, below which any key is accepted.
+    """
+    hints = typing.get_type_hints(cls)
+    keys: dict[str, str] = {}
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        tp = hints.get(f.name, Any)
+        sub = _dataclass_of(tp)
+        if sub is not None:
+            keys[key] = "section"
+            keys.update(schema_keys(sub, key + "."))
+        elif _is_mapping_type(tp):
+            keys[key] = _FREE
+        else:
+            keys[key] = "leaf"
+    return keys
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterable[str]:
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        yield dotted
+        if isinstance(value, Mapping):
+            yield from _flatten(value, dotted + ".")
+
+
+def _known(key: str, keys: Mapping[str, str]) -> bool:
+    if key in keys:
+        return True
+    parts = key.split(".")
+    return any(keys.get(".".join(parts[:i])) == _FREE for i in range(1, len(parts)))
+
+
+def _suggest(key: str, keys: Mapping[str, str]) -> str | None:
+    """The known key the user most likely meant: a near spelling, or the same name in another section."""
+    candidates = [k for k in keys if not key.startswith(k + ".")]  # not the unknown key's own parents
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.75)
+    if close:
+        return close[0]
+    top, last = key.split(".")[0], key.rsplit(".", 1)[-1]
+    leaves = {k.rsplit(".", 1)[-1] for k in candidates}
+    for leaf in difflib.get_close_matches(last, sorted(leaves), n=3, cutoff=0.6):
+        same_leaf = [k for k in candidates if k.rsplit(".", 1)[-1] == leaf]
+        same_section = [k for k in same_leaf if k.split(".")[0] == top]
+        for group in (same_section, same_leaf):
+            if len(group) == 1:
+                return group[0]
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def check_keys(
+    cls: type, file_data: Mapping[str, Any] | None, overrides: Sequence[str]
+) -> tuple[list[UnknownKey], list[str]]:
+    """Check the keys of a config file's data and of Hydra overrides against the schema ``cls``.
+
+    Returns ``(unknown keys, overrides to compose)``: the overrides with a leading ``+``
+    removed where the key exists (adding an existing key is just setting it).
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    keys = schema_keys(cls)
+    unknown: list[UnknownKey] = []
+    for key in _flatten({k: v for k, v in (file_data or {}).items() if k != "defaults"}):
+        if not _known(key, keys) and not any(key.startswith(u.key + ".") for u in unknown):
+            unknown.append(UnknownKey(key, "config file", _suggest(key, keys)))
+    parser = OverridesParser.create()
+    composed: list[str] = []
+    for text in overrides:
+        parsed = parser.parse_overrides([text])[0]
+        key = parsed.key_or_group
+        if not _known(key, keys):
+            unknown.append(UnknownKey(key, f"override {text!r}", _suggest(key, keys)))
+            continue
+        if key in keys and keys[key] != _FREE and (parsed.is_add() or parsed.is_force_add()):
+            text = text.lstrip("+")  # "+a.b=1" on an existing key is just "a.b=1"
+        composed.append(text)
+    return unknown, composed

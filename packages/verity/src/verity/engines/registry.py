@@ -1,0 +1,123 @@
+"""Training engines by name: ``actor.engine: fsdp2`` (and ``critic.engine``) picks one here.
+
+An engine registers a build function that turns an :class:`EngineBuildContext`
+into a :class:`~verity.engines.base.TrainingEngine`::
+
+    def build_my_engine(ctx: EngineBuildContext) -> TrainingEngine:
+        return MyEngine(ctx.load_model(), ctx.optim, total_steps=ctx.total_steps, device=ctx.device)
+
+    register_training_engine("mine", build_my_engine)
+
+The worker of every trained role builds its engine through :func:`build_training_engine`,
+so a new engine is one new file plus a registration (in the runtime, or in a plug-in:
+see :mod:`verity.plugins`). Engine-specific settings live in a small dataclass the
+engine owns; a built-in engine's is a field of the role's config section
+(``actor.fsdp2``), a plug-in engine's a plug-in config section of its own. The
+built engine's ``name`` is what the run records as having trained — never the
+config string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from verity.engines.base import TrainingEngine
+from verity.engines.optim import OptimConfig
+from verity.registry import Registry
+
+__all__ = [
+    "TRAINING_ENGINES",
+    "EngineBuildContext",
+    "EngineSpec",
+    "build_training_engine",
+    "register_training_engine",
+]
+
+
+@dataclass(frozen=True)
+class EngineBuildContext:
+    """What an engine needs to build one rank's share of a role's model.
+
+    Attributes:
+        role: the role being built (``actor``, ``critic``, ``reference`` or a plug-in's).
+        load_model: loads the role's HF module at float32 (or ``model.dtype``) on CPU,
+            e.g. a causal LM for the actor, a value model for the critic. Call it once.
+        model_path: the local HF folder it loads from.
+        device: where this rank computes.
+        optim: the role's optimizer settings; ``None`` for an inference-only engine.
+        total_steps: optimizer steps of the whole run (the LR schedule's horizon).
+        gradient_checkpointing: recompute activations in backward.
+        options: the engine's own settings (its dataclass), or ``None``.
+        cfg: the whole run config, for anything else an engine may need.
+    """
+
+    role: str
+    load_model: Callable[[], nn.Module]
+    model_path: str
+    device: torch.device
+    optim: OptimConfig | None = None
+    total_steps: int = 1
+    gradient_checkpointing: bool = False
+    options: Any = None
+    cfg: Any = None
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """A registered training engine: its build function and what it can do.
+
+    ``trains_values``: it can train a value model (a critic: backbone + scalar head).
+    ``supports_adapters``: it can train parameter-efficient adapters (LoRA).
+    """
+
+    name: str
+    build: Callable[[EngineBuildContext], TrainingEngine]
+    trains_values: bool = True
+    supports_adapters: bool = False
+
+
+TRAINING_ENGINES: Registry[EngineSpec] = Registry("training engine")
+
+
+def register_training_engine(
+    name: str,
+    build: Callable[[EngineBuildContext], TrainingEngine],
+    *,
+    trains_values: bool = True,
+    supports_adapters: bool = False,
+) -> None:
+    """Make ``build`` the engine called ``name`` (``actor.engine: <name>``)."""
+    TRAINING_ENGINES.add(name, EngineSpec(name, build, trains_values, supports_adapters))
+
+
+def build_training_engine(name: str, ctx: EngineBuildContext) -> TrainingEngine:
+    """Build the engine called ``name`` (``UnknownNameError`` lists the known ones)."""
+    engine = TRAINING_ENGINES.get(name).build(ctx)
+    if not isinstance(engine, TrainingEngine):
+        raise TypeError(
+            f"training engine {name!r} built a {type(engine).__name__}, not a verity.engines.TrainingEngine"
+        )
+    return engine
+
+
+def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
+    from verity.engines.fsdp2 import FSDP2Engine
+
+    options = ctx.options
+    return FSDP2Engine(
+        ctx.load_model(),
+        ctx.optim,
+        total_steps=ctx.total_steps,
+        device=ctx.device,
+        gradient_checkpointing=ctx.gradient_checkpointing,
+        mixed_precision=getattr(options, "mixed_precision", None),
+        reshard_after_forward=getattr(options, "reshard_after_forward", True),
+    )
+
+
+register_training_engine("fsdp2", _build_fsdp2)

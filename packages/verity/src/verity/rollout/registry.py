@@ -1,0 +1,103 @@
+"""Rollout engines by name: ``rollout.engine: hf`` picks one here.
+
+A rollout engine registers a build function that turns a :class:`RolloutBuildContext`
+into a :class:`~verity.rollout.base.RolloutEngine`::
+
+    def build_my_rollout(ctx: RolloutBuildContext) -> RolloutEngine:
+        return MyRollout(ctx.model_path, ctx.tokenizer, seed=ctx.seed, device=ctx.device)
+
+    register_rollout_engine("mine", build_my_rollout)
+
+The actor worker builds its rollout through :func:`build_rollout_engine`; the built
+engine's ``name`` is what the run records as the rollout backend that ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from verity.registry import Registry
+from verity.rollout.base import RolloutEngine
+
+__all__ = [
+    "ROLLOUT_ENGINES",
+    "RolloutBuildContext",
+    "RolloutSpec",
+    "build_rollout_engine",
+    "register_rollout_engine",
+]
+
+
+@dataclass(frozen=True)
+class RolloutBuildContext:
+    """What a rollout engine needs to serve the policy on one rank.
+
+    Attributes:
+        model_path: the local HF folder of the initial policy.
+        tokenizer: the policy's tokenizer (pad and EOS ids, chat template).
+        device: where this rank generates.
+        dtype: the serving dtype (``model.dtype``).
+        seed: the engine's base seed (already offset by rank).
+        rank / world_size: this rank's place in the rollout's data-parallel group.
+        max_model_len: prompt + response tokens the engine must fit (``data.*_length``).
+        load_policy: returns a full (unsharded) copy of the initial policy as an HF
+            module on CPU; engines that serve an HF module in-process use it, others
+            load ``model_path`` themselves. Call it at most once.
+        options: the engine's own settings (its dataclass), or ``None``.
+        cfg: the whole run config.
+    """
+
+    model_path: str
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype = torch.float32
+    seed: int = 0
+    rank: int = 0
+    world_size: int = 1
+    max_model_len: int = 2048
+    load_policy: Callable[[], nn.Module] | None = None
+    options: Any = None
+    cfg: Any = None
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """A registered rollout engine and its build function."""
+
+    name: str
+    build: Callable[[RolloutBuildContext], RolloutEngine]
+
+
+ROLLOUT_ENGINES: Registry[RolloutSpec] = Registry("rollout engine")
+
+
+def register_rollout_engine(name: str, build: Callable[[RolloutBuildContext], RolloutEngine]) -> None:
+    """Make ``build`` the rollout engine called ``name`` (``rollout.engine: <name>``)."""
+    ROLLOUT_ENGINES.add(name, RolloutSpec(name, build))
+
+
+def build_rollout_engine(name: str, ctx: RolloutBuildContext) -> RolloutEngine:
+    """Build the rollout engine called ``name`` (``UnknownNameError`` lists the known ones)."""
+    engine = ROLLOUT_ENGINES.get(name).build(ctx)
+    if not isinstance(engine, RolloutEngine):
+        raise TypeError(f"rollout engine {name!r} built a {type(engine).__name__}, not a RolloutEngine")
+    return engine
+
+
+def _build_hf(ctx: RolloutBuildContext) -> RolloutEngine:
+    from verity.rollout.hf_rollout import HFRollout
+
+    if ctx.load_policy is None:
+        raise ValueError(
+            "the hf rollout serves the policy in-process: RolloutBuildContext.load_policy is required"
+        )
+    model = ctx.load_policy().to(ctx.device).eval()
+    return HFRollout(model, ctx.tokenizer, seed=ctx.seed)
+
+
+register_rollout_engine("hf", _build_hf)

@@ -1,0 +1,108 @@
+"""Start the worker groups of a run's roles (:mod:`verity.workers.registry`) and collect what runs.
+
+    groups = start_roles(cfg, inputs, backend)     # pools + groups, every role's init_model() called
+    groups.handles["actor"].generate(batch)
+    groups.ran                                      # {"actor": {"train_engine": "fsdp2", ...}, ...}
+    groups.close()                                  # kill the workers, free the pools
+
+Colocated roles share one worker group on the actor's pool (``trainer.n_workers``
+slots); each ``separate`` role gets a pool and group of its own. Roles start in
+registry order (the actor first: it forms the process group the colocated roles join).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from verity.workers.registry import RoleDef, RoleInputs, enabled_roles, role_placement
+
+
+@dataclass
+class RoleGroups:
+    """The running roles: handles by name, their facts (rank 0's), the pools to free."""
+
+    roles: list[RoleDef]
+    handles: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pools: list[Any] = field(default_factory=list)
+    groups: list[Any] = field(default_factory=list)
+
+    @property
+    def trained(self) -> dict[str, Any]:
+        """Handles of the roles that are checkpointed and resumed."""
+        return {r.name: self.handles[r.name] for r in self.roles if r.trained}
+
+    def ran(self) -> dict[str, str]:
+        """What actually runs, as the workers reported it: ``{"actor": "fsdp2", "rollout": "hf", ...}``."""
+        out: dict[str, str] = {}
+        for name, facts in self.facts.items():
+            if facts.get("train_engine"):
+                out[name] = str(facts["train_engine"])
+            if facts.get("rollout_engine"):
+                out["rollout"] = str(facts["rollout_engine"])
+        return out
+
+    def close(self) -> None:
+        """Kill every worker and free every pool (safe to call twice)."""
+        for group in self.groups:
+            with contextlib.suppress(Exception):
+                group.shutdown()
+        for pool in self.pools:
+            with contextlib.suppress(Exception):
+                pool.remove()
+        self.groups, self.pools = [], []
+
+
+def cpus_needed(cfg: Any) -> float:
+    """Ray CPUs the run's pools reserve: the actor's pool plus every separate role's."""
+    total = cfg.trainer.n_workers * cfg.trainer.cpus_per_worker
+    for role in enabled_roles(cfg):
+        placement, n_workers = role_placement(role, cfg)
+        if placement == "separate":
+            total += n_workers * cfg.trainer.cpus_per_worker
+    return total
+
+
+def _pool(cfg: Any, backend: Any, n_workers: int, name: str) -> Any:
+    from verity.controller import ResourcePool
+
+    resource = {} if backend.ray_resource == "CPU" else {"resource": backend.ray_resource}
+    return ResourcePool([n_workers], cpus_per_bundle=cfg.trainer.cpus_per_worker, name=name, **resource)
+
+
+def start_roles(cfg: Any, inputs: RoleInputs, backend: Any) -> RoleGroups:
+    """Reserve pools, start every enabled role's worker group, call each role's ``init_model``."""
+    from verity.controller import WorkerGroup, colocate, role
+
+    roles = enabled_roles(cfg)
+    out = RoleGroups(roles)
+    try:
+        colocated = [r for r in roles if role_placement(r, cfg)[0] == "colocated"]
+        separate = [r for r in roles if role_placement(r, cfg)[0] == "separate"]
+        pool = _pool(cfg, backend, cfg.trainer.n_workers, "actor")
+        out.pools.append(pool)
+        if len(colocated) == 1:
+            only = colocated[0]
+            group = WorkerGroup(pool, only.worker, *only.args(cfg, inputs), name=only.name)
+            out.handles[only.name] = group
+        else:
+            specs = {r.name: role(r.worker, *r.args(cfg, inputs)) for r in colocated}
+            group = WorkerGroup(pool, colocate(specs), name="+".join(specs))
+            out.handles.update({name: getattr(group, name) for name in specs})
+        out.groups.append(group)
+        for r in separate:
+            _, n_workers = role_placement(r, cfg)
+            own_pool = _pool(cfg, backend, n_workers, r.name)
+            out.pools.append(own_pool)
+            own = WorkerGroup(own_pool, r.worker, *r.args(cfg, inputs), name=r.name)
+            out.groups.append(own)
+            out.handles[r.name] = own
+        for r in roles:
+            facts = out.handles[r.name].init_model()
+            out.facts[r.name] = dict(facts[0]) if isinstance(facts, list) and facts else {}
+    except BaseException:
+        out.close()
+        raise
+    return out
