@@ -25,6 +25,11 @@ def parse(argv: list[str], prog: str, description: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--config", help="YAML config file starting with 'defaults: [verity, _self_]'")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. actor.optim.lr=1e-5")
+    parser.add_argument(
+        "--help-config",
+        action="store_true",
+        help="print every config key with its value and meaning (as composed from --config and the overrides), then exit",
+    )
     return parser.parse_args(argv)
 
 
@@ -36,6 +41,11 @@ def main(argv: list[str]) -> int:
     except ConfigError as err:
         print(f"verity train: {err}", file=sys.stderr)
         return 2
+    if args.help_config:
+        from verity.config.describe import describe_config
+
+        print(describe_config(cfg))
+        return 0
     from verity.checkpoint.resume import last_checkpoint_hint
     from verity.checkpoint.signals import EXIT_CODE_STOPPED, TrainingStopped
     from verity.controller import WorkerError

@@ -1,0 +1,121 @@
+"""`verity eval` (held-out accuracy, pass@k of a model folder) and `verity config show`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from verity.cli.main import main as verity
+
+
+@pytest.fixture(scope="module")
+def model_and_file(tmp_path_factory) -> dict[str, str]:
+    """A tiny model warm-started for a few seconds on 1-digit sums, so that it gets some right."""
+    import torch
+    from verity.data.char_tokenizer import CharTokenizer
+    from verity.data.tasks.arithmetic import ArithmeticConfig, read_parquet_rows, write_splits
+    from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity.trainer.embedded import teacher_rows
+    from verity.trainer.sft import run_sft
+
+    root = tmp_path_factory.mktemp("eval")
+    torch.manual_seed(0)
+    tokenizer = CharTokenizer()
+    model = build_tiny_qwen2_for(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)
+    config = ArithmeticConfig(digits=1, operations="+", style="expr")
+    files = write_splits(root / "data", num_train=64, num_test=16, seed=0, config=config)
+    run_sft(
+        model,
+        tokenizer,
+        teacher_rows(read_parquet_rows(files["train"]), 0.0, ""),
+        steps=150,
+        lr=1e-2,
+        batch_size=32,
+    )
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    return {"model": str(root / "model"), "test": str(files["test"])}
+
+
+def test_eval_greedy_matches_the_warm_start_evaluator(model_and_file, tmp_path, capsys) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from verity.data.tasks.arithmetic import read_parquet_rows
+    from verity.trainer.evaluate import evaluate_greedy
+
+    out = tmp_path / "report.json"
+    code = verity(["eval", model_and_file["model"], "--data", model_and_file["test"], "--max-new-tokens", "6",
+                   "--json", str(out)])  # fmt: skip
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["prompts"] == 16 and report["responses"] == 16
+    model = AutoModelForCausalLM.from_pretrained(model_and_file["model"])
+    tokenizer = AutoTokenizer.from_pretrained(model_and_file["model"])
+    rows = read_parquet_rows(model_and_file["test"])
+    reference = evaluate_greedy(model, tokenizer, rows, max_new_tokens=6)
+    assert reference > 0  # the comparison means something
+    assert report["metrics"]["eval/all/mean@1"] == pytest.approx(reference)
+    assert "eval/all/mean@1" in capsys.readouterr().out
+
+
+def test_eval_samples_k_per_prompt_and_reports_pass_at_k(model_and_file, tmp_path) -> None:
+    out = tmp_path / "report.json"
+    args = ["eval", model_and_file["model"], "--data", model_and_file["test"], "-k", "4", "--temperature", "1.0",
+            "--max-new-tokens", "4", "--json", str(out)]  # fmt: skip
+    assert verity(args) == 0
+    metrics = json.loads(out.read_text())["metrics"]
+    assert json.loads(out.read_text())["responses"] == 64
+    assert metrics["eval/all/pass@1"] <= metrics["eval/all/pass@2"] <= metrics["eval/all/pass@4"]
+    assert metrics["eval/all/pass@1"] == pytest.approx(metrics["eval/all/mean@1"])
+    again = tmp_path / "again.json"
+    assert verity(args[:-1] + [str(again)]) == 0  # same seed, same samples
+    assert json.loads(again.read_text())["metrics"] == metrics
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["-k", "2"], "need sampling: give a temperature > 0"),
+        (["--data", "/no/such.parquet"], "no such file"),
+    ],
+)
+def test_eval_bad_input_exits_2_with_a_sentence(model_and_file, extra, message, capsys) -> None:
+    args = ["eval", model_and_file["model"]] + (
+        ["--data", model_and_file["test"]] if "--data" not in extra else []
+    )
+    assert verity(args + extra) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_eval_of_a_missing_model_exits_2(capsys) -> None:
+    assert verity(["eval", "/no/such/model", "--data", "x.parquet"]) == 2
+    assert "no such model folder or checkpoint" in capsys.readouterr().err
+
+
+def test_config_show_prints_values_with_their_meaning(capsys) -> None:
+    assert verity(["config", "show", "actor.optim", "actor.optim.lr=2e-5"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("actor.optim:\n")
+    assert "  lr: 2e-05  # peak learning rate" in out
+    assert verity(["config", "show", "actor.nope"]) == 2
+    assert "no config section 'actor.nope'" in capsys.readouterr().err
+
+
+def test_train_help_config_shows_the_composed_config_and_trains_nothing(capsys, tmp_path) -> None:
+    assert (
+        verity(["train", "--help-config", "trainer.total_steps=7", f"trainer.output_dir={tmp_path}/run"]) == 0
+    )
+    out = capsys.readouterr().out
+    assert "  total_steps: 7  # RL steps" in out
+    assert not (tmp_path / "run").exists()
+
+
+def test_help_lists_only_commands_that_exist(capsys) -> None:
+    import importlib
+
+    from verity.cli.main import COMMANDS
+
+    assert verity(["--help"]) == 0
+    listed = capsys.readouterr().out
+    for name in COMMANDS:
+        assert name in listed
+        assert callable(importlib.import_module(f"verity.cli.{name}").main)
