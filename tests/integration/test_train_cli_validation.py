@@ -57,18 +57,47 @@ def test_malformed_rows_are_listed_by_number_before_workers_start(model_dir, tmp
     assert "Started a local Ray instance" not in done.stderr
 
 
-def test_resume_off_over_existing_checkpoints_is_refused(model_dir, tmp_path):
-    step = tmp_path / "out" / "checkpoints" / "step_3"
-    step.mkdir(parents=True)
-    (step / "trainer_state.json").write_text("{}")
+def _fake_checkpoint(out, config: dict) -> None:
+    """A complete step_3 checkpoint in ``out`` whose driver state says it ran ``config``."""
+    from verity.checkpoint import layout
+    from verity.checkpoint.state import TrainerState
+
+    tmp = out / "checkpoints" / "step_3.tmp"
+    tmp.mkdir(parents=True)
+    TrainerState(
+        step=3, total_steps=4, dataloader={}, kl_coef=None, run_id=None, tracking_uri=None,
+        config_hash="h", config=config,
+    ).write(tmp)  # fmt: skip
+    layout.commit(tmp, out / "checkpoints" / "step_3")
+
+
+def test_auto_resume_refuses_a_checkpoint_of_another_config_naming_the_keys(model_dir, tmp_path):
+    from verity.config import config_to_dict, load_config
+
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps(good_row(i)) + "\n" for i in range(4)))
-    done = verity_train(
-        f"model.path={model_dir}",
-        f"data.train_files=[{train}]",
-        f"data.val_files=[{train}]",
-        f"trainer.output_dir={tmp_path / 'out'}",
-        "trainer.resume=off",
-    )
+    args = [f"model.path={model_dir}", f"data.train_files=[{train}]", f"data.val_files=[{train}]",
+            f"trainer.output_dir={tmp_path / 'out'}"]  # fmt: skip
+    saved = config_to_dict(load_config([*args, "algorithm.advantage.estimator=grpo"]))
+    _fake_checkpoint(tmp_path / "out", saved)
+    done = verity_train(*args, "algorithm.advantage.estimator=rloo")
     assert done.returncode == 2, done.stderr[-2000:]
-    assert "trainer.resume=off" in done.stderr and "step_3" in done.stderr
+    assert "algorithm.advantage.estimator: 'grpo' -> 'rloo'" in done.stderr
+    assert "trainer.output_dir" in done.stderr and "trainer.resume=off" in done.stderr
+    assert "Started a local Ray instance" not in done.stderr
+
+
+def test_a_second_run_into_a_busy_output_folder_fails_at_once_naming_the_holder(model_dir, tmp_path):
+    import os
+
+    from verity.trainer.run_dir import claim_output_dir
+
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(good_row(i)) + "\n" for i in range(4)))
+    out = tmp_path / "out"
+    with claim_output_dir(out):
+        done = verity_train(f"model.path={model_dir}", f"data.train_files=[{train}]",
+                            f"data.val_files=[{train}]", f"trainer.output_dir={out}")  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"in use by another run (pid {os.getpid()} on host" in done.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".verity.lock"]  # nothing of the refused run was written

@@ -1,10 +1,11 @@
 """Which checkpoint a run starts from (``trainer.resume``), decided before any worker starts.
 
 - ``auto`` (default): the newest complete checkpoint in the run's checkpoint folder
-  (``trainer.checkpoint.dir``, default ``<trainer.output_dir>/checkpoints``); a fresh
-  start when there is none.
-- ``off``: a fresh start. Refused when the checkpoint folder already holds checkpoints
-  (the new run would mix its checkpoints with an older run's).
+  (``trainer.checkpoint.dir``, default ``<trainer.output_dir>/checkpoints``) — only when
+  it was saved with the same config (:func:`require_same_config`; bookkeeping keys
+  such as ``trainer.total_steps`` may differ); a fresh start when there is none.
+- ``off``: a fresh start. A previous run's outputs and checkpoints are moved aside
+  first (``verity.trainer.run_dir.move_aside``), never mixed with the new run's.
 - a path: a ``step_N`` checkpoint folder, a checkpoint folder (its newest), or a run's
   output folder (its ``checkpoints/``' newest). Refused when that would mix two
   histories: an older checkpoint of this run's own folder, or any checkpoint while this
@@ -24,12 +25,16 @@ from verity.config.schema import VerityConfig
 logger = logging.getLogger("verity.checkpoint")
 
 # keys that may differ between the run that saved a checkpoint and the run resuming it
-# without changing what is computed
+# with trainer.resume=auto: how long and where it runs, not what each step computes
 _BOOKKEEPING_PREFIXES = (
     "trainer.resume",
     "trainer.checkpoint.",
     "trainer.progress",
     "trainer.stage_timeout_s",
+    "trainer.total_steps",
+    "trainer.val_every",
+    "trainer.ray_address",
+    "trainer.run_name",
 )
 
 
@@ -48,14 +53,6 @@ def resolve_resume(cfg: VerityConfig) -> Path | None:
     mode = cfg.trainer.resume
     root = checkpoint_root(cfg)
     if mode == "off":
-        existing = list_checkpoints(root)
-        if existing:
-            names = ", ".join(p.name for _, p in existing)
-            raise ConfigError(
-                f"trainer.resume=off but {root} already holds checkpoints ({names}); "
-                "continue with trainer.resume=auto, or choose another trainer.output_dir "
-                "(or trainer.checkpoint.dir), or delete that folder"
-            )
         return None
     if mode == "auto":
         return find_latest(root)
@@ -118,6 +115,21 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
         if a.get(key, "<absent>") != b.get(key, "<absent>"):
             lines.append(f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
     return lines
+
+
+def require_same_config(saved: dict[str, Any], current: dict[str, Any], checkpoint: Path) -> None:
+    """``trainer.resume=auto`` continues only the run that saved ``checkpoint``: same config, or ConfigError.
+
+    The message lists every differing key and the two ways out.
+    """
+    changes = config_differences(saved, current)
+    if changes:
+        raise ConfigError(
+            f"trainer.resume=auto: {checkpoint} was saved by a run with a different config:\n  "
+            + "\n  ".join(changes)
+            + "\nauto continues only the same config. Give this run a new trainer.output_dir, or start over "
+            "in this folder with trainer.resume=off (the old run is moved aside, nothing is deleted)."
+        )
 
 
 def warn_on_config_change(saved: dict[str, Any], current: dict[str, Any], checkpoint: Path) -> list[str]:

@@ -13,7 +13,7 @@ import logging
 import sys
 from importlib import resources
 
-from verity.cli.train import parse
+from verity.cli.train import parse, quiet_logging
 from verity.config import ConfigError, load_config
 
 
@@ -36,15 +36,17 @@ def format_table(summary: dict) -> str:
 
 def main(argv: list[str]) -> int:
     args = parse(argv, "verity quickstart", "GRPO on the embedded tiny model, before/after accuracy.")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    quiet_logging(logging.WARNING)
     try:
         cfg = load_config(args.overrides, config_file=args.config or preset_path())
     except ConfigError as err:
         print(f"verity quickstart: {err}", file=sys.stderr)
         return 2
-    from verity.trainer.run import run_training
+    from verity.cli.train import execute
 
-    summary = run_training(cfg)
+    code, summary = execute(cfg, "verity quickstart")
+    if summary is None:
+        return code
     out = cfg.trainer.output_dir
     print()
     print(format_table(summary))

@@ -6,7 +6,7 @@
 The configuration is validated (unknown keys, batch arithmetic, missing files)
 before any worker starts; a bad one exits with code 2 and names the key.
 
-Exit codes: 0 done; 2 bad config or data; 1 a worker died or a stage timed out
+Exit codes: 0 done; 2 bad config or data, or the output folder is in use by another run; 1 a worker died or a stage timed out
 (the message names the role, rank and cause, and the last complete checkpoint);
 143 stopped by SIGTERM after saving a checkpoint (resume with trainer.resume=auto).
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 from verity.config import ConfigError, load_config
 
@@ -33,9 +34,43 @@ def parse(argv: list[str], prog: str, description: str) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def quiet_logging(level: int = logging.INFO) -> None:
+    """Console logging of a run: verity's lines at ``level``, libraries' chatter (font caches ...) at WARNING."""
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    for name in ("matplotlib", "PIL", "filelock", "urllib3", "asyncio"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def execute(cfg: Any, prog: str) -> tuple[int, dict[str, Any] | None]:
+    """Run ``cfg``; return ``(exit code, summary or None)``, printing a sentence for each known failure.
+
+    Shared by ``verity train`` and ``verity quickstart`` (exit codes in the module docstring).
+    """
+    from verity.checkpoint.resume import last_checkpoint_hint
+    from verity.checkpoint.signals import EXIT_CODE_STOPPED, TrainingStopped
+    from verity.controller import WorkerError
+    from verity.data.verl_dataset import MalformedDatasetError, PromptTooLongError
+    from verity.trainer.run import run_training
+    from verity.trainer.run_dir import OutputDirBusyError
+    from verity.trainer.stage_guard import StageTimeoutError
+
+    try:
+        return 0, run_training(cfg)
+    except (ConfigError, MalformedDatasetError, PromptTooLongError, OutputDirBusyError) as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return 2, None
+    except TrainingStopped as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return EXIT_CODE_STOPPED, None
+    except (WorkerError, StageTimeoutError) as err:
+        print(f"{prog}: {type(err).__name__}: {err}", file=sys.stderr)
+        print(f"{prog}: {last_checkpoint_hint(cfg)}", file=sys.stderr)
+        return 1, None
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv, "verity train", "Run one RL training job.")
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    quiet_logging()
     try:
         cfg = load_config(args.overrides, config_file=args.config)
     except ConfigError as err:
@@ -46,27 +81,15 @@ def main(argv: list[str]) -> int:
 
         print(describe_config(cfg))
         return 0
-    from verity.checkpoint.resume import last_checkpoint_hint
-    from verity.checkpoint.signals import EXIT_CODE_STOPPED, TrainingStopped
-    from verity.controller import WorkerError
-    from verity.data.verl_dataset import MalformedDatasetError, PromptTooLongError
-    from verity.trainer.run import run_training
-    from verity.trainer.stage_guard import StageTimeoutError
-
-    try:
-        summary = run_training(cfg)
-    except (ConfigError, MalformedDatasetError, PromptTooLongError) as err:
-        print(f"verity train: {err}", file=sys.stderr)
-        return 2
-    except TrainingStopped as err:
-        print(f"verity train: {err}", file=sys.stderr)
-        return EXIT_CODE_STOPPED
-    except (WorkerError, StageTimeoutError) as err:
-        print(f"verity train: {type(err).__name__}: {err}", file=sys.stderr)
-        print(f"verity train: {last_checkpoint_hint(cfg)}", file=sys.stderr)
-        return 1
+    code, summary = execute(cfg, "verity train")
+    if summary is None:
+        return code
     print(
         f"summary: {cfg.trainer.output_dir}/summary.json (accuracy {summary.get('accuracy_before')} -> "
         f"{summary.get('accuracy_after')})"
     )
+    if summary.get("tracking_uri"):
+        print(
+            f"MLflow:  mlflow ui --backend-store-uri {summary['tracking_uri']}  (run {summary.get('run_id')})"
+        )
     return 0

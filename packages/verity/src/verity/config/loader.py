@@ -9,10 +9,12 @@ with ``defaults: [verity, _self_]`` (added when missing). Overrides use Hydra's 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
 from hydra import compose, initialize, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
@@ -20,11 +22,14 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from verity.config.embedded_defaults import apply_embedded_defaults
 from verity.config.errors import ConfigError
 from verity.config.schema import VerityConfig
 from verity.config.validate import validate_config
 
 SCHEMA_NAME = "verity"
+
+logger = logging.getLogger("verity.config")
 
 
 def _register_schema(schema: type) -> None:
@@ -72,15 +77,39 @@ def load_config(overrides: Sequence[str] = (), config_file: str | os.PathLike | 
         GlobalHydra.instance().clear()
     cfg = OmegaConf.to_object(raw)
     assert isinstance(cfg, VerityConfig)
+    applied = apply_embedded_defaults(cfg, _explicit_keys(file_data, overrides))
+    if applied:
+        logger.info(
+            "model.path=embedded: unset keys take the embedded default's settings: %s",
+            ", ".join(f"{k}={v}" for k, v in applied.items()),
+        )
     validate_config(cfg)
     return cfg
 
 
+def _explicit_keys(file_data: dict, overrides: Sequence[str]) -> set[str]:
+    """Every dotted key (and its parents) that the config file or an override sets."""
+
+    def walk(node: dict, prefix: str) -> set[str]:
+        keys: set[str] = set()
+        for key, value in node.items():
+            keys.add(prefix + key)
+            if isinstance(value, dict):
+                keys |= walk(value, f"{prefix}{key}.")
+        return keys
+
+    keys = walk({k: v for k, v in file_data.items() if k != "defaults"}, "")
+    keys |= {text.lstrip("+~").split("=", 1)[0].strip() for text in overrides}
+    return keys
+
+
 def _first_lines(err: BaseException) -> str:
-    """The error's text up to the line naming the key (Hydra puts the key on a later line)."""
-    lines = [line for line in str(err).splitlines() if line.strip()]
-    keep = lines[:1] + [line.strip() for line in lines[1:3] if "key" in line.lower()]
-    return " ".join(keep)
+    """The error's whole text on one line: Hydra puts the reason and the key on later lines."""
+    skip = ("reference_type", "object_type")
+    lines = [
+        line.strip() for line in str(err).splitlines() if line.strip() and not line.strip().startswith(skip)
+    ]
+    return " ".join(lines)
 
 
 def _read_config_file(path: Path) -> dict:
@@ -90,8 +119,13 @@ def _read_config_file(path: Path) -> dict:
     text = path.read_text()
     try:
         data = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML{where}: {problem}") from None
     except (OmegaConfBaseException, ValueError) as err:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from None
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_first_lines(err)}") from None
     if not OmegaConf.is_dict(data):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping of config sections")
     defaults = data.get("defaults")

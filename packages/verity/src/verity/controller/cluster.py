@@ -9,6 +9,7 @@ never joins someone else's cluster by accident. With an address (``"auto"``,
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import shutil
 import tempfile
@@ -18,6 +19,8 @@ __all__ = ["init_ray", "shutdown_ray"]
 
 # Unix socket paths under Ray's temp dir must stay below ~107 bytes.
 _MAX_TEMP_DIR_LEN = 40
+
+logger = logging.getLogger("verity.controller")
 
 
 _created_temp_dirs: list[str] = []
@@ -65,7 +68,10 @@ def init_ray(
                 f"must stay short, use at most {_MAX_TEMP_DIR_LEN}"
             )
         kwargs.setdefault("include_dashboard", False)
-        ray.init(address="local", num_cpus=num_cpus, _temp_dir=temp_dir or _private_temp_dir(), **kwargs)
+        # Ray enables token authentication for a new local cluster and warns that it did, on every
+        # start; the choice is right for a private cluster, so the warning is only noise here
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+        _start_local(num_cpus, temp_dir, kwargs)
     else:
         if num_cpus is not None or temp_dir is not None:
             raise ValueError(
@@ -74,6 +80,31 @@ def init_ray(
             )
         ray.init(address=address, **kwargs)
     return ray.get_runtime_context().gcs_address
+
+
+#: how often a local start is tried when the raylet does not register in time
+LOCAL_START_ATTEMPTS = 3
+
+
+def _start_local(num_cpus: float | None, temp_dir: str | None, kwargs: dict[str, Any]) -> None:
+    """``ray.init`` of a private local cluster, tried again when a loaded machine is too slow.
+
+    Ray gives a new raylet a fixed 30 s to register with the GCS; on a machine whose
+    cores are all busy that can fail although nothing is wrong. Such a start is shut
+    down and tried again (up to :data:`LOCAL_START_ATTEMPTS` times); any other error
+    is raised at once.
+    """
+    import ray
+
+    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+        try:
+            ray.init(address="local", num_cpus=num_cpus, _temp_dir=temp_dir or _private_temp_dir(), **kwargs)
+            return
+        except Exception as err:
+            if "timed out during startup" not in str(err) or attempt == LOCAL_START_ATTEMPTS:
+                raise
+            logger.warning("Ray's local node did not register in time (busy machine?); starting it again")
+            ray.shutdown()
 
 
 def shutdown_ray() -> None:

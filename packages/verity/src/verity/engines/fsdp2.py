@@ -40,6 +40,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from verity.engines.base import LossFn, MicroLossFn, TrainingEngine, ValueLossFn, make_aggregation_context
+from verity.engines.hf_loading import quiet_loading
 from verity.engines.logprobs import DEFAULT_CHUNK_TOKENS, response_logprobs
 from verity.engines.micro_batches import (
     LOGPROB_KEYS,
@@ -91,7 +92,8 @@ def load_causal_lm(
     if not path.is_dir():
         raise FileNotFoundError(f"model path {str(path)!r} is not a directory with an HF checkpoint")
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True, **extra)
+    with quiet_loading():
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True, **extra)
 
 
 class FSDP2Engine(TrainingEngine):

@@ -62,6 +62,26 @@ def embedded_tracking_uri(run_dir: str | os.PathLike[str]) -> str:
     return "sqlite:///" + str(Path(run_dir).resolve() / EMBEDDED_DB)
 
 
+def release_embedded_store(run_dir: str | os.PathLike[str]) -> None:
+    """Close this process's cached connections to ``<run_dir>/mlflow.db`` before the file is moved.
+
+    MLflow keeps one SQLAlchemy engine per database URI for the life of the process
+    (``SqlAlchemyStore._engine_map``); a store file moved or replaced under an open
+    engine leaves later writes failing ("readonly database") or landing in the moved
+    file. A fresh start that moves an old run aside calls this first.
+    """
+    try:
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    except ImportError:  # pragma: no cover - mlflow is a dependency
+        return
+    engines = getattr(SqlAlchemyStore, "_engine_map", None)
+    if not isinstance(engines, dict):
+        return
+    engine = engines.pop(embedded_tracking_uri(run_dir), None)
+    if engine is not None:
+        engine.dispose()
+
+
 def _template_store_path() -> Path:
     import mlflow
 

@@ -3,7 +3,10 @@
 On a TTY, a tqdm bar shows the step count, rate and ETA plus a few live
 metrics (``reward 0.512 acc 0.48 len 23.4 kl 1.2e-03 tok/s 15.2k``). When the
 stream is not a TTY (CI logs, ``| tee``), a plain line is printed for the first
-step, every ``every`` steps and the last step, so logs stay short.
+step, every ``every`` steps, the last step, and any step that ends more than
+``min_interval_s`` after the last line (so slow runs show every step), keeping logs
+short but never silent for long. :meth:`ProgressLine.note` prints a line between
+steps (validation started and finished).
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class ProgressLine:
         keys: metric names to show (default: reward, acc, length, kl, tokens/s).
         stream: where to write (default sys.stderr).
         every: when the stream is not a TTY, print every ``every`` steps (> 0).
+        min_interval_s: when the stream is not a TTY, also print any step ending this many
+            seconds after the last printed line.
         live: force the bar on (True) or off (False); None decides by ``stream.isatty()``.
         desc: label before the bar / line.
     """
@@ -64,6 +69,7 @@ class ProgressLine:
         keys: Sequence[str] = PROGRESS_KEYS,
         stream: TextIO | None = None,
         every: int = 10,
+        min_interval_s: float = 30.0,
         live: bool | None = None,
         desc: str = "train",
     ) -> None:
@@ -75,10 +81,12 @@ class ProgressLine:
         self.keys = tuple(keys)
         self.stream = stream if stream is not None else sys.stderr
         self.every = every
+        self.min_interval_s = min_interval_s
         self.desc = desc
         isatty = getattr(self.stream, "isatty", None)
         self.live = bool(isatty()) if live is None and callable(isatty) else bool(live)
         self._started = time.perf_counter()
+        self._last_line = self._started
         self._bar = None
         if self.live:
             from tqdm.auto import tqdm
@@ -95,10 +103,22 @@ class ProgressLine:
             self._bar.set_postfix_str(text, refresh=False)
             self._bar.refresh()
             return
-        if step == 1 or step % self.every == 0 or step == self.total_steps:
-            elapsed = time.perf_counter() - self._started
-            line = f"{self.desc} step {step}/{self.total_steps} [{elapsed:.0f}s]"
+        now = time.perf_counter()
+        slow = now - self._last_line >= self.min_interval_s
+        if step == 1 or step % self.every == 0 or step == self.total_steps or slow:
+            line = f"{self.desc} step {step}/{self.total_steps} [{now - self._started:.0f}s]"
             print(f"{line} {text}".rstrip(), file=self.stream, flush=True)
+            self._last_line = now
+
+    def note(self, message: str) -> None:
+        """Print one line between steps (e.g. ``validating at step 100``), above the bar on a TTY."""
+        elapsed = time.perf_counter() - self._started
+        line = f"{self.desc} [{elapsed:.0f}s] {message}"
+        if self._bar is not None:
+            self._bar.write(line, file=self.stream)
+        else:
+            print(line, file=self.stream, flush=True)
+            self._last_line = time.perf_counter()
 
     def close(self) -> None:
         """Finish the bar (no-op for plain lines)."""

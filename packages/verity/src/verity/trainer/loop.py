@@ -66,6 +66,7 @@ class RLTrainer:
         stages: override the stage list (default: the config's stage plan, plug-in
             planners included, :func:`verity.trainer.stage_plan.build_stage_plan`).
         progress: a callable ``(step, metrics)`` for console progress, or ``None``.
+        note: a callable ``(message)`` printing a line between steps (validation), or ``None``.
     """
 
     def __init__(
@@ -82,6 +83,7 @@ class RLTrainer:
         roles: dict[str, Any] | None = None,
         stages: list[Stage] | None = None,
         progress: Any | None = None,
+        note: Any | None = None,
     ) -> None:
         self.cfg = cfg
         self.actor = actor
@@ -98,6 +100,7 @@ class RLTrainer:
             stages = build_stage_plan(cfg).stages
         self.stages = stages
         self.progress = progress
+        self.note = note
         self.start_step = 0  # RL steps already done (a resumed run)
         self.result = TrainResult()  # their metrics and evaluations
         self.on_step_end: Any | None = None  # callable (step, result) after each step
@@ -114,6 +117,9 @@ class RLTrainer:
 
         One response per prompt: greedy, or sampled at ``rollout.val_temperature`` when it is > 0.
         """
+        started = time.perf_counter()
+        if self.note is not None:
+            self.note(f"validating at step {step}")
         correct = total = 0.0
         score_sum = 0.0
         per_source: dict[str, list[float]] = {}
@@ -144,6 +150,11 @@ class RLTrainer:
         }
         for source, accs in per_source.items():
             metrics[f"val/{source}/acc"] = sum(accs) / len(accs)
+        if self.note is not None:
+            seconds = time.perf_counter() - started
+            self.note(
+                f"validation at step {step}: accuracy {metrics['val/acc']:.3f} on {int(total)} prompts ({seconds:.0f}s)"
+            )
         if self.tracker is not None:
             self.tracker.log_metrics(metrics, step=step)
         return metrics

@@ -23,7 +23,12 @@ from typing import Any
 from verity.checkpoint.hooks import CheckpointHook
 from verity.checkpoint.manager import CheckpointManager
 from verity.checkpoint.replay import ReplayAwareTracker, logged_points
-from verity.checkpoint.resume import checkpoint_root, resolve_resume, warn_on_config_change
+from verity.checkpoint.resume import (
+    checkpoint_root,
+    require_same_config,
+    resolve_resume,
+    warn_on_config_change,
+)
 from verity.checkpoint.signals import GracefulStop
 from verity.checkpoint.state import TrainerState, restore_rng
 from verity.config.schema import VerityConfig
@@ -43,12 +48,18 @@ class ResumePlan:
     state: TrainerState | None
 
 
-def plan_resume(cfg: VerityConfig) -> ResumePlan:
-    """Resolve ``trainer.resume`` and read the chosen checkpoint's driver state (no workers needed)."""
+def plan_resume(cfg: VerityConfig, cfg_dict: dict[str, Any] | None = None) -> ResumePlan:
+    """Resolve ``trainer.resume`` and read the chosen checkpoint's driver state (no workers needed).
+
+    With ``trainer.resume=auto`` the checkpoint must have been saved with the same config
+    as ``cfg_dict`` (:func:`~verity.checkpoint.resume.require_same_config`).
+    """
     path = resolve_resume(cfg)
     if path is None:
         return ResumePlan(None, None)
     state = TrainerState.read(path)
+    if cfg.trainer.resume == "auto" and cfg_dict is not None:
+        require_same_config(state.config, cfg_dict, path)
     logger.info("resuming from %s (step %d of %d)", path, state.step, cfg.trainer.total_steps)
     return ResumePlan(path, state)
 
@@ -106,6 +117,7 @@ def attach_recovery(
     *,
     plan: ResumePlan,
     groups: dict[str, Any],
+    workers: dict[str, Any] | None = None,
     stop: GracefulStop,
     out_dir: Path,
     cfg_dict: dict[str, Any],
@@ -116,9 +128,11 @@ def attach_recovery(
     """Restore ``plan``'s checkpoint into ``trainer`` and its groups; install hook and stage guard.
 
     ``groups``: trained role name -> worker-group handle offering ``save_checkpoint`` /
-    ``load_checkpoint`` (``{"actor": actor}`` or with ``"critic"``).
+    ``load_checkpoint`` (``{"actor": actor}`` or with ``"critic"``). ``workers``: every
+    role's handle (default: ``groups``), for ``workers.json`` and the stage guard.
     """
-    write_workers_file(out_dir, groups)
+    workers = dict(workers or groups)
+    write_workers_file(out_dir, workers)
     manager = CheckpointManager(
         checkpoint_root(cfg), cfg.trainer.checkpoint.keep, groups, model_path, tokenizer_path
     )
@@ -156,6 +170,6 @@ def attach_recovery(
     )
     hook.start(trainer.result.history)
     trainer.on_step_end = hook
-    unique = {id(_worker_group(h)): _worker_group(h) for h in groups.values()}
+    unique = {id(_worker_group(h)): _worker_group(h) for h in workers.values()}
     trainer.stage_guard = StageGuard(cfg.trainer.stage_timeout_s, {g.name: g for g in unique.values()})
     return hook

@@ -65,7 +65,34 @@ def resolve_inputs(cfg: VerityConfig) -> ResolvedInputs:
 
 
 def run_training(cfg: VerityConfig) -> dict[str, Any]:
-    """Train as configured; return the summary dict (also written to ``summary.json``)."""
+    """Train as configured; return the summary dict (also written to ``summary.json``).
+
+    The output folder is locked for the run (:mod:`verity.trainer.run_dir`): a second run
+    into it fails at once. A fresh start (``trainer.resume=off``, or ``auto`` with no
+    checkpoint to continue) moves a previous run's outputs aside first.
+    """
+    from verity.trainer.run_dir import claim_output_dir
+
+    inputs = resolve_inputs(cfg)
+    out_dir = Path(cfg.trainer.output_dir).expanduser()
+    with claim_output_dir(out_dir):
+        return _train(cfg, inputs, out_dir)
+
+
+def _fresh_start_moves_aside(cfg: VerityConfig, out_dir: Path) -> None:
+    """Before a fresh start, move what an earlier run left in the output folder aside (and say where)."""
+    from verity.checkpoint.layout import find_latest
+    from verity.checkpoint.resume import checkpoint_root
+    from verity.trainer.run_dir import move_aside
+
+    mode, root = cfg.trainer.resume, checkpoint_root(cfg)
+    if mode == "off" or (mode == "auto" and find_latest(root) is None):
+        moved = move_aside(out_dir, root)
+        if moved is not None:
+            print(f"verity: a previous run's outputs in {out_dir} were moved to {moved}", flush=True)
+
+
+def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from verity.algorithms.kl_control import build_kl_controller
@@ -80,13 +107,13 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
     from verity.trainer.outputs import write_run_outputs
     from verity.trainer.recovery import attach_recovery, open_tracker, plan_resume
     from verity.trainer.roles import RoleGroups, cpus_needed, start_roles
+    from verity.trainer.run_dir import run_name
     from verity.trainer.stage_plan import build_stage_plan
     from verity.workers.registry import RoleInputs
 
-    inputs = resolve_inputs(cfg)
-    out_dir = Path(cfg.trainer.output_dir).expanduser()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plan = plan_resume(cfg)  # trainer.resume, checked before any worker starts
+    cfg_dict = config_to_dict(cfg)
+    _fresh_start_moves_aside(cfg, out_dir)
+    plan = plan_resume(cfg, cfg_dict)  # trainer.resume (same config for auto), before any worker starts
     tokenizer = AutoTokenizer.from_pretrained(inputs.tokenizer_path)
     d = cfg.data
     train_set = PromptDataset(
@@ -112,14 +139,13 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
     val_loader = PromptDataLoader(val_set, d.val_batch_size, shuffle=False, drop_last=False)
 
     backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
-    cfg_dict = config_to_dict(cfg)
     tracker = open_tracker(
         cfg,
         out_dir,
         plan,
         experiment=cfg.trainer.experiment_name,
         tracking_uri=cfg.trainer.tracking_uri,
-        run_name=cfg.trainer.run_name,
+        run_name=cfg.trainer.run_name or run_name(cfg.trainer.experiment_name, config_hash(cfg_dict)),
         tags={"backend": backend.name, "algorithm": cfg.algorithm.advantage.estimator},
     )
     tracker.log_params(cfg_dict)
@@ -169,12 +195,14 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
             critic=critic,
             roles=groups.handles,
             progress=(lambda step, m: progress.update(step, m)) if progress else None,
+            note=progress.note if progress else None,
         )
         attach_recovery(
             trainer,
             cfg,
             plan=plan,
             groups=groups.trained,
+            workers=groups.handles,
             stop=stop,
             out_dir=out_dir,
             cfg_dict=cfg_dict,

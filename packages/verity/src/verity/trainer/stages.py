@@ -250,7 +250,7 @@ def reward_model_score(ctx: StepContext, batch: Batch) -> Batch:
     texts = tokenizer.batch_decode(
         [row[m].tolist() for row, m in zip(batch["responses"], mask, strict=True)], skip_special_tokens=True
     )
-    request = Batch.from_dict({"response_text": texts, "raw_prompt": list(batch["raw_prompt"])})
+    request = Batch.from_dict(non_tensors={"response_text": texts, "raw_prompt": list(batch["raw_prompt"])})
     rm_scores = ctx.role("reward_model").compute_rm_score(request)["rm_scores"]
     batch["rm_scores"] = rm_scores
     batch["scores"] = mix_scores(batch["scores"], rm_scores, ctx.cfg.reward_model.weight)

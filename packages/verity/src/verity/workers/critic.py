@@ -76,22 +76,19 @@ def load_value_model(
     from pathlib import Path
 
     from transformers import AutoConfig, AutoModelForTokenClassification
-    from transformers.utils import logging as hf_logging
+
+    from verity.engines.hf_loading import quiet_loading
 
     if not Path(model_path).is_dir():
         raise FileNotFoundError(f"critic model path {model_path!r} is not a directory with an HF checkpoint")
     config = AutoConfig.from_pretrained(model_path, local_files_only=True)
     config.num_labels = 1
     config.classifier_dropout = 0.0
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the new head is "missing" from a causal-LM checkpoint, as intended
-    try:
-        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    with quiet_loading():  # errors only: the new head is "missing" from a causal-LM checkpoint, as intended
         model = AutoModelForTokenClassification.from_pretrained(
             model_path, config=config, dtype=dtype, local_files_only=True, **extra
         )
-    finally:
-        hf_logging.set_verbosity(verbosity)
     head = getattr(model, "score", None)
     if not isinstance(head, torch.nn.Linear) or head.out_features != 1:
         raise TypeError(f"{type(model).__name__} has no scalar 'score' head; cannot use it as a critic")

@@ -45,20 +45,17 @@ if "rm_scores" not in declared_keys():
 def load_reward_model(model_path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """The checkpoint at ``model_path`` as a one-label sequence classifier, in eval mode."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
+
+    from verity.engines.hf_loading import quiet_loading
 
     if not (Path(model_path) / "config.json").is_file():
         raise FileNotFoundError(f"reward model path {model_path!r}: expected a folder with an HF checkpoint")
     config = AutoConfig.from_pretrained(model_path, local_files_only=True)
     config.num_labels = 1
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # a causal-LM checkpoint has no head yet: that warning is expected
-    try:
+    with quiet_loading():  # errors only: a causal-LM checkpoint has no head yet, as expected
         model = AutoModelForSequenceClassification.from_pretrained(
             model_path, config=config, dtype=dtype, local_files_only=True
         )
-    finally:
-        hf_logging.set_verbosity(verbosity)
     model.eval()
     return model
 
