@@ -70,7 +70,7 @@ def test_missing_config_file() -> None:
 
 def test_config_to_dict_is_plain() -> None:
     d = config_to_dict(load_config())
-    assert d["actor"]["optim"]["lr"] == pytest.approx(1e-6)
+    assert d["actor"]["optim"]["lr"] == pytest.approx(3e-5)  # the embedded default's learning rate
     assert isinstance(d["data"]["train_files"], list)
 
 
