@@ -64,6 +64,13 @@ def run_scenarios(make_engine, batch, out: dict, prefix: str) -> None:
     out[f"{prefix}/logprobs"] = engine.compute_logprobs(batch, micro_batch_size=3, temperature=0.8)
     out[f"{prefix}/metrics"] = [engine.train_step(batch, actor_loss("token-mean"), 2) for _ in range(2)]
     out[f"{prefix}/weights"] = full_weights(engine)
+    if hasattr(engine, "dp_layout"):  # weight sync into a fresh HF model, as the actor's rollout receives it
+        from verity.resharding import ModuleWeightReceiver, sync_weights
+
+        receiver = tiny_qwen2(seed=7, tie_word_embeddings=engine.shape.tie_word_embeddings)
+        stats = sync_weights(engine, ModuleWeightReceiver(receiver), bucket_bytes=8192)
+        out[f"{prefix}/synced"] = {n: p.detach().clone() for n, p in receiver.named_parameters()}
+        out[f"{prefix}/sync_tensors"] = stats.num_tensors
 
 
 def full_weights(engine) -> dict[str, torch.Tensor]:
@@ -99,10 +106,33 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 run_scenarios(
                     lambda tied=tied, tp=tp, pp=pp: _megatron(tied, tp, pp), batch, out, f"{name}/{tied}"
                 )
+        padded_vocab_scenario(out)
         checkpoint_scenarios(rank, out_dir, out)
         torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+def padded_vocab_scenario(out: dict) -> None:
+    """TP=2 with a vocabulary of 101 (padded to 102 inside Megatron): log-probs and a gradient."""
+    from verity.engines.megatron import MegatronEngine, MegatronOptions
+
+    engine = MegatronEngine(odd_vocab_model(), CFG, MegatronOptions(tensor_parallel_size=2))
+    batch = rl_batch(False)
+    out["vocab101/logprobs"] = engine.compute_logprobs(batch, 4)
+    engine.forward_backward(batch, actor_loss("token-mean"), 3, entropy_requires_grad=True)
+    out["vocab101/grad"] = engine.full_gradients()
+    out["vocab101/local_rows"] = engine.model.embedding.word_embeddings.weight.shape[0]
+
+
+def odd_vocab_model():
+    from helpers.tiny_models import tiny_qwen2_config
+    from transformers import Qwen2ForCausalLM
+
+    config = tiny_qwen2_config(tie_word_embeddings=False)
+    config.vocab_size = 101
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config)
 
 
 def checkpoint_scenarios(rank: int, out_dir: str, out: dict) -> None:
@@ -217,6 +247,33 @@ def test_train_steps_equal_fsdp2(ranks, reference, layout, tied):
         assert_close_dicts(
             ranks[rank][f"{layout}/{tied}/weights"], reference[f"ref/{tied}/weights"], "weights", 1e-4
         )
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("tied", [False, True])
+def test_weight_sync_fills_an_hf_model_with_the_trained_weights(ranks, layout, tied):
+    for rank in range(WORLD):
+        r = ranks[rank]
+        synced, weights = r[f"{layout}/{tied}/synced"], r[f"{layout}/{tied}/weights"]
+        assert r[f"{layout}/{tied}/sync_tensors"] == len(weights)
+        assert_close_dicts(synced, weights, "synced", atol=0)
+
+
+def test_vocabulary_padded_for_tensor_parallelism(ranks):
+    model = odd_vocab_model()
+    ref = FSDP2Engine(model, CFG)
+    batch = rl_batch(False)
+    lp_ref, ent_ref = ref.compute_logprobs(batch, 4)
+    ref.forward_backward(batch, actor_loss("token-mean"), 3, entropy_requires_grad=True)
+    grads = ref.full_gradients()
+    mask = batch["response_mask"].bool()
+    for rank in range(WORLD):
+        r = ranks[rank]
+        assert r["vocab101/local_rows"] == 51  # 101 rows padded to 102, 51 per rank
+        lp, ent = r["vocab101/logprobs"]
+        torch.testing.assert_close(lp[mask], lp_ref[mask], rtol=0, atol=TOL)
+        torch.testing.assert_close(ent[mask], ent_ref[mask], rtol=0, atol=TOL)
+        assert_close_dicts(r["vocab101/grad"], grads, f"vocab 101 rank {rank}")
 
 
 def test_checkpoint_round_trip_at_tp2(ranks):
