@@ -26,7 +26,7 @@ from verity.engines import FSDP2Engine, OptimConfig  # noqa: E402
 WORLD = 2
 LAYOUTS = {"dp2": (1, 1), "tp2": (2, 1), "pp2": (1, 2)}
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-CFG = OptimConfig(lr=1e-2, warmup_steps=2, max_grad_norm=1.0)
+CFG = OptimConfig(lr=1e-2, warmup_steps=2, grad_clip=1.0)
 TOL = 1e-5
 
 

@@ -147,7 +147,7 @@ def test_inference_only_engine_refuses_to_train(group):
 
 def test_bad_configs_are_refused_before_compute(group):
     with pytest.raises(ValueError, match="tensor_parallel_size must be an int >= 1"):
-        MegatronOptions(tensor_parallel_size=0)
+        MegatronOptions(tensor_parallel_size=0).validate()
     with pytest.raises(ValueError, match="not a multiple of 2"):
         MegatronEngine(tiny_qwen2(), None, MegatronOptions(tensor_parallel_size=2))
     with pytest.raises(ValueError, match="sliding-window"):

@@ -113,6 +113,15 @@ class TrainingEngine(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not train value models")
 
     @property
+    def dp_layout(self) -> tuple[int, int, bool]:
+        """``(dp_rank, dp_size, is_collector)`` of this rank, for ``Worker.set_dp_layout``.
+
+        Ranks with the same ``dp_rank`` must be given the same rows; exactly one of them
+        is the collector whose answers are returned. Default: every rank its own replica.
+        """
+        return self.rank, self.world_size, True
+
+    @property
     @abc.abstractmethod
     def model(self) -> torch.nn.Module:
         """The module holding this rank's weights (FSDP2: ``DTensor`` shards; Megatron: this

@@ -78,11 +78,15 @@ class MegatronEngine(TrainingEngine):
             checkpoint folder.
         optim_config: AdamW and LR-schedule settings; ``None`` makes an inference-only engine.
         options: TP / PP sizes (:class:`MegatronOptions`); default TP=PP=1.
+        total_steps: optimizer steps of the whole run, the horizon of the LR schedule.
         device: where this rank computes (default ``cuda:$LOCAL_RANK`` or ``cpu``).
     """
 
+    name = "megatron"  # what a run records as the engine that trained
     #: LoRA adapters are not implemented for this engine
     supports_adapters = False
+    #: value models (a critic's scalar head) are not implemented for this engine
+    trains_values = False
 
     def __init__(
         self,
@@ -90,11 +94,13 @@ class MegatronEngine(TrainingEngine):
         optim_config: OptimConfig | None = None,
         options: MegatronOptions | None = None,
         *,
+        total_steps: int = 1,
         device: torch.device | str | None = None,
     ) -> None:
         from verity.engines.fsdp2 import default_device, load_causal_lm
 
         self.options = options or MegatronOptions()
+        self.options.validate()
         self.device = torch.device(device) if device is not None else default_device()
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -130,7 +136,7 @@ class MegatronEngine(TrainingEngine):
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
         if optim_config is not None:
             self.optimizer = build_optimizer(self._module.parameters(), optim_config)
-            self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_config)
+            self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_config, total_steps)
         else:
             self._module.requires_grad_(False)
         self.global_step = 0
@@ -325,7 +331,7 @@ class MegatronEngine(TrainingEngine):
         lr = float(optimizer.param_groups[0]["lr"])
         finite = math.isfinite(grad_norm)
         if finite:
-            scale_gradients(self._module.parameters(), grad_norm, self.optim_config.max_grad_norm)
+            scale_gradients(self._module.parameters(), grad_norm, self.optim_config.grad_clip)
             optimizer.step()
         self.lr_scheduler.step()
         optimizer.zero_grad(set_to_none=True)
