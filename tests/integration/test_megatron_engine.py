@@ -64,7 +64,7 @@ def run_scenarios(make_engine, batch, out: dict, prefix: str) -> None:
     out[f"{prefix}/logprobs"] = engine.compute_logprobs(batch, micro_batch_size=3, temperature=0.8)
     out[f"{prefix}/metrics"] = [engine.train_step(batch, actor_loss("token-mean"), 2) for _ in range(2)]
     out[f"{prefix}/weights"] = full_weights(engine)
-    if hasattr(engine, "dp_layout"):  # weight sync into a fresh HF model, as the actor's rollout receives it
+    if engine.name == "megatron":  # weight sync into a fresh HF model, as the actor's rollout receives it
         from verity.resharding import ModuleWeightReceiver, sync_weights
 
         receiver = tiny_qwen2(seed=7, tie_word_embeddings=engine.shape.tie_word_embeddings)

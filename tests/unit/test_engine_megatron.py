@@ -134,10 +134,15 @@ def test_logits_and_logprobs_equal_hf(group, tied):
 
 
 def test_inference_only_engine_refuses_to_train(group):
-    from verity.engines import OptimConfig, build_engine
+    from verity.engines import EngineBuildContext, OptimConfig, build_training_engine
 
-    engine = build_engine("megatron", tiny_qwen2(), None)
-    assert isinstance(engine, MegatronEngine) and engine.supports_adapters is False
+    ctx = EngineBuildContext(
+        role="reference", load_model=tiny_qwen2, model_path="unused", device=torch.device("cpu")
+    )
+    engine = build_training_engine("megatron", ctx)
+    assert (
+        isinstance(engine, MegatronEngine) and engine.name == "megatron" and engine.supports_adapters is False
+    )
     with pytest.raises(RuntimeError, match="inference only"):
         engine.train_step(make_padded_batch(), lambda *a: (torch.zeros(()), {}), 2)
     assert set(engine.state_dict_for_checkpoint()) == {"model", "global_step"}
