@@ -140,7 +140,6 @@ def checkpoint_scenarios(rank: int, out_dir: str, out: dict) -> None:
     Then the TP=2 checkpoint loads at PP=2 and at DP=2."""
     from verity.checkpoint.sharded import load_engine, save_engine
 
-    batch = make_padded_batch(seed=3)
     loss = actor_loss("token-mean")
     folder = os.path.join(out_dir, "ckpt_tp2")
     rl = rl_batch(False)
@@ -159,7 +158,6 @@ def checkpoint_scenarios(rank: int, out_dir: str, out: dict) -> None:
         load_engine(folder, c, rank=rank, world_size=WORLD)
         out[f"ckpt/{name}/weights"] = full_weights(c)
         out[f"ckpt/{name}/adam"] = c.state_dict_for_checkpoint()["optimizer"]["state"]
-    del batch
 
 
 @pytest.fixture(scope="module")

@@ -228,6 +228,13 @@ def _validate_engines(cfg: VerityConfig) -> None:
 
 def _validate_megatron(cfg: VerityConfig, has_critic: bool) -> None:
     """``actor.megatron`` sizes, and what the megatron engine does not support in this version."""
+    from verity.engines.megatron import megatron_available
+
+    if not megatron_available():
+        raise ConfigError(
+            "actor.engine=megatron needs megatron-core, which is not installed: "
+            "pip install 'verity[megatron]' (megatron-core 0.16.1, see docs/engines.md)"
+        )
     options = cfg.actor.megatron
     try:
         options.validate()

@@ -243,13 +243,9 @@ def full_from_locals(
 
 
 def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """An HF model's tensors by name (parameters; tied ``lm_head`` dropped when it aliases the embedding)."""
-    params = dict(model.named_parameters())
-    out = {n: p.detach() for n, p in params.items()}
-    lm_head = dict(model.named_parameters(remove_duplicate=False)).get("lm_head.weight")
-    if lm_head is not None and "lm_head.weight" not in params:
-        out.pop("lm_head.weight", None)
-    return out
+    """An HF model's parameters by name; a tied ``lm_head`` (an alias of the embedding) appears once,
+    as ``model.embed_tokens.weight``."""
+    return {n: p.detach() for n, p in model.named_parameters()}
 
 
 @torch.no_grad()
