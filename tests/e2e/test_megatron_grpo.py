@@ -85,3 +85,25 @@ def test_killed_megatron_run_resumes_exactly(paths, uninterrupted, tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "resuming from" in second.stderr and "step_1" in second.stderr
     assert_same_metrics(out, uninterrupted, steps=STEPS)
+
+
+def test_megatron_checkpoint_exports_to_an_hf_folder(paths, uninterrupted, tmp_path):
+    import subprocess
+    import sys
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf_dir = tmp_path / "hf"
+    done = subprocess.run(
+        [sys.executable, "-m", "verity.cli.main", "export", str(uninterrupted), str(hf_dir)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    exported = AutoModelForCausalLM.from_pretrained(hf_dir).state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(paths["model"]).state_dict()
+    assert set(exported) == set(initial)
+    changed = [k for k in initial if not torch.equal(exported[k], initial[k])]
+    assert "model.layers.0.self_attn.q_proj.weight" in changed and "model.norm.weight" in changed
