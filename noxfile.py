@@ -54,7 +54,7 @@ def install_harness(session: nox.Session, *recipes: Path, browser: bool = False)
 @nox.session
 def tests(session: nox.Session) -> None:
     """The full CPU test suite (what CI runs)."""
-    install_runtime(session, "test")
+    install_runtime(session, "test", "megatron")
     # pytest.ini collects recipes/ and harness/ too; the browser test uses playwright + system Chromium
     session.install("-c", CONSTRAINTS, "-e", "harness[browser]")
     for folder in recipe_folders():

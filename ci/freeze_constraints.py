@@ -2,8 +2,8 @@
 
     python ci/freeze_constraints.py > constraints.txt
 
-Run it in an environment where the runtime was installed with its test extra; torch is
-pinned separately (its CPU wheel must be installed first).
+Run it in an environment where the runtime was installed with its test and megatron extras
+(``nox -s tests`` installs both); torch is pinned separately (its CPU wheel must be installed first).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
+EXTRAS = ("test", "megatron")
 ROOTS = ["verity", "verity-harness", "playwright", "nox", "ruff", "pytest", "pytest-timeout", "pyyaml"]
 
 
@@ -22,7 +23,7 @@ def requirement_names(dist: metadata.Distribution) -> list[str]:
     names = []
     for req in dist.requires or []:
         head, _, marker = req.partition(";")
-        if "extra ==" in marker and 'extra == "test"' not in marker:
+        if "extra ==" in marker and not any(f'extra == "{e}"' in marker for e in EXTRAS):
             continue
         names.append(canonical(re.split(r"[\s\[<>=!~(]", head.strip(), maxsplit=1)[0]))
     return names

@@ -82,3 +82,39 @@ def test_named_config_file_finds_a_yaml_or_names_the_known_ones(tmp_path) -> Non
     assert named_config_file(tmp_path, "cpu") == tmp_path / "cpu.yaml"
     with pytest.raises(FileNotFoundError, match=r"no config 'gpu' in .*; known: big, cpu"):
         named_config_file(tmp_path, "gpu")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (
+            ["actor.megatron.tensor_parallel_size=0"],
+            "actor.megatron.tensor_parallel_size must be an int >= 1",
+        ),
+        (
+            ["trainer.n_workers=2", "actor.megatron.tensor_parallel_size=4"],
+            "trainer.n_workers = 2 is not a multiple of actor.megatron.tensor_parallel_size x "
+            "pipeline_parallel_size = 4",
+        ),
+        (["algorithm.advantage.estimator=gae"], "runs with a critic are not supported yet"),
+        (["model.gradient_checkpointing=true"], "does not recompute activations"),
+        (["model.dtype=bfloat16"], "trains in float32 only"),
+    ],
+)
+def test_megatron_engine_config_errors_are_named(overrides: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(["actor.engine=megatron", *overrides])
+    assert needle in str(err.value)
+
+
+def test_megatron_engine_is_registered_without_values_or_adapters() -> None:
+    from verity.engines import TRAINING_ENGINES
+
+    spec = TRAINING_ENGINES.get("megatron")
+    assert spec.trains_values is False and spec.supports_adapters is False
+    cfg = load_config(
+        ["actor.engine=megatron", "actor.megatron.tensor_parallel_size=2", "trainer.n_workers=2"]
+    )
+    assert cfg.actor.megatron.tensor_parallel_size == 2
+    with pytest.raises(ConfigError, match="cannot train value models"):
+        load_config(["critic.engine=megatron", "algorithm.advantage.estimator=gae"])

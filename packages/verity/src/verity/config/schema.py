@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from verity.algorithms.configs import AdvantageConfig, KLConfig, PolicyLossConfig
 from verity.engines.optim import OptimConfig
-from verity.engines.options import FSDP2Options
+from verity.engines.options import FSDP2Options, MegatronOptions
 
 
 @dataclass
@@ -59,6 +59,7 @@ class RolloutConfig:
 class ActorConfig:
     engine: str = "fsdp2"  # training backend, from the training-engine registry (verity.engines.registry)
     fsdp2: FSDP2Options = field(default_factory=FSDP2Options)  # settings of the fsdp2 engine
+    megatron: MegatronOptions = field(default_factory=MegatronOptions)  # settings of the megatron engine
     optim: OptimConfig = field(default_factory=OptimConfig)
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     ppo_mini_batch_size: int = 32  # prompts per optimizer step

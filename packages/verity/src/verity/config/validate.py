@@ -222,6 +222,42 @@ def _validate_engines(cfg: VerityConfig) -> None:
             raise ConfigError(f"{key}: {err}") from None
     if has_critic and not TRAINING_ENGINES.get(cfg.critic.engine).trains_values:
         raise ConfigError(f"critic.engine: the {cfg.critic.engine!r} engine cannot train value models")
+    if cfg.actor.engine == "megatron":
+        _validate_megatron(cfg, has_critic)
+
+
+def _validate_megatron(cfg: VerityConfig, has_critic: bool) -> None:
+    """``actor.megatron`` sizes, and what the megatron engine does not support in this version."""
+    from verity.engines.megatron import megatron_available
+
+    if not megatron_available():
+        raise ConfigError(
+            "actor.engine=megatron needs megatron-core, which is not installed: "
+            "pip install 'verity[megatron]' (megatron-core 0.16.1, see docs/engines.md)"
+        )
+    options = cfg.actor.megatron
+    try:
+        options.validate()
+    except ValueError as err:
+        raise ConfigError(f"actor.{err}") from None
+    model_parallel = options.tensor_parallel_size * options.pipeline_parallel_size
+    if cfg.trainer.n_workers % model_parallel:
+        raise ConfigError(
+            f"trainer.n_workers = {cfg.trainer.n_workers} is not a multiple of actor.megatron."
+            f"tensor_parallel_size x pipeline_parallel_size = {model_parallel}"
+        )
+    if has_critic:
+        raise ConfigError(
+            "actor.engine=megatron: runs with a critic are not supported yet (the critic's engine would "
+            "need the actor's data-parallel layout); use actor.engine=fsdp2 for gae / critic runs"
+        )
+    if cfg.model.gradient_checkpointing:
+        raise ConfigError("model.gradient_checkpointing: the megatron engine does not recompute activations")
+    if cfg.model.dtype != "float32":
+        raise ConfigError(
+            f"model.dtype={cfg.model.dtype!r}: the megatron engine trains in float32 only "
+            "(bf16 mixed precision is not implemented for it)"
+        )
 
 
 def _validate_placement(section: str, placement: str, n_workers: int | None) -> None:

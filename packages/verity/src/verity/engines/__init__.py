@@ -2,6 +2,8 @@
 
 - :class:`FSDP2Engine` (``fsdp2``, the default): ``fully_shard`` per decoder layer,
   CPU/gloo and GPU/nccl.
+- ``MegatronEngine`` (``megatron``, :mod:`verity.engines.megatron`): Megatron-core tensor, pipeline
+  and data parallelism (CPU/gloo and GPU/nccl); needs the ``megatron`` extra.
 
 An engine is chosen by ``actor.engine`` / ``critic.engine`` and built through
 :func:`build_training_engine` from the registry in :mod:`verity.engines.registry`;
@@ -22,8 +24,10 @@ from verity.engines.optim import (
     OptimConfig,
     build_lr_scheduler,
     build_optimizer,
+    clip_coefficient,
     clip_gradients,
     lr_multiplier,
+    scale_gradients,
 )
 from verity.engines.options import FSDP2Options
 from verity.engines.registry import (
@@ -47,10 +51,12 @@ __all__ = [
     "build_lr_scheduler",
     "build_optimizer",
     "build_training_engine",
+    "clip_coefficient",
     "clip_gradients",
     "logprobs_and_entropy_from_logits",
     "lr_multiplier",
     "make_aggregation_context",
     "register_training_engine",
     "response_logprobs",
+    "scale_gradients",
 ]

@@ -11,8 +11,10 @@ whole mini-batches of the verl layout (see ``verity.batch``):
 - :meth:`TrainingEngine.compute_values` / :meth:`TrainingEngine.value_train_step` are
   the same two for a value model (a critic: the backbone with a scalar head), whose
   loss callable sees per-token values instead of log-probs;
-- :attr:`TrainingEngine.model` is what ``verity.resharding`` gathers full weights
-  from, in buckets, for the rollout (weight sync);
+- :meth:`TrainingEngine.iter_full_weights` yields the full weights under the HF
+  model's names, in bounded buckets, on every rank (a collective): what
+  ``verity.resharding.sync_weights`` hands to the rollout; by default it gathers
+  :attr:`TrainingEngine.model` (FSDP2 ``DTensor`` shards);
 - :meth:`TrainingEngine.state_dict_for_checkpoint` /
   :meth:`TrainingEngine.load_checkpoint_state` for ``torch.distributed.checkpoint``.
 
@@ -27,7 +29,7 @@ micro-batch size or the number of workers.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -111,12 +113,39 @@ class TrainingEngine(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not train value models")
 
     @property
+    def dp_layout(self) -> tuple[int, int, bool]:
+        """``(dp_rank, dp_size, is_collector)`` of this rank, for ``Worker.set_dp_layout``.
+
+        Ranks with the same ``dp_rank`` must be given the same rows; exactly one of them
+        is the collector whose answers are returned. Default: every rank its own replica.
+        """
+        return self.rank, self.world_size, True
+
+    @property
     @abc.abstractmethod
     def model(self) -> torch.nn.Module:
-        """The module holding this rank's weights (FSDP2: ``DTensor`` shards).
+        """The module holding this rank's weights (FSDP2: ``DTensor`` shards; Megatron: this
+        rank's pipeline stage with its tensor-parallel shards, under Megatron's names).
 
-        ``verity.resharding`` gathers full tensors from it for weight sync.
+        Weight sync reads :meth:`iter_full_weights`, not this module.
         """
+
+    def iter_full_weights(
+        self,
+        bucket_bytes: int = 256 * 1024 * 1024,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Buckets (lists of ``(name, full tensor)``, at most ``bucket_bytes`` each in ``dtype``) of
+        every weight under the HF model's parameter names, on every rank.
+
+        A collective: every rank must consume the generator to the end. The default
+        gathers :attr:`model` with ``verity.resharding.iter_full_state_dict_buckets``.
+        """
+        from verity.resharding.gather import iter_full_state_dict_buckets
+
+        yield from iter_full_state_dict_buckets(self.model, bucket_bytes, dtype=dtype, device=device)
 
     @abc.abstractmethod
     def state_dict_for_checkpoint(self) -> dict[str, Any]:

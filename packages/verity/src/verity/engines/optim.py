@@ -116,6 +116,32 @@ def build_lr_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, config, horizon))
 
 
+def clip_coefficient(total_norm: float, max_norm: float) -> float:
+    """The factor ``min(1, max_norm / (total_norm + 1e-6))`` that clipping multiplies gradients by.
+
+    ``max_norm <= 0`` or ``inf`` disables clipping (factor 1). The same formula as
+    ``torch.nn.utils.clip_grad_norm_``, for engines that compute the global norm themselves.
+    """
+    if not max_norm > 0 or math.isinf(max_norm):
+        return 1.0
+    return min(1.0, max_norm / (total_norm + 1e-6))
+
+
+@torch.no_grad()
+def scale_gradients(parameters: Iterable[nn.Parameter], total_norm: float, max_norm: float) -> float:
+    """Clip gradients in place given their global L2 norm ``total_norm``; returns the factor used.
+
+    For engines whose parameters are split in ways ``clip_grad_norm_`` cannot see
+    (tensor/pipeline parallelism): the caller measures the norm over all shards.
+    """
+    factor = clip_coefficient(total_norm, max_norm)
+    if factor < 1.0:
+        for p in parameters:
+            if p.grad is not None:
+                p.grad.mul_(factor)
+    return factor
+
+
 def clip_gradients(parameters: Iterable[nn.Parameter], max_norm: float) -> float:
     """Clip gradients in place to global L2 norm ``max_norm``; return the norm before clipping.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FSDP2Options"]
+__all__ = ["FSDP2Options", "MegatronOptions"]
 
 
 @dataclass
@@ -20,3 +20,48 @@ class FSDP2Options:
     reshard_after_forward: bool = True
     # bf16 compute with fp32 gradient reduction and master weights; null: on for CUDA, off on CPU
     mixed_precision: bool | None = None
+
+
+@dataclass
+class MegatronOptions:
+    """How the Megatron-core engine splits a model over the ranks of its process group.
+
+    The world (every rank of the default ``torch.distributed`` group) is cut into
+    ``tensor_parallel_size x pipeline_parallel_size x data_parallel_size`` ranks, in
+    Megatron's order: tensor-parallel peers are consecutive ranks, data-parallel
+    replicas next, pipeline stages outermost. ``data_parallel_size`` is what is left:
+    ``world_size / (tensor_parallel_size * pipeline_parallel_size)``.
+
+    Attributes:
+        tensor_parallel_size: ranks that split each weight matrix (Megatron TP): attention
+            heads and MLP width column-wise, output projections row-wise, the vocabulary
+            of the embedding and output layer. Must divide the number of attention heads,
+            key/value heads, MLP width and vocabulary.
+        pipeline_parallel_size: stages the decoder layers are cut into (equal numbers of
+            layers per stage; the first stage also holds the embedding, the last the final
+            norm and output layer). Must divide the number of layers.
+        seed: the seed of Megatron's model-parallel RNG on GPUs (dropout is off; kept for
+            reproducible layer construction).
+    """
+
+    tensor_parallel_size: int = 1  # ranks splitting each weight matrix (heads, MLP width, vocabulary)
+    pipeline_parallel_size: int = 1  # stages the decoder layers are cut into
+    seed: int = 1234  # Megatron's model-parallel RNG seed on GPUs
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first setting that is out of range."""
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"megatron.{name} must be an int >= 1, got {value!r}")
+
+    def data_parallel_size(self, world_size: int) -> int:
+        """``world_size / (TP * PP)``; ``ValueError`` when it does not divide."""
+        model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size
+        if world_size % model_parallel != 0:
+            raise ValueError(
+                f"the {world_size} ranks cannot be cut into tensor_parallel_size={self.tensor_parallel_size} "
+                f"x pipeline_parallel_size={self.pipeline_parallel_size} groups: "
+                f"{world_size} is not a multiple of {model_parallel}"
+            )
+        return world_size // model_parallel

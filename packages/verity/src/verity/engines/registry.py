@@ -121,3 +121,18 @@ def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
 
 
 register_training_engine("fsdp2", _build_fsdp2)
+
+
+def _build_megatron(ctx: EngineBuildContext) -> TrainingEngine:
+    from verity.engines.megatron import MegatronEngine
+
+    if ctx.gradient_checkpointing:
+        raise ValueError(
+            "the megatron engine does not implement activation recomputation (model.gradient_checkpointing)"
+        )
+    return MegatronEngine(
+        ctx.load_model(), ctx.optim, ctx.options, total_steps=ctx.total_steps, device=ctx.device
+    )
+
+
+register_training_engine("megatron", _build_megatron, trains_values=False, supports_adapters=False)

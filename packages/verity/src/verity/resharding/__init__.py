@@ -3,8 +3,9 @@
 - :func:`iter_full_state_dict` gathers FSDP2 shards to full tensors in bounded buckets;
 - :mod:`verity.resharding.names` maps trainer names to a rollout's names;
 - :func:`slice_for_tp` cuts a full tensor for one rank of a tensor-parallel rollout;
-- :func:`sync_weights` streams the weights into ``rollout.load_weights`` (in-process
-  copy when colocated, :func:`copy_named_tensors_into`).
+- :func:`sync_weights` streams an engine's full weights (its ``iter_full_weights``, see
+  :func:`iter_engine_weights`) into ``rollout.load_weights`` (in-process copy when
+  colocated, :func:`copy_named_tensors_into`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ from verity.resharding.names import (
     skip_matching,
     strip_prefix,
 )
-from verity.resharding.sync import ModuleWeightReceiver, SyncStats, copy_named_tensors_into, sync_weights
+from verity.resharding.sync import (
+    ModuleWeightReceiver,
+    SyncStats,
+    copy_named_tensors_into,
+    iter_engine_weights,
+    sync_weights,
+)
 from verity.resharding.tp_slice import slice_for_tp, tp_split_dim
 
 __all__ = [
@@ -38,6 +45,7 @@ __all__ = [
     "compose",
     "copy_named_tensors_into",
     "identity_names",
+    "iter_engine_weights",
     "iter_full_state_dict",
     "iter_full_state_dict_buckets",
     "map_names",

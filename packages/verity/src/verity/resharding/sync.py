@@ -1,8 +1,12 @@
 """Weight sync: hand the trainer's current weights to a rollout engine.
 
 ``sync_weights(engine, rollout)`` streams full tensors gathered bucket by bucket
-(:mod:`verity.resharding.gather`) through an optional name mapper into
-``rollout.load_weights(named_tensors)``.
+through an optional name mapper into ``rollout.load_weights(named_tensors)``. The
+buckets come from the engine's ``iter_full_weights(bucket_bytes, dtype=, device=)``
+(every :class:`~verity.engines.TrainingEngine` has it: FSDP2 gathers its ``DTensor``
+shards with :mod:`verity.resharding.gather`; Megatron gathers tensor-parallel shards and
+collects pipeline stages, under HF names) or, for a plain module, from
+:func:`~verity.resharding.gather.iter_full_state_dict_buckets`.
 
 Colocated (the rollout lives in the same process as the trainer rank, the default
 on one machine): the gathered tensors are copied straight into the rollout model's
@@ -24,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from verity.resharding.gather import DEFAULT_BUCKET_BYTES, iter_full_state_dict
+from verity.resharding.gather import DEFAULT_BUCKET_BYTES, iter_full_state_dict_buckets
 from verity.resharding.names import NameMapper, map_names
 
 
@@ -94,15 +98,31 @@ class ModuleWeightReceiver:
         return copy_named_tensors_into(self.module, named_tensors, strict=self.strict)
 
 
-def _source_module(engine: Any) -> nn.Module:
-    if isinstance(engine, nn.Module):
-        return engine
-    module = getattr(engine, "model", None)
-    if not isinstance(module, nn.Module):
-        raise TypeError(
-            f"sync_weights needs a training engine with a .model module, got {type(engine).__name__}"
-        )
-    return module
+def iter_engine_weights(
+    engine: Any,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, full tensor)`` of every weight of an engine or module, gathered in buckets (collective).
+
+    Uses ``engine.iter_full_weights`` when the engine has it (names as the rollout's HF
+    model names them), else gathers ``engine`` itself or its ``.model`` module.
+    """
+    if not isinstance(engine, nn.Module) and hasattr(engine, "iter_full_weights"):
+        buckets = engine.iter_full_weights(bucket_bytes, dtype=dtype, device=device)
+    else:
+        module = engine if isinstance(engine, nn.Module) else getattr(engine, "model", None)
+        if not isinstance(module, nn.Module):
+            raise TypeError(
+                "sync_weights needs a training engine with iter_full_weights() or a .model module, "
+                f"got {type(engine).__name__}"
+            )
+        buckets = iter_full_state_dict_buckets(module, bucket_bytes, dtype=dtype, device=device)
+    for bucket in buckets:
+        while bucket:
+            yield bucket.pop(0)
 
 
 def sync_weights(
@@ -117,7 +137,7 @@ def sync_weights(
     """Send ``engine``'s full weights to ``rollout.load_weights`` (collective over the training group).
 
     Args:
-        engine: a training engine (its ``.model``) or a module.
+        engine: a training engine (its ``iter_full_weights``) or a module.
         rollout: anything with ``load_weights(iterable of (name, tensor))``, e.g.
             ``verity.rollout.HFRollout`` or :class:`ModuleWeightReceiver`; ``None`` on
             ranks that only help gather.
@@ -138,7 +158,7 @@ def sync_weights(
             counts["bytes"] += tensor.numel() * tensor.element_size()
             yield name, tensor
 
-    full = iter_full_state_dict(_source_module(engine), bucket_bytes, dtype=dtype, device=device)
+    full = iter_engine_weights(engine, bucket_bytes, dtype=dtype, device=device)
     if rollout is not None:
         rollout.load_weights(counted(map_names(full, name_mapper)))
     for _ in full:  # finish the collective gathering (no receiver here, or it stopped early)

@@ -90,6 +90,8 @@ class ActorRolloutRefWorker(Worker):
             ),
         )
         self.actor = build_role_engine("actor", lambda: policy, cfg, cfg.actor, device, self.model_path)
+        # with tensor/pipeline parallelism several ranks share one data-parallel shard of every batch
+        self.set_dp_layout(*self.actor.dp_layout)
         kl = cfg.algorithm.kl
         if kl.use_kl_loss or kl.use_kl_in_reward:
             self.ref = build_training_engine(
@@ -120,13 +122,14 @@ class ActorRolloutRefWorker(Worker):
 
         ``batch.meta`` may carry ``sampling`` (a dict of :class:`SamplingParams`
         fields) and ``seed`` (this call's seed; each rank offsets it by its rank so
-        the same step always draws the same tokens).
+        the same step always draws the same tokens; ranks sharing a data-parallel shard
+        draw the same).
         """
         assert self.rollout is not None, "init_model() must run first"
         maybe_stall("generate")
         params = SamplingParams(**batch.meta.get("sampling", {}))
         if "seed" in batch.meta:
-            self.rollout.set_seed(int(batch.meta["seed"]) * 1009 + self.rank)
+            self.rollout.set_seed(int(batch.meta["seed"]) * 1009 + self.dp_rank)
         chunk = self.cfg.rollout.micro_batch_size
         parts = [
             self.rollout.generate(batch.index(slice(i, i + chunk)), params)
@@ -162,14 +165,14 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """PPO epochs over mini-batches of this rank's rows, then refresh the rollout's weights.
 
-        Each mini-batch is ``actor.ppo_mini_batch_size x rollout.n / n_workers`` rows
+        Each mini-batch is ``actor.ppo_mini_batch_size x rollout.n / dp_size`` rows
         here. Returns the metrics of the last optimizer step (already reduced over
         ranks by the engine) plus means over all steps and the weight-sync time.
         """
         assert self.actor is not None and self.rollout is not None
         maybe_stall("update_actor")
         cfg = self.cfg
-        rows_per_mini = cfg.actor.ppo_mini_batch_size * cfg.rollout.n // self.world_size
+        rows_per_mini = cfg.actor.ppo_mini_batch_size * cfg.rollout.n // self.dp_size
         actor = self.actor
         sums, steps = minibatch_epochs(
             batch,
