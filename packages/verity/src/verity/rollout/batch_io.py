@@ -150,3 +150,55 @@ def build_rollout_output(
         position_ids=position_ids_from_mask(attention_mask),
     )
     return pack_batch(out, rows.non_tensors, rows.meta, rows.pad_rows)
+
+
+def prompt_token_lists(rows: PromptRows, max_new_tokens: int, max_model_len: int) -> list[list[int]]:
+    """Each row's real prompt tokens (padding dropped), for engines that take token-id lists.
+
+    Raises ValueError when the longest prompt plus ``max_new_tokens`` exceeds ``max_model_len``.
+    """
+    lengths = rows.prompt_mask.sum(dim=1)
+    longest = int(lengths.max())
+    if longest + max_new_tokens > max_model_len:
+        raise ValueError(
+            f"max_model_len={max_model_len}: the longest prompt ({longest} tokens) plus "
+            f"max_new_tokens={max_new_tokens} does not fit; raise max_model_len or shorten the prompts"
+        )
+    ids = rows.prompt_ids.cpu()
+    mask = rows.prompt_mask.cpu().bool()
+    return [ids[row][mask[row]].tolist() for row in range(ids.shape[0])]
+
+
+def responses_from_token_lists(
+    tokens: list[list[int]], logprobs: list[list[float]], length: int, pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad per-row generated tokens into ``(responses, response_mask, logprobs)`` [rows, length].
+
+    ``tokens[i]`` are row i's generated ids (the stop token included, at most ``length``);
+    ``logprobs[i]`` their log-probs. Raises ValueError when a row is longer than ``length``
+    or its log-probs do not match its tokens one for one.
+    """
+    rows = len(tokens)
+    if len(logprobs) != rows:
+        raise ValueError(f"logprobs: expected {rows} rows (one per token row), got {len(logprobs)}")
+    responses = torch.full((rows, length), pad_token_id, dtype=torch.long)
+    response_mask = torch.zeros((rows, length), dtype=torch.long)
+    out_logprobs = torch.zeros((rows, length), dtype=torch.float32)
+    for row, (ids, lps) in enumerate(zip(tokens, logprobs, strict=True)):
+        if len(ids) > length:
+            raise ValueError(f"tokens[{row}]: {len(ids)} tokens, more than max_new_tokens={length}")
+        if len(lps) != len(ids):
+            raise ValueError(f"logprobs[{row}]: {len(lps)} values for {len(ids)} tokens")
+        if ids:
+            responses[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            response_mask[row, : len(ids)] = 1
+            out_logprobs[row, : len(ids)] = torch.tensor(lps, dtype=torch.float32)
+    return responses, response_mask, out_logprobs
+
+
+SEED_BOUND = 2**62
+
+
+def draw_request_seeds(generator: torch.Generator, count: int) -> list[int]:
+    """``count`` per-request seeds in ``[0, 2**62)`` from ``generator`` (one per sampled row)."""
+    return torch.randint(0, SEED_BOUND, (count,), generator=generator).tolist()
