@@ -154,7 +154,7 @@ def test_seeds_reproduce_and_differ(setup):
 def test_trainer_logprobs_match_after_several_weight_updates(setup):
     rollout, tokenizer = setup["rollout"], setup["tokenizer"]
     engine = FSDP2Engine(
-        copy.deepcopy(setup["model"]).train(), EngineOptim(lr=3e-2, max_grad_norm=0.0), device="cpu"
+        copy.deepcopy(setup["model"]).train(), EngineOptim(lr=3e-2, grad_clip=0.0), device="cpu"
     )
     batch = prompt_batch(tokenizer)
     temperature = 0.8
@@ -262,6 +262,30 @@ def test_bad_input_is_refused_before_compute(setup):
     with pytest.raises(TypeError, match="unknown option"):
         VLLMRollout(str(setup["folder"]), tokenizer, max_model_len=64, kv_cache_byte=1)
     with pytest.raises(ValueError, match="tensor_parallel_size"):
-        VLLMOptions(tensor_parallel_size=2, in_process=True)
+        VLLMOptions(tensor_parallel_size=2, in_process=True).validate()
+    with pytest.raises(ValueError, match="kv_cache_bytes"):
+        VLLMRollout(str(setup["folder"]), tokenizer, max_model_len=64, kv_cache_bytes=0)
     with pytest.raises(ValueError, match="enable_sleep_mode"):
         VLLMRollout(str(setup["folder"]), tokenizer, max_model_len=64, enable_sleep_mode=True)
+
+
+def test_built_by_name_through_the_rollout_registry(setup, tmp_path):
+    from verity.rollout import RolloutBuildContext, build_rollout_engine
+
+    ctx = RolloutBuildContext(
+        model_path=str(setup["folder"]),
+        tokenizer=setup["tokenizer"],
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        seed=3,
+        max_model_len=64,
+        options=VLLMOptions(kv_cache_bytes=16 * 1024**2, cache_dir=str(tmp_path / "cache")),
+    )
+    engine = build_rollout_engine("vllm", ctx)
+    try:
+        assert engine.name == "vllm" and engine.max_model_len == 64 and engine.dtype == "float32"
+        batch = prompt_batch(setup["tokenizer"])
+        expected = hf_rollout(setup["model"], setup["tokenizer"]).generate(batch, GREEDY)["responses"]
+        assert torch.equal(engine.generate(batch, GREEDY)["responses"], expected)
+    finally:
+        engine.close()

@@ -192,8 +192,10 @@ def test_sleep_wake_and_close(tokenizer):
 
 def test_options_are_checked():
     with pytest.raises(ValueError, match="mem_fraction_static"):
-        SGLangOptions(mem_fraction_static=1.5)
+        SGLangOptions(mem_fraction_static=1.5).validate()
     with pytest.raises(ValueError, match="weights_cpu_backup"):
-        SGLangOptions(enable_memory_saver=False)
+        SGLangOptions(enable_memory_saver=False).validate()
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        SGLangRollout("unused", CharTokenizer(), max_model_len=8, engine=StandInEngine(), bucket_bytes=0)
     with pytest.raises(TypeError, match="unknown option"):
         SGLangRollout("unused", CharTokenizer(), max_model_len=8, engine=StandInEngine(), mem_fraction=0.3)

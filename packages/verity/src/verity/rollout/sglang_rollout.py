@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Any
 
 import torch
@@ -55,49 +55,11 @@ from verity.rollout.batch_io import (
     resolve_sampling,
     responses_from_token_lists,
 )
+from verity.rollout.options import SGLangOptions
 from verity.rollout.process_guard import OrphanReaper, child_processes, shm_segments
 from verity.rollout.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_BUCKET_BYTES = 512 * 1024**2
-
-
-@dataclass(frozen=True)
-class SGLangOptions:
-    """The SGLang engine's options (config section ``rollout.sglang``).
-
-    ``mem_fraction_static``: fraction of GPU memory for weights + KV cache.
-    ``tensor_parallel_size``: GPUs one engine spans. ``enable_memory_saver``: lets
-    sleep/wake release and resume GPU memory. ``weights_cpu_backup``: keep a host copy of
-    the weights across a sleep (else they must be re-sent after wake). ``disable_cuda_graph``:
-    faster start-up, slower decoding. ``enable_deterministic_inference``: honour the
-    per-request seeds (slower kernels). ``bucket_bytes``: bytes per ``update_weights_from_tensor`` call.
-    ``log_level``: SGLang's logging level.
-    """
-
-    mem_fraction_static: float = 0.5
-    tensor_parallel_size: int = 1
-    enable_memory_saver: bool = True
-    weights_cpu_backup: bool = True
-    disable_cuda_graph: bool = False
-    enable_deterministic_inference: bool = False
-    bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    log_level: str = "error"
-
-    def __post_init__(self) -> None:
-        if not 0 < self.mem_fraction_static < 1:
-            raise ValueError(
-                f"mem_fraction_static: expected a number in (0, 1), got {self.mem_fraction_static!r}"
-            )
-        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size: expected an int >= 1, got {self.tensor_parallel_size!r}")
-        if not isinstance(self.bucket_bytes, int) or self.bucket_bytes <= 0:
-            raise ValueError(f"bucket_bytes: expected a positive int, got {self.bucket_bytes!r}")
-        if self.weights_cpu_backup and not self.enable_memory_saver:
-            raise ValueError(
-                "weights_cpu_backup: needs enable_memory_saver (it backs up what a sleep releases)"
-            )
 
 
 def sglang_request_params(
@@ -174,6 +136,8 @@ class SGLangRollout(RolloutEngine):
     started engine (or a stand-in with the same methods) instead of starting one.
     """
 
+    name = "sglang"  # what a run records as the rollout backend
+
     def __init__(
         self,
         model_path: str,
@@ -196,6 +160,7 @@ class SGLangRollout(RolloutEngine):
                 f"SGLangRollout: unknown option(s) {unknown}; SGLangOptions fields are {sorted(known)}"
             )
         self.options = replace(options or SGLangOptions(), **option_overrides)
+        self.options.validate()
         self.model_path = str(model_path)
         self.dtype = str(dtype).removeprefix("torch.")
         if self.dtype not in ("float32", "bfloat16", "float16"):

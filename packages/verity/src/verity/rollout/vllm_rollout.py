@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Any
 
 import torch
@@ -64,6 +64,7 @@ from verity.rollout.batch_io import (
     resolve_sampling,
     responses_from_token_lists,
 )
+from verity.rollout.options import VLLMOptions
 from verity.rollout.process_guard import OrphanReaper, child_processes, preserved_process_state, shm_segments
 from verity.rollout.sampling import SamplingParams
 from verity.rollout.vllm_weights import VerityWorkerExtension, to_safetensors_bytes, with_tied_lm_head
@@ -71,62 +72,6 @@ from verity.rollout.vllm_weights import VerityWorkerExtension, to_safetensors_by
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
-
-
-@dataclass(frozen=True)
-class VLLMOptions:
-    """The vLLM engine's options (config section ``rollout.vllm``).
-
-    ``kv_cache_bytes``: KV-cache size in bytes (None: vLLM sizes it from
-    ``gpu_memory_utilization``, the fraction of device memory it may take; on CPU
-    that fraction is of host memory and fails on a shared machine, so give bytes).
-    ``tensor_parallel_size``: GPUs one engine spans (> 1 needs ``in_process=False``).
-    ``in_process``: run the engine inside the calling process (None: when
-    ``tensor_parallel_size == 1``). ``enforce_eager``: no torch.compile / CUDA graphs
-    (fast start-up). ``enable_prefix_caching``: reuse KV blocks of shared prompt
-    prefixes. ``max_num_seqs``: sequences per engine step. ``enable_sleep_mode``:
-    sleep/wake free device memory (None: on GPUs; vLLM refuses it on CPU).
-    ``sleep_level``: 1 keeps weights in host memory, 2 drops them (the next weight
-    sync must send them all). ``cache_dir``: ``VLLM_CACHE_ROOT`` during start-up
-    (None: vLLM's default under the home folder).
-    """
-
-    kv_cache_bytes: int | None = 256 * 1024**2
-    gpu_memory_utilization: float = 0.5
-    tensor_parallel_size: int = 1
-    in_process: bool | None = None
-    enforce_eager: bool = True
-    enable_prefix_caching: bool = True
-    max_num_seqs: int = 256
-    enable_sleep_mode: bool | None = None
-    sleep_level: int = 1
-    cache_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.kv_cache_bytes is not None and (
-            not isinstance(self.kv_cache_bytes, int) or self.kv_cache_bytes <= 0
-        ):
-            raise ValueError(f"kv_cache_bytes: expected a positive int or None, got {self.kv_cache_bytes!r}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(
-                f"gpu_memory_utilization: expected a number in (0, 1], got {self.gpu_memory_utilization!r}"
-            )
-        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size: expected an int >= 1, got {self.tensor_parallel_size!r}")
-        if self.in_process and self.tensor_parallel_size > 1:
-            raise ValueError(
-                f"in_process: vLLM runs tensor_parallel_size={self.tensor_parallel_size} in worker processes; "
-                "set in_process to false or null"
-            )
-        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs: expected an int >= 1, got {self.max_num_seqs!r}")
-        if self.sleep_level not in (1, 2):
-            raise ValueError(f"sleep_level: expected 1 or 2, got {self.sleep_level!r}")
-
-    @property
-    def runs_in_process(self) -> bool:
-        """Whether the engine runs inside the owner's process."""
-        return self.tensor_parallel_size == 1 if self.in_process is None else self.in_process
 
 
 def _platform_is_cpu() -> bool:
@@ -147,6 +92,8 @@ class VLLMRollout(RolloutEngine):
     ``tensor_parallel_size=...``) set the engine's options. Call :meth:`close`
     when done (the rollout is also a context manager).
     """
+
+    name = "vllm"  # what a run records as the rollout backend
 
     def __init__(
         self,
@@ -169,6 +116,7 @@ class VLLMRollout(RolloutEngine):
                 f"VLLMRollout: unknown option(s) {unknown}; VLLMOptions fields are {sorted(known)}"
             )
         self.options = replace(options or VLLMOptions(), **option_overrides)
+        self.options.validate()
         self.model_path = str(model_path)
         self.dtype = _dtype_name(dtype)
         if not isinstance(max_model_len, int) or max_model_len < 2:
