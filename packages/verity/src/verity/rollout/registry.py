@@ -134,7 +134,9 @@ def _build_sglang(ctx: RolloutBuildContext) -> RolloutEngine:
     from verity.rollout.sglang_rollout import SGLangRollout
 
     if ctx.device.type != "cuda":
-        raise ValueError(f"rollout.engine=sglang runs on CUDA devices only; this rank's device is {ctx.device}")
+        raise ValueError(
+            f"rollout.engine=sglang runs on CUDA devices only; this rank's device is {ctx.device}"
+        )
     return SGLangRollout(
         ctx.model_path,
         ctx.tokenizer,
