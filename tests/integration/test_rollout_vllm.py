@@ -269,23 +269,6 @@ def test_bad_input_is_refused_before_compute(setup):
         VLLMRollout(str(setup["folder"]), tokenizer, max_model_len=64, enable_sleep_mode=True)
 
 
-def test_built_by_name_through_the_rollout_registry(setup, tmp_path):
-    from verity.rollout import RolloutBuildContext, build_rollout_engine
-
-    ctx = RolloutBuildContext(
-        model_path=str(setup["folder"]),
-        tokenizer=setup["tokenizer"],
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-        seed=3,
-        max_model_len=64,
-        options=VLLMOptions(kv_cache_bytes=16 * 1024**2, cache_dir=str(tmp_path / "cache")),
-    )
-    engine = build_rollout_engine("vllm", ctx)
-    try:
-        assert engine.name == "vllm" and engine.max_model_len == 64 and engine.dtype == "float32"
-        batch = prompt_batch(setup["tokenizer"])
-        expected = hf_rollout(setup["model"], setup["tokenizer"]).generate(batch, GREEDY)["responses"]
-        assert torch.equal(engine.generate(batch, GREEDY)["responses"], expected)
-    finally:
-        engine.close()
+def test_a_second_in_process_engine_is_refused_while_one_is_alive(setup):
+    with pytest.raises(RuntimeError, match="another in-process vLLM engine is alive"):
+        VLLMRollout(str(setup["folder"]), setup["tokenizer"], max_model_len=64)

@@ -47,6 +47,7 @@ How each part maps onto vLLM 0.32:
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any
@@ -131,7 +132,16 @@ class VLLMRollout(RolloutEngine):
         self._warned: set[str] = set()
         self._asleep = False
         self._reaper: OrphanReaper | None = None
-        self.llm = self._start_engine(seed)
+        if self.options.enable_sleep_mode and _platform_is_cpu():
+            raise ValueError("enable_sleep_mode: vLLM has no sleep mode on CPU; leave it null or false")
+        if self.options.runs_in_process:
+            _claim_in_process_slot(self)
+        try:
+            self.llm = self._start_engine(seed)
+        except BaseException:
+            self.llm = None
+            _release_in_process_slot(self)
+            raise
 
     # ------------------------------------------------------------------ engine
 
@@ -147,8 +157,6 @@ class VLLMRollout(RolloutEngine):
 
             self.on_cpu = _platform_is_cpu()
             sleep_mode = (not self.on_cpu) if opts.enable_sleep_mode is None else opts.enable_sleep_mode
-            if sleep_mode and self.on_cpu:
-                raise ValueError("enable_sleep_mode: vLLM has no sleep mode on CPU; leave it null or false")
             self.sleep_mode = sleep_mode
             kwargs: dict[str, Any] = dict(
                 model=self.model_path,
@@ -190,6 +198,7 @@ class VLLMRollout(RolloutEngine):
         self.llm = None
         if self.options.runs_in_process:
             _close_in_process(llm, keep_process_group=self._process_group_existed)
+            _release_in_process_slot(self)
         else:
             llm.llm_engine.engine_core.shutdown()
             del llm
@@ -333,6 +342,25 @@ class VLLMRollout(RolloutEngine):
             logger.warning(message)
 
 
+# vLLM's parallel state (process groups, its world) is global to the process: two in-process
+# engines would share it and closing one would tear it down under the other.
+_live_in_process: list[weakref.ref] = []
+
+
+def _claim_in_process_slot(rollout: VLLMRollout) -> None:
+    alive = [ref() for ref in _live_in_process]
+    if any(other is not None and getattr(other, "llm", None) is not None for other in alive):
+        raise RuntimeError(
+            "VLLMRollout: another in-process vLLM engine is alive in this process (vLLM's parallel state "
+            "is process-wide); close() it first, or use in_process=False"
+        )
+    _live_in_process[:] = [weakref.ref(rollout)]
+
+
+def _release_in_process_slot(rollout: VLLMRollout) -> None:
+    _live_in_process[:] = [ref for ref in _live_in_process if ref() not in (None, rollout)]
+
+
 class _CountingStream:
     """Wraps a stream of named tensors and counts what was taken from it."""
 
@@ -351,14 +379,18 @@ def _close_in_process(llm: Any, keep_process_group: bool) -> None:
 
     vLLM's own shutdown ends with ``destroy_process_group()`` on the default group —
     right when vLLM created it, wrong when the trainer did (the engine then joined the
-    trainer's group and built its own groups on top of it).
+    trainer's group and built its own groups on top of it). The client's finalizer,
+    which would run that shutdown again when the object is collected (tearing down
+    whatever engine or trainer group exists by then), is detached either way.
     """
     import gc
 
-    engine_core = llm.llm_engine.engine_core.engine_core
+    client = llm.llm_engine.engine_core  # vLLM's in-process client
     if not keep_process_group:
-        engine_core.shutdown()
+        client.shutdown()  # detaches the finalizer, then EngineCore.shutdown
         return
+    client._finalizer.detach()
+    engine_core = client.engine_core
     from vllm import envs
     from vllm.distributed import parallel_state
 
