@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from verity.algorithms.configs import AdvantageConfig, KLConfig, PolicyLossConfig
 from verity.engines.optim import OptimConfig
 from verity.engines.options import FSDP2Options, MegatronOptions
+from verity.rollout.options import SGLangOptions, VLLMOptions
 
 
 @dataclass
@@ -53,6 +54,10 @@ class RolloutConfig:
     top_k: int = 0  # 0: no top-k
     val_temperature: float = 0.0  # held-out evaluation: 0 greedy, > 0 one sample at this temperature
     micro_batch_size: int = 256  # rows per generate call inside a worker
+    # the vllm and sglang engines' own settings, read when rollout.engine names them
+    # (docs/rollout-engines.md)
+    vllm: VLLMOptions = field(default_factory=VLLMOptions)
+    sglang: SGLangOptions = field(default_factory=SGLangOptions)
 
 
 @dataclass

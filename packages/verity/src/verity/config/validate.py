@@ -220,6 +220,13 @@ def _validate_engines(cfg: VerityConfig) -> None:
             registry.get(name)
         except UnknownNameError as err:
             raise ConfigError(f"{key}: {err}") from None
+    options = getattr(cfg.rollout, cfg.rollout.engine, None)
+    check = getattr(options, "validate", None)
+    if callable(check):
+        try:
+            check()
+        except ValueError as err:
+            raise ConfigError(f"rollout.{cfg.rollout.engine}.{err}") from None
     if has_critic and not TRAINING_ENGINES.get(cfg.critic.engine).trains_values:
         raise ConfigError(f"critic.engine: the {cfg.critic.engine!r} engine cannot train value models")
     if cfg.actor.engine == "megatron":
