@@ -88,3 +88,23 @@ def test_mlflow_runs_join_result_files_once(tmp_path: Path, result_factory) -> N
     from_mlflow = next(r for r in runs if r["backend"] == "vllm")
     assert from_mlflow["source"] == f"mlflow:{run_ids[1]}"
     assert from_mlflow["scores"]["accuracy_after"] == 0.7
+
+
+def test_runs_that_differ_only_in_their_training_engine_stand_side_by_side(
+    tmp_path: Path, result_factory
+) -> None:
+    from verity_harness.results import write_result
+
+    write_result(tmp_path, result_factory(config="cpu", date="2026-11-21"))
+    write_result(
+        tmp_path,
+        result_factory(config="cpu-megatron", train_engine="megatron", date="2026-11-21",
+                       finished_at="2026-11-21T11:00:00+00:00"),
+    )  # fmt: skip
+    latest = latest_per_key(collect_runs(tmp_path))
+    assert [(r["config"], r["train_engine"], r["label"]) for r in latest] == [
+        ("cpu", "fsdp2", "cpu/hf"),
+        ("cpu-megatron", "megatron", "cpu/hf/megatron/cpu-megatron"),
+    ]
+    page = build_leaderboard(tmp_path, tmp_path / "board", generated="test")[1].read_text()
+    assert "<th" in page and "train engine" in page and ">megatron<" in page

@@ -36,7 +36,8 @@ code{font-size:.85em}
 LATEST_COLUMNS = (
     ("config", "config", "text"),
     ("hardware", "hardware", "hardware"),
-    ("backend", "backend", "text"),
+    ("rollout", "backend", "text"),
+    ("train engine", "train_engine", "text"),
     ("held-out acc.", "score:accuracy_after", "pct"),
     ("gain", "score:accuracy_gain", "pts"),
     ("reward (last 10)", "score:reward/mean_last10", "num3"),
