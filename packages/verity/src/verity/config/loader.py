@@ -119,15 +119,21 @@ def _read_with_chain(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     sets count as set by the user (checked, and never replaced by embedded defaults).
     """
     if path in seen:
-        raise ConfigError(f"config file {str(path)!r}: its defaults list includes itself (via {seen[-1].name})")
+        raise ConfigError(
+            f"config file {str(path)!r}: its defaults list includes itself (via {seen[-1].name})"
+        )
     data = _read_config_file(path)
     merged: dict = {}
     for entry in data.get("defaults") or []:
         if isinstance(entry, str) and entry not in (SCHEMA_NAME, "_self_"):
             base = path.parent / f"{entry}.yaml"
             if not base.is_file():
-                raise ConfigError(f"config file {str(path)!r}: defaults entry {entry!r} has no file {str(base)!r}")
-            _deep_merge(merged, {k: v for k, v in _read_with_chain(base, (*seen, path)).items() if k != "defaults"})
+                raise ConfigError(
+                    f"config file {str(path)!r}: defaults entry {entry!r} has no file {str(base)!r}"
+                )
+            _deep_merge(
+                merged, {k: v for k, v in _read_with_chain(base, (*seen, path)).items() if k != "defaults"}
+            )
     _deep_merge(merged, data)
     return merged
 

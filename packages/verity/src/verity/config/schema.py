@@ -71,6 +71,9 @@ class ActorConfig:
     ppo_epochs: int = 1  # passes over each RL step's batch
     micro_batch_size: int = 64  # rows per forward/backward inside a worker
     entropy_coeff: float = 0.0  # entropy bonus: loss -= coeff * aggregate(entropy)
+    # where the PPO ratio's behaviour log-probs come from: auto (recompute, skipped when on-policy) |
+    # recompute (a forward before the update) | rollout (the sampler's own log-probs); see docs/algorithms.md
+    old_logprobs: str = "auto"
 
 
 def _critic_optim() -> OptimConfig:

@@ -53,6 +53,17 @@ def validate_config(cfg: VerityConfig) -> None:
             f"= {rows} rows does not divide over trainer.n_workers = {t.n_workers} workers"
         )
     _validate_optim("actor.optim", a.optim)
+    from verity.config.derived import OLD_LOGPROBS_MODES
+
+    if a.old_logprobs not in OLD_LOGPROBS_MODES:
+        raise ConfigError(
+            f"actor.old_logprobs must be one of {'|'.join(OLD_LOGPROBS_MODES)}, got {a.old_logprobs!r}"
+        )
+    if a.old_logprobs == "rollout" and cfg.algorithm.kl.use_kl_in_reward:
+        raise ConfigError(
+            "actor.old_logprobs=rollout with algorithm.kl.use_kl_in_reward: the KL in the reward needs the "
+            "trainer's own log-probs; use actor.old_logprobs=recompute (or auto)"
+        )
     _validate_engines(cfg)
     if r.temperature < 0:
         raise ConfigError(f"rollout.temperature must be >= 0, got {r.temperature}")
