@@ -223,3 +223,24 @@ def test_slow_importing_user_module_is_loaded_at_worker_start(tmp_path):
         scores, extra, _ = manager.score(_rows(["a", "b"]))
     assert scores.tolist() == [1.0, 1.0]
     assert extra["reward_status"] == ["ok", "ok"]
+
+
+def test_an_interrupted_call_leaves_no_stale_task_behind():
+    import signal
+    import time
+
+    def interrupt(signum, frame):
+        raise RuntimeError("stage time limit")
+
+    with TimeoutPool(1) as pool:
+        pool.map(operator.add, [(0, 0)], 60)  # the worker is up: the sleep below is really running
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 1.0)
+            with pytest.raises(RuntimeError, match="stage time limit"):
+                pool.map(time.sleep, [(60,)], 120)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        outcome = pool.map(operator.add, [(1, 2)], 30)[0]  # not the sleeping task's late answer
+    assert outcome.status == "ok" and outcome.value == 3

@@ -48,7 +48,9 @@ def check_output_folder(out_dir: str | Path) -> Path:
     """``out_dir`` as a Path; ValueError when it exists and is not a folder (a file, say)."""
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{out}: exists and is not a folder; give the path of a folder to write the model into")
+        raise ValueError(
+            f"{out}: exists and is not a folder; give the path of a folder to write the model into"
+        )
     return out
 
 

@@ -259,6 +259,9 @@ class TimeoutPool:
                             with contextlib.suppress(OSError):  # a dead worker shows up below
                                 worker.conn.send((func, args_list[index]))
                     self._wait_and_collect(outcomes, timeouts, watch_stalls=bool(pending) and not self._wide)
+            except BaseException:  # e.g. the stage time limit interrupting the driver
+                self._abandon_busy()
+                raise
             finally:
                 self._shrink()
         return [o if o is not None else TaskOutcome("error", error="lost task") for o in outcomes]
@@ -280,6 +283,16 @@ class TimeoutPool:
         for _ in range(max(0, wanted)):
             self._workers.append(_Worker(self._context, self._initializer))
         self.peak_workers = max(self.peak_workers, len(self._workers))
+
+    def _abandon_busy(self) -> None:
+        """Kill the workers still running a task of an interrupted call (their answers would be stale)."""
+        for worker in [w for w in self._workers if w.task_index is not None]:
+            pid = worker.process.pid
+            self._workers.remove(worker)
+            worker.kill()
+            if self._on_worker_killed is not None and pid is not None:
+                with contextlib.suppress(Exception):
+                    self._on_worker_killed(pid)
 
     def _shrink(self) -> None:
         """Stop the idle workers beyond ``num_workers`` (those a stalled call added)."""
