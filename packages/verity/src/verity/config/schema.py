@@ -9,6 +9,7 @@ the name says rows (a row is one prompt with one response, so rows = prompts x n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from verity.algorithms.configs import AdvantageConfig, KLConfig, PolicyLossConfig
 from verity.engines.optim import OptimConfig
@@ -112,8 +113,14 @@ class RewardConfig:
     num_workers: int = 1  # processes scoring rewards
     timeout_s: float = 10.0  # per sample
     failure_score: float = 0.0  # score of a sample whose verifier timed out or crashed
-    custom_path: str | None = None  # file with a user reward function
+    custom_path: str | None = None  # file with a user reward function (used for every data_source)
     custom_name: str = "compute_score"  # the function to call in custom_path
+    custom_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments of that function
+    # {data_source: reward spec} over the default table (a built-in name, module:function, file.py:function)
+    overrides: dict[str, str] = field(default_factory=dict)
+    timeout_overrides: dict[str, float] = field(default_factory=dict)  # {data_source: seconds per sample}
+    max_failure_rate: float = 0.5  # a step with more failed (error/timeout) samples than this share stops
+    max_workers: int | None = None  # processes while samples hang (null: max(num_workers, 16))
 
 
 @dataclass

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from verity.config.errors import ConfigError
+from verity.config.model_checks import check_model_folders
 from verity.config.schema import VerityConfig
 
 PLACEMENTS = ("colocated", "separate")
@@ -92,6 +93,7 @@ def validate_config(cfg: VerityConfig) -> None:
         raise ConfigError(f"model.path {cfg.model.path!r} has no config.json: not an HF checkpoint folder")
     if cfg.model.tokenizer_path and not Path(cfg.model.tokenizer_path).expanduser().is_dir():
         raise ConfigError(f"model.tokenizer_path {cfg.model.tokenizer_path!r} is not a local folder")
+    check_model_folders(cfg)  # config.json readable, model_type known to transformers
     _validate_fault_tolerance(cfg)
     for key in ("train_files", "val_files"):
         for f in getattr(d, key):

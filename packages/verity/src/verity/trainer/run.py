@@ -102,6 +102,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
     from verity.data.verl_dataset import PromptDataset
     from verity.hardware import get_backend
     from verity.rewards.manager import RewardManager
+    from verity.rewards.preflight import check_rewards
     from verity.tracking import ProgressLine, config_hash
     from verity.trainer.loop import RLTrainer
     from verity.trainer.outputs import write_run_outputs
@@ -131,6 +132,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
         on_malformed=d.on_malformed,
         max_samples=None if d.val_max_samples < 0 else d.val_max_samples,
     )
+    check_rewards(cfg.reward, {"train": (inputs.train_files, train_set), "val": (inputs.val_files, val_set)})
     if len(train_set) < d.train_batch_size:
         raise ConfigError(
             f"data.train_batch_size = {d.train_batch_size} prompts but the training files hold only {len(train_set)}"
