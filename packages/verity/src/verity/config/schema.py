@@ -52,6 +52,10 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling: keep the smallest token set with this total probability
     top_k: int = 0  # 0: no top-k
     val_temperature: float = 0.0  # held-out evaluation: 0 greedy, > 0 one sample at this temperature
+    # held-out evaluation, k samples per prompt at val_temperature (> 0): val/avg_at_k and val/pass_at_k
+    # beside the greedy val/acc; 1: no sampled evaluation (val/acc as val_temperature says)
+    val_n: int = 1
+    val_top_p: float | None = None  # nucleus sampling of the k held-out samples; None: top_p
     micro_batch_size: int = 256  # rows per generate call inside a worker
 
 

@@ -58,6 +58,15 @@ def validate_config(cfg: VerityConfig) -> None:
         raise ConfigError(f"rollout.temperature must be >= 0, got {r.temperature}")
     if r.val_temperature < 0:
         raise ConfigError(f"rollout.val_temperature must be >= 0 (0: greedy), got {r.val_temperature}")
+    if r.val_n < 1:
+        raise ConfigError(f"rollout.val_n must be >= 1 (samples per held-out prompt), got {r.val_n}")
+    if r.val_n > 1 and r.val_temperature <= 0:
+        raise ConfigError(
+            f"rollout.val_n = {r.val_n} samples per held-out prompt need sampling: set rollout.val_temperature > 0 "
+            "(greedy decoding would repeat one response)"
+        )
+    if r.val_top_p is not None and not 0.0 < r.val_top_p <= 1.0:
+        raise ConfigError(f"rollout.val_top_p must be in (0, 1] or null (rollout.top_p), got {r.val_top_p}")
     if cfg.model.attn_implementation not in ATTN_IMPLEMENTATIONS:
         raise ConfigError(
             f"model.attn_implementation must be one of {'|'.join(ATTN_IMPLEMENTATIONS)}, "
