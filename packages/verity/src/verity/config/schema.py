@@ -25,8 +25,10 @@ class ModelConfig:
     # HF attention kernel every role loads with: sdpa | eager | flash_attention_2 | ...
     attn_implementation: str = "sdpa"
     gradient_checkpointing: bool = False  # recompute activations in backward (trained roles)
-    # embedded default only: SFT warm-start steps and cache folder
-    embedded_sft_steps: int | None = None  # None: the embedded default's own (see verity.trainer.embedded)
+    # embedded default only: which preset (task, teacher, model shape, SFT; verity.data.embedded_presets),
+    # its SFT warm-start steps and the cache folder
+    embedded_preset: str = "default"  # a registered preset: default, or one a plug-in adds
+    embedded_sft_steps: int | None = None  # None: the preset's own (see verity.trainer.embedded)
     embedded_cache_dir: str = "~/.cache/verity/embedded"  # where the embedded default is built and reused
 
 

@@ -82,6 +82,7 @@ def validate_config(cfg: VerityConfig) -> None:
     _validate_critic(cfg)
     _validate_reward_model(cfg)
     _validate_plugin_sections(cfg)
+    _validate_embedded_preset(cfg)
     if cfg.model.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"model.dtype must be float32 or bfloat16, got {cfg.model.dtype!r}")
     if cfg.model.path != "embedded" and not Path(cfg.model.path).expanduser().is_dir():
@@ -97,6 +98,28 @@ def validate_config(cfg: VerityConfig) -> None:
                 raise ConfigError(f"data.{key}: file {f!r} does not exist")
     if cfg.reward.custom_path and not Path(cfg.reward.custom_path).expanduser().is_file():
         raise ConfigError(f"reward.custom_path: file {cfg.reward.custom_path!r} does not exist")
+
+
+def _validate_embedded_preset(cfg: VerityConfig) -> None:
+    """``model.embedded_preset`` names a registered preset whose teacher is registered too."""
+    from verity.data.embedded_presets import EMBEDDED_PRESETS, SFT_TEACHERS
+    from verity.registry import UnknownNameError
+
+    m = cfg.model
+    if m.embedded_sft_steps is not None and m.embedded_sft_steps < 0:
+        raise ConfigError(f"model.embedded_sft_steps must be >= 0 (0: no warm-start), got {m.embedded_sft_steps}")
+    if m.path != "embedded":
+        if m.embedded_preset != "default":
+            raise ConfigError(
+                f"model.embedded_preset = {m.embedded_preset!r} applies only to model.path=embedded "
+                f"(model.path is {m.path!r})"
+            )
+        return
+    try:
+        settings = EMBEDDED_PRESETS.get(m.embedded_preset)
+        SFT_TEACHERS.get(settings.teacher)
+    except UnknownNameError as err:
+        raise ConfigError(f"model.embedded_preset: {err}") from None
 
 
 def _validate_fault_tolerance(cfg: VerityConfig) -> None:
