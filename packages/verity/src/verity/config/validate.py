@@ -285,14 +285,21 @@ def _validate_reward_model(cfg: VerityConfig) -> None:
 
 
 def _validate_plugin_sections(cfg: VerityConfig) -> None:
-    """Each plug-in section's own ``validate()`` (if it has one); errors name the section."""
+    """Each plug-in section's own ``validate()`` (if it has one); errors name the section.
+
+    A ``validate`` that takes one argument gets the whole run config, for checks that
+    relate the section to other keys (e.g. a length that must fit ``data.max_response_length``).
+    """
+    import inspect
+
     from verity.config.sections import plugin_sections
 
     for name, section in plugin_sections(cfg).items():
         check = getattr(section, "validate", None)
         if not callable(check):
             continue
+        takes_cfg = bool(inspect.signature(check).parameters)
         try:
-            check()
+            check(cfg) if takes_cfg else check()
         except ValueError as err:
             raise ConfigError(f"{name}: {err}") from None

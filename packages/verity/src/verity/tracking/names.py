@@ -20,6 +20,7 @@ Per-step training metrics (one value per RL step):
 | ``timing/<stage>_s`` | wall seconds spent in one stage of the step | s |
 | ``perf/tokens_per_s`` | tokens (prompt + response) processed per second of step time | tokens/s |
 | ``perf/generated_tokens_per_s`` | response tokens sampled per second of the generate stage | tokens/s |
+| ``perf/generated_tokens`` | response tokens sampled in the step, when a stage generated more than the batch keeps (dynamic sampling); else the batch's | tokens |
 | ``perf/total_tokens`` | prompt + response tokens in the step's batch | tokens |
 | ``perf/mfu`` | model-FLOPs utilisation of the actor update (see verity.hardware.mfu) | 0..1 |
 | ``perf/max_memory_gb`` | peak device memory on the driver's device | GiB |

@@ -183,9 +183,9 @@ class RLTrainer:
         tokens = float(batch["attention_mask"].sum())
         metrics["perf/total_tokens"] = tokens
         metrics["perf/tokens_per_s"] = tokens / max(metrics["timing/step_s"], 1e-9)
-        metrics["perf/generated_tokens_per_s"] = float(batch["response_mask"].sum()) / max(
-            metrics.get("timing/generate_s", 0.0), 1e-9
-        )
+        # a stage that generated more than it kept (e.g. dynamic sampling) reports perf/generated_tokens
+        generated = metrics.get("perf/generated_tokens", float(batch["response_mask"].sum()))
+        metrics["perf/generated_tokens_per_s"] = generated / max(metrics.get("timing/generate_s", 0.0), 1e-9)
         return metrics
 
     def fit(self) -> TrainResult:
