@@ -72,5 +72,5 @@ def test_each_recipe_package_finds_its_own_configs(name: str) -> None:
     module = importlib.import_module(recipe.package)
     assert name == module.NAME and module.PAPER
     assert module.config_path() == recipe.config_path("cpu")
-    with pytest.raises(FileNotFoundError, match=r"no config 'gpu9' in .*configs; known: cpu, gsm8k"):
+    with pytest.raises(FileNotFoundError, match=r"no config 'gpu9' in .*configs; known: (\S+, )*cpu"):
         module.config_path("gpu9")
