@@ -64,9 +64,13 @@ def figures(result_file: Path) -> dict[str, float | None]:
         "avg_at_k_after": scores.get("avg_at_k_after"),
         "pass_at_k_after": scores.get("pass_at_k_after"),
         "accuracy_after": scores.get("accuracy_after"),
-        "zero_adv_share": _mean([s["dapo/zero_adv_group_share"] for s in steps if "dapo/zero_adv_group_share" in s]),
+        "zero_adv_share": _mean(
+            [s["dapo/zero_adv_group_share"] for s in steps if "dapo/zero_adv_group_share" in s]
+        ),
         "entropy_last": _mean([s["actor/entropy"] for s in last if "actor/entropy" in s]),
-        "truncated_last": _mean([s["dapo/sampled_truncated_share"] for s in last if "dapo/sampled_truncated_share" in s]),
+        "truncated_last": _mean(
+            [s["dapo/sampled_truncated_share"] for s in last if "dapo/sampled_truncated_share" in s]
+        ),
         "val_clip_after": scores.get("val/sampled_clip_ratio"),
         "gen_rounds": _mean([s.get("dapo/gen_rounds", 1.0) for s in steps]),
         "wall_s": scores.get("wall_seconds"),

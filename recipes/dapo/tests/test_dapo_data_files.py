@@ -13,7 +13,10 @@ from verity.rewards.registry import call_reward, resolve_spec
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("dapo-data")
     train = [dapo_math_row("What is 17 + 17?", "34"), dapo_math_row("Find $x$ if $2x = 10$.", "5")]
-    aime = [dapo_math_row("AIME problem 1", "204"), dapo_math_row("AIME problem 2", "25", data_source="aime2024")]
+    aime = [
+        dapo_math_row("AIME problem 1", "204"),
+        dapo_math_row("AIME problem 2", "25", data_source="aime2024"),
+    ]
     return write_rows(train, root / "dapo-math-17k.parquet"), write_rows(aime, root / "aime-2024.parquet")
 
 
@@ -48,9 +51,15 @@ def test_verity_eval_reports_avg_and_pass_at_k_on_the_aime_file(files, tmp_path)
     from verity.trainer.held_out import evaluate_files
 
     tokenizer = CharTokenizer()
-    model = build_tiny_qwen2_for(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, max_pos=512)
+    model = build_tiny_qwen2_for(
+        tokenizer, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, max_pos=512
+    )
     model.save_pretrained(tmp_path / "m")
     tokenizer.save_pretrained(tmp_path / "m")
-    report = evaluate_files(str(tmp_path / "m"), [files[1]], k=4, temperature=1.0, max_new_tokens=4, max_prompt_length=400)
+    report = evaluate_files(
+        str(tmp_path / "m"), [files[1]], k=4, temperature=1.0, max_new_tokens=4, max_prompt_length=400
+    )
     assert report.prompts == 2 and report.responses == 8
-    assert {"eval/all/mean@1", "eval/all/pass@4", "eval/math_dapo/mean@1", "eval/aime2024/pass@4"} <= set(report.metrics)
+    assert {"eval/all/mean@1", "eval/all/pass@4", "eval/math_dapo/mean@1", "eval/aime2024/pass@4"} <= set(
+        report.metrics
+    )

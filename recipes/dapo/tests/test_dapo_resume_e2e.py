@@ -43,7 +43,9 @@ def inputs(tmp_path_factory) -> dict[str, str]:
     val = [dapo_math_row(q, a) for q, a in problems[::3]]
     tokenizer = CharTokenizer()
     torch.manual_seed(0)
-    model = build_tiny_qwen2_for(tokenizer, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, max_pos=512)
+    model = build_tiny_qwen2_for(
+        tokenizer, hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, max_pos=512
+    )
     taught = [{**row, "response": f"Answer: {row['reward_model']['ground_truth']}"} for row in train[4:]]
     torch.set_num_threads(1)
     run_sft(model, tokenizer, taught, 150, lr=3e-3, batch_size=16, seed=0)
@@ -93,14 +95,18 @@ def rows(path: Path) -> list[dict[str, float]]:
 
 
 def deterministic(row: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in row.items() if not k.startswith(("timing/", "perf/")) and not k.endswith("_per_s")}
+    return {
+        k: v for k, v in row.items() if not k.startswith(("timing/", "perf/")) and not k.endswith("_per_s")
+    }
 
 
 def test_dapo_run_killed_after_step_3_resumes_to_the_same_metrics(inputs, tmp_path):
     reference = tmp_path / "uninterrupted"
     done = train(args(inputs, reference))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "stages dynamic_sampling -> old_log_prob -> advantage -> dapo_signal -> update_actor" in done.stdout
+    assert (
+        "stages dynamic_sampling -> old_log_prob -> advantage -> dapo_signal -> update_actor" in done.stdout
+    )
     want = rows(reference / "metrics.jsonl")
     assert len(want) == STEPS
     assert want[0]["dapo/gen_rounds"] >= 2 and want[0]["dapo/prompts_drawn"] >= 8  # step 1 refilled

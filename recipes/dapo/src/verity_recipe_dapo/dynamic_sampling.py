@@ -44,7 +44,7 @@ from verity.batch.schema import declared_keys
 from verity.rollout.prompts import position_ids_from_mask
 from verity.trainer.stages import Stage, StageFn, StepContext, sampling_for_training
 
-from verity_recipe_dapo.overlong import truncated_rows
+from verity_recipe_dapo.overlong import tokenizer_eos_ids, truncated_rows
 
 ROUND_SEED_BASE = 500_000_000
 """Seeds of extra rounds start here, far from the built-in per-step seeds ``seed * 1_000_003 + step``."""
@@ -135,10 +135,8 @@ def make_dynamic_sampling(before: Sequence[Stage], after: Sequence[Stage]) -> St
         ds = cfg.dapo.dynamic_sampling
         want, n = cfg.data.train_batch_size, cfg.rollout.n
         cap = ds.max_num_gen_batches
-        tokenizer = getattr(ctx.rewards, "tokenizer", None)
-        pad_id = int(getattr(tokenizer, "pad_token_id", None) or 0)
-        eos = getattr(tokenizer, "eos_token_id", None)
-        eos = None if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
+        pad_id = int(getattr(getattr(ctx.rewards, "tokenizer", None), "pad_token_id", None) or 0)
+        eos = tokenizer_eos_ids(ctx)  # None: no truncation metric
         kept: list[Batch] = []
         kept_groups = drawn = rounds = 0
         generated = sampled = 0.0

@@ -53,15 +53,22 @@ def overlong_penalty(
     return -(exceed / buffer_len).clamp(max=1.0) * penalty_factor
 
 
+def tokenizer_eos_ids(ctx: StepContext) -> list[int] | None:
+    """The EOS token ids of the run's tokenizer (the reward manager holds it), or None without one."""
+    eos = getattr(getattr(ctx.rewards, "tokenizer", None), "eos_token_id", None)
+    if eos is None:
+        return None
+    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+
+
 def eos_ids(ctx: StepContext) -> list[int]:
-    """The EOS token ids of the run's tokenizer (the reward manager holds it)."""
-    tokenizer = getattr(ctx.rewards, "tokenizer", None)
-    eos = getattr(tokenizer, "eos_token_id", None)
+    """:func:`tokenizer_eos_ids`, or RuntimeError: telling a truncated response needs the EOS ids."""
+    eos = tokenizer_eos_ids(ctx)
     if eos is None:
         raise RuntimeError(
-            "overlong filtering needs the tokenizer's EOS id; the reward manager has no tokenizer"
+            "telling truncated responses needs the tokenizer's EOS id; the reward manager has none"
         )
-    return [int(eos)] if isinstance(eos, int) else [int(e) for e in eos]
+    return eos
 
 
 def truncated_rows(batch: Batch, max_length: int, eos: Sequence[int]) -> torch.Tensor:
