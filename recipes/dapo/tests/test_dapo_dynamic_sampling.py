@@ -112,6 +112,18 @@ def test_the_cap_fails_with_a_clear_message_and_zero_means_no_cap():
     assert loader.drawn == 4 and ctx.metrics["dapo/gen_rounds"] == 4.0 and len(batch) == P * N
 
 
+def test_metric_score_keeps_groups_whose_shaped_scores_differ():
+    # all wrong, but one prompt's samples are truncated and so punished: with metric=score the
+    # group of a wrong prompt whose lengths differ has a signal, with metric=acc it has none
+    shaped = ("dapo.overlong_shaping.enabled=true", "dapo.overlong_shaping.buffer_len=6")
+    batches = [["wrong"] * 4, ["mixed"] * 4]
+    ctx, batch, loader, _ = run_step(config(*shaped, "dapo.dynamic_sampling.metric=score"), batches)
+    assert loader.drawn == 1 and ctx.metrics["dapo/groups_kept"] == 4.0  # lengths 2..7 > 4: penalties differ
+    assert set(batch["acc"].tolist()) == {0.0}
+    ctx, _, loader, _ = run_step(config(*shaped), batches)
+    assert loader.drawn == 2  # by accuracy, the first batch had no signal
+
+
 def test_one_round_suffices_when_every_group_has_a_signal():
     ctx, batch, loader, _ = run_step(config(), [["mixed"] * 4])
     assert loader.drawn == 1 and ctx.metrics["dapo/gen_rounds"] == 1.0 and len(batch) == P * N

@@ -95,8 +95,11 @@ def rows(path: Path) -> list[dict[str, float]]:
 
 
 def deterministic(row: dict[str, float]) -> dict[str, float]:
+    """The metrics that must repeat exactly (not wall-clock timings or throughputs)."""
     return {
-        k: v for k, v in row.items() if not k.startswith(("timing/", "perf/")) and not k.endswith("_per_s")
+        k: v
+        for k, v in row.items()
+        if not k.startswith(("timing/", "perf/")) and not k.endswith(("_per_s", "_seconds"))
     }
 
 

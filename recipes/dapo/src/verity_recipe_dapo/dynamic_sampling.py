@@ -46,6 +46,9 @@ from verity.trainer.stages import Stage, StageFn, StepContext, sampling_for_trai
 
 from verity_recipe_dapo.overlong import tokenizer_eos_ids, truncated_rows
 
+METRIC_KEYS = {"acc": "acc", "score": "scores"}
+"""``dapo.dynamic_sampling.metric`` -> the batch key whose values must differ within a kept group."""
+
 ROUND_SEED_BASE = 500_000_000
 """Seeds of extra rounds start here, far from the built-in per-step seeds ``seed * 1_000_003 + step``."""
 
@@ -170,12 +173,12 @@ def make_dynamic_sampling(before: Sequence[Stage], after: Sequence[Stage]) -> St
             for stage in after:
                 rows = _timed(ctx, stage.name, stage.run, ctx, rows)
             drawn += len(prompts)
-            signal = groups_with_signal(rows["group"], rows[ds.metric])
+            signal = groups_with_signal(rows["group"], rows[METRIC_KEYS[ds.metric]])
             found = int(signal.sum()) // n
             signal_groups += found
             generated += float(rows["response_mask"].sum())
             sampled += len(rows)
-            correct += float(rows["acc"].float().sum()) if "acc" in rows else 0.0
+            correct += float(rows["acc"].float().sum())
             if eos is not None:
                 truncated += float(truncated_rows(rows, cfg.data.max_response_length, eos).float().sum())
             if found:
