@@ -27,8 +27,10 @@ class ModelConfig:
     # HF attention kernel every role loads with: sdpa | eager | flash_attention_2 | ...
     attn_implementation: str = "sdpa"
     gradient_checkpointing: bool = False  # recompute activations in backward (trained roles)
-    # embedded default only: SFT warm-start steps and cache folder
-    embedded_sft_steps: int | None = None  # None: the embedded default's own (see verity.trainer.embedded)
+    # embedded default only: which preset (task, teacher, model shape, SFT; verity.data.embedded_presets),
+    # its SFT warm-start steps and the cache folder
+    embedded_preset: str = "default"  # a registered preset: default, or one a plug-in adds
+    embedded_sft_steps: int | None = None  # None: the preset's own (see verity.trainer.embedded)
     embedded_cache_dir: str = "~/.cache/verity/embedded"  # where the embedded default is built and reused
 
 
@@ -54,6 +56,10 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling: keep the smallest token set with this total probability
     top_k: int = 0  # 0: no top-k
     val_temperature: float = 0.0  # held-out evaluation: 0 greedy, > 0 one sample at this temperature
+    # held-out evaluation, k samples per prompt at val_temperature (> 0): val/avg_at_k and val/pass_at_k
+    # beside the greedy val/acc; 1: no sampled evaluation (val/acc as val_temperature says)
+    val_n: int = 1
+    val_top_p: float | None = None  # nucleus sampling of the k held-out samples; None: top_p
     micro_batch_size: int = 256  # rows per generate call inside a worker
     # the vllm and sglang engines' own settings, read when rollout.engine names them
     # (docs/rollout-engines.md)

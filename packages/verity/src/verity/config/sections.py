@@ -9,7 +9,7 @@ sections) and registers it under a top-level name::
         bonus: float = 0.5  # added to every score
 
         def validate(self) -> None:              # optional: raise ValueError naming the field
-            if self.bonus < 0:
+            if self.bonus < 0:                   # (validate(self, cfg) gets the whole run config too)
                 raise ValueError(f"bonus must be >= 0, got {self.bonus}")
 
     register_config_section("demo", DemoConfig, provider="verity-demo-plugin")

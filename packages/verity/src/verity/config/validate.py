@@ -70,6 +70,15 @@ def validate_config(cfg: VerityConfig) -> None:
         raise ConfigError(f"rollout.temperature must be >= 0, got {r.temperature}")
     if r.val_temperature < 0:
         raise ConfigError(f"rollout.val_temperature must be >= 0 (0: greedy), got {r.val_temperature}")
+    if r.val_n < 1:
+        raise ConfigError(f"rollout.val_n must be >= 1 (samples per held-out prompt), got {r.val_n}")
+    if r.val_n > 1 and r.val_temperature <= 0:
+        raise ConfigError(
+            f"rollout.val_n = {r.val_n} samples per held-out prompt need sampling: set rollout.val_temperature > 0 "
+            "(greedy decoding would repeat one response)"
+        )
+    if r.val_top_p is not None and not 0.0 < r.val_top_p <= 1.0:
+        raise ConfigError(f"rollout.val_top_p must be in (0, 1] or null (rollout.top_p), got {r.val_top_p}")
     if cfg.model.attn_implementation not in ATTN_IMPLEMENTATIONS:
         raise ConfigError(
             f"model.attn_implementation must be one of {'|'.join(ATTN_IMPLEMENTATIONS)}, "
@@ -85,6 +94,7 @@ def validate_config(cfg: VerityConfig) -> None:
     _validate_critic(cfg)
     _validate_reward_model(cfg)
     _validate_plugin_sections(cfg)
+    _validate_embedded_preset(cfg)
     if cfg.model.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"model.dtype must be float32 or bfloat16, got {cfg.model.dtype!r}")
     if cfg.model.path != "embedded" and not Path(cfg.model.path).expanduser().is_dir():
@@ -101,6 +111,28 @@ def validate_config(cfg: VerityConfig) -> None:
                 raise ConfigError(f"data.{key}: file {f!r} does not exist")
     if cfg.reward.custom_path and not Path(cfg.reward.custom_path).expanduser().is_file():
         raise ConfigError(f"reward.custom_path: file {cfg.reward.custom_path!r} does not exist")
+
+
+def _validate_embedded_preset(cfg: VerityConfig) -> None:
+    """``model.embedded_preset`` names a registered preset whose teacher is registered too."""
+    from verity.data.embedded_presets import EMBEDDED_PRESETS, SFT_TEACHERS
+    from verity.registry import UnknownNameError
+
+    m = cfg.model
+    if m.embedded_sft_steps is not None and m.embedded_sft_steps < 0:
+        raise ConfigError(f"model.embedded_sft_steps must be >= 0 (0: no warm-start), got {m.embedded_sft_steps}")
+    if m.path != "embedded":
+        if m.embedded_preset != "default":
+            raise ConfigError(
+                f"model.embedded_preset = {m.embedded_preset!r} applies only to model.path=embedded "
+                f"(model.path is {m.path!r})"
+            )
+        return
+    try:
+        settings = EMBEDDED_PRESETS.get(m.embedded_preset)
+        SFT_TEACHERS.get(settings.teacher)
+    except UnknownNameError as err:
+        raise ConfigError(f"model.embedded_preset: {err}") from None
 
 
 def _validate_fault_tolerance(cfg: VerityConfig) -> None:
@@ -309,14 +341,21 @@ def _validate_reward_model(cfg: VerityConfig) -> None:
 
 
 def _validate_plugin_sections(cfg: VerityConfig) -> None:
-    """Each plug-in section's own ``validate()`` (if it has one); errors name the section."""
+    """Each plug-in section's own ``validate()`` (if it has one); errors name the section.
+
+    A ``validate`` that takes one argument gets the whole run config, for checks that
+    relate the section to other keys (e.g. a length that must fit ``data.max_response_length``).
+    """
+    import inspect
+
     from verity.config.sections import plugin_sections
 
     for name, section in plugin_sections(cfg).items():
         check = getattr(section, "validate", None)
         if not callable(check):
             continue
+        takes_cfg = bool(inspect.signature(check).parameters)
         try:
-            check()
+            check(cfg) if takes_cfg else check()
         except ValueError as err:
             raise ConfigError(f"{name}: {err}") from None

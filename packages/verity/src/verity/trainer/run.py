@@ -36,13 +36,17 @@ class ResolvedInputs:
 
 
 def resolve_inputs(cfg: VerityConfig) -> ResolvedInputs:
-    """Resolve ``model.path=embedded`` (build or reuse the warm-started tiny model and task files)."""
+    """Resolve ``model.path=embedded`` (build or reuse the warm-started tiny model and task files
+    of the preset ``model.embedded_preset``)."""
     d = cfg.data
     if cfg.model.path == "embedded":
+        from verity.data.embedded_presets import EMBEDDED_PRESETS
         from verity.trainer.embedded import ensure_embedded_default
 
         paths = ensure_embedded_default(
-            Path(cfg.model.embedded_cache_dir).expanduser(), sft_steps=cfg.model.embedded_sft_steps
+            Path(cfg.model.embedded_cache_dir).expanduser(),
+            sft_steps=cfg.model.embedded_sft_steps,
+            settings=EMBEDDED_PRESETS.get(cfg.model.embedded_preset),
         )
         model_path = str(paths.model_dir)
         train = list(d.train_files) or [str(paths.train_file)]
