@@ -19,9 +19,9 @@ def prime_tiny_model_and_task(tmp_path_factory) -> dict[str, str]:
     """An untrained tiny Qwen2 + character tokenizer in HF format, train/test files, a dense reward.
 
     The reward scores a response by its share of digit characters and calls it correct
-    (``acc``) when more than half of it is digits: an untrained model gets both right and
-    wrong samples in most groups, so the accuracy filter keeps groups and the PRM has
-    both labels to learn from.
+    (``acc``) when it holds a digit at all: an untrained model (digits are 10 of its 260
+    characters) gets both right and wrong samples in most groups of 4, so the accuracy
+    filter keeps groups and the PRM has both labels to learn from.
     """
     from verity.data.char_tokenizer import CharTokenizer
     from verity.data.tasks.arithmetic import ArithmeticConfig, write_splits
@@ -48,7 +48,7 @@ def prime_tiny_model_and_task(tmp_path_factory) -> dict[str, str]:
 
 DIGIT_REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    """Share of digit characters in the response; correct when more than half are digits."""
+    """Share of digit characters in the response; correct when it holds a digit."""
     share = sum(ch.isdigit() for ch in solution_str) / max(1, len(solution_str))
-    return {"score": share, "acc": share > 0.5}
+    return {"score": share, "acc": share > 0}
 '''
