@@ -57,8 +57,8 @@ class DapoConfig:
         """Whether any component of this section is switched on."""
         return self.dynamic_sampling.enabled or self.overlong_shaping.enabled or self.overlong_filter.enabled
 
-    def validate(self, cfg: Any = None) -> None:
-        """Ranges of this section; with the whole run config ``cfg``, its agreement with the budget and ``rollout.n``."""
+    def validate(self) -> None:
+        """Ranges of this section alone."""
         ds, shaping = self.dynamic_sampling, self.overlong_shaping
         if ds.metric not in METRICS:
             raise ValueError(f"dynamic_sampling.metric must be one of {'|'.join(METRICS)}, got {ds.metric!r}")
@@ -70,8 +70,10 @@ class DapoConfig:
             raise ValueError(f"overlong_shaping.buffer_len must be >= 1 token, got {shaping.buffer_len}")
         if shaping.penalty_factor < 0:
             raise ValueError(f"overlong_shaping.penalty_factor must be >= 0, got {shaping.penalty_factor}")
-        if cfg is None:
-            return
+
+    def validate_run(self, cfg: Any) -> None:
+        """This section against the whole run config ``cfg``: the response budget and ``rollout.n``."""
+        ds, shaping = self.dynamic_sampling, self.overlong_shaping
         budget = cfg.data.max_response_length
         if shaping.enabled and shaping.buffer_len >= budget:
             raise ValueError(

@@ -9,8 +9,12 @@ sections) and registers it under a top-level name::
         bonus: float = 0.5  # added to every score
 
         def validate(self) -> None:              # optional: raise ValueError naming the field
-            if self.bonus < 0:                   # (validate(self, cfg) gets the whole run config too)
+            if self.bonus < 0:
                 raise ValueError(f"bonus must be >= 0, got {self.bonus}")
+
+        def validate_run(self, cfg) -> None:     # optional: checks that need the whole run config
+            if self.enabled and cfg.rollout.n < 2:
+                raise ValueError("enabled needs rollout.n >= 2")
 
     register_config_section("demo", DemoConfig, provider="verity-demo-plugin")
 

@@ -341,21 +341,28 @@ def _validate_reward_model(cfg: VerityConfig) -> None:
 
 
 def _validate_plugin_sections(cfg: VerityConfig) -> None:
-    """Each plug-in section's own ``validate()`` (if it has one); errors name the section.
+    """Each plug-in section's own checks; errors name the section.
 
-    A ``validate`` that takes one argument gets the whole run config, for checks that
-    relate the section to other keys (e.g. a length that must fit ``data.max_response_length``).
+    ``validate()`` checks the section alone; ``validate_run(cfg)``, when the section has
+    one, then checks what needs the whole run config (another section's value, batch
+    arithmetic). Either raises ``ValueError``.
     """
-    import inspect
-
     from verity.config.sections import plugin_sections
 
-    for name, section in plugin_sections(cfg).items():
+    sections = plugin_sections(cfg)
+    for name, section in sections.items():
         check = getattr(section, "validate", None)
         if not callable(check):
             continue
-        takes_cfg = bool(inspect.signature(check).parameters)
         try:
-            check(cfg) if takes_cfg else check()
+            check()
+        except ValueError as err:
+            raise ConfigError(f"{name}: {err}") from None
+    for name, section in sections.items():
+        check_run = getattr(section, "validate_run", None)
+        if not callable(check_run):
+            continue
+        try:
+            check_run(cfg)
         except ValueError as err:
             raise ConfigError(f"{name}: {err}") from None

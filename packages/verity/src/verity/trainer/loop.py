@@ -5,6 +5,10 @@ config (:func:`verity.trainer.stages.default_stages`) carry that. It evaluates
 held-out accuracy (greedy) before training, every ``trainer.val_every`` steps and
 at the end, logs everything to MLflow, and writes ``summary.json``.
 
+A stage may leave no rows (a filter that kept no prompt group): the step then ends
+there, without the remaining stages (no update), and logs ``train/step_skipped = 1``
+with the metrics the stages reported so far.
+
 Resuming: a run restored from a checkpoint sets ``start_step`` (steps already done)
 and ``result`` (their metrics) before :meth:`RLTrainer.fit`. ``on_step_end(step,
 result)`` runs after each step (checkpoints, SIGTERM; see ``verity.checkpoint.hooks``)
@@ -188,7 +192,11 @@ class RLTrainer:
         for stage in self.stages:
             with timer.stage(stage.name), self._guard(stage.name, step):
                 batch = stage.run(ctx, batch)
-        metrics = batch_metrics(batch)
+            if len(batch) == 0:
+                # a stage (a filter) left no rows: nothing for the remaining stages to score or train on
+                ctx.metrics["train/step_skipped"] = 1.0
+                break
+        metrics = batch_metrics(batch) if len(batch) else {}
         metrics.update(ctx.metrics)
         metrics.update(timer.metrics())
         tokens = float(batch["attention_mask"].sum())
