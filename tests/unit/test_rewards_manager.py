@@ -116,6 +116,28 @@ def test_dispatch_by_data_source_and_metrics_per_source():
     assert metrics["reward/acc"] == pytest.approx(2 / 4)
 
 
+def test_built_in_verifiers_score_in_process_and_user_functions_in_the_pool(hostile_file):
+    builtin = [
+        {"data_source": "openai/gsm8k", "solution_str": "#### 7", "ground_truth": "7"},
+        {"data_source": "math_dapo", "solution_str": "Answer: 3", "ground_truth": "4"},
+        {"data_source": "verity/arithmetic", "solution_str": "12", "ground_truth": "12"},
+        {"data_source": "verity/arithmetic", "solution_str": "13", "ground_truth": "12"},
+    ]
+    with RewardManager({"num_workers": 1}) as inline:
+        scores, extra, metrics = inline.score(builtin)
+        assert inline._pool is None  # nothing left the process
+    with RewardManager({"num_workers": 1, "inline_builtin": False}) as pooled:
+        p_scores, p_extra, p_metrics = pooled.score(builtin)
+        assert pooled._pool is not None
+    assert scores.tolist() == p_scores.tolist() == [1.0, -1.0, 1.0, 0.0]
+    assert extra == p_extra and metrics == p_metrics
+    # a user function is never run in-process: its hang still times out in the pool
+    user = {"num_workers": 1, "timeout_s": 1.0, "custom_path": str(hostile_file), "max_failure_rate": 1.0}
+    with RewardManager(user) as manager:
+        scores, extra, _ = manager.score(_rows(["ok", "spin"]))
+    assert extra["reward_status"] == ["ok", "timeout"] and scores.tolist() == [1.0, 0.0]
+
+
 def test_overrides_and_per_source_timeouts():
     rows = [{"data_source": "openai/gsm8k", "solution_str": "it is 12", "ground_truth": "12"}]
     manager = RewardManager({"num_workers": 0, "overrides": {"openai/gsm8k": "gsm8k_flexible"}})

@@ -127,6 +127,9 @@ class RewardConfig:
     timeout_overrides: dict[str, float] = field(default_factory=dict)  # {data_source: seconds per sample}
     max_failure_rate: float = 0.5  # a step with more failed (error/timeout) samples than this share stops
     max_workers: int | None = None  # processes while samples hang (null: max(num_workers, 16))
+    # score the built-in string verifiers (embedded tasks, gsm8k, math_boxed, dapo, aime) in the calling
+    # process (microseconds each, no pool round trip); user functions, math_verify and code always use the pool
+    inline_builtin: bool = True
 
 
 @dataclass

@@ -44,6 +44,15 @@ _PRELOAD = (
 )
 
 
+INLINE_SPECS: frozenset[str] = frozenset({"gsm8k_strict", "gsm8k_flexible", "math_boxed", "dapo", "aime"})
+"""Built-in verifiers that are bounded string checks of our own: safe to run without a timeout."""
+
+
+def runs_inline(spec: str) -> bool:
+    """Whether ``spec`` is a built-in string verifier or an embedded task (scored in-process when allowed)."""
+    return spec in INLINE_SPECS or spec.startswith("task:")
+
+
 @dataclass
 class RewardManagerConfig:
     """How rewards are computed.
@@ -58,7 +67,11 @@ class RewardManagerConfig:
     when decoding response ids; ``log_chars``: how much of a failing response to log;
     ``max_failure_rate``: the largest share of a call's samples that may fail (error or
     timeout) before scoring raises (1.0: never); ``max_workers``: processes the pool may
-    widen to while samples hang (None: ``max(num_workers, 16)``).
+    widen to while samples hang (None: ``max(num_workers, 16)``); ``inline_builtin``: score
+    the specs in :data:`INLINE_SPECS` and the embedded tasks (``task:*``) in the calling
+    process — bounded string checks that take microseconds, where a pool round trip
+    costs milliseconds — while user functions, ``math_verify`` and code still go to the pool
+    with their timeouts.
     """
 
     num_workers: int = 1
@@ -74,6 +87,7 @@ class RewardManagerConfig:
     log_chars: int = 400
     max_failure_rate: float = 0.5
     max_workers: int | None = None
+    inline_builtin: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_workers, int) or self.num_workers < 0:
@@ -285,8 +299,23 @@ class RewardManager:
         if self.config.num_workers == 0:
             outcomes = [self._run_inline(task) for task in tasks]
         else:
-            outcomes = self._get_pool().map(call_reward, tasks, timeouts) if tasks else []
+            outcomes = self._score_split(tasks, timeouts, specs)
         return self._collect(rows, specs, outcomes)
+
+    def _score_split(self, tasks: list[tuple], timeouts: list[float], specs: list[str]) -> list[TaskOutcome]:
+        """Inline-safe specs in this process, every other one in the pool; outcomes in input order."""
+        inline = [self.config.inline_builtin and runs_inline(spec) for spec in specs]
+        outcomes: list[TaskOutcome | None] = [
+            self._run_inline(task) if here else None for task, here in zip(tasks, inline, strict=True)
+        ]
+        pooled = [i for i, here in enumerate(inline) if not here]
+        if pooled:
+            results = self._get_pool().map(
+                call_reward, [tasks[i] for i in pooled], [timeouts[i] for i in pooled]
+            )
+            for i, outcome in zip(pooled, results, strict=True):
+                outcomes[i] = outcome
+        return outcomes  # type: ignore[return-value]
 
     @staticmethod
     def _run_inline(task: tuple) -> TaskOutcome:
