@@ -92,3 +92,19 @@ def test_curves_hold_steps_and_validation() -> None:
     c = curves(_steps()[:3], [{"step": 0, "val/acc": 0.2}, {"step": 3, "val/acc": 0.4}])
     assert c["step"] == [1, 2, 3] and c["reward/mean"] == [0.1, 0.02, 0.03]
     assert c["val_step"] == [0, 3] and c["val/acc"] == [0.2, 0.4]
+
+
+def test_a_cpu_run_gets_a_measured_peak_and_says_so() -> None:
+    from types import SimpleNamespace
+
+    from verity_harness.machine import Machine
+    from verity_harness.runner import format_throughput, with_measured_cpu_peak
+
+    cpu = Machine(label="cpu", family="cpu", device_name="test cpu", peak_flops=None, device_count=1)
+    cfg = SimpleNamespace(trainer=SimpleNamespace(n_workers=2, cpus_per_worker=1.0))
+    measured, source = with_measured_cpu_peak(cpu, cfg)
+    assert measured.peak_flops and measured.peak_flops > 0 and "on 2 threads" in source
+    gpu = Machine(label="h100", family="cuda", device_name="H100", peak_flops=989e12, device_count=8)
+    assert with_measured_cpu_peak(gpu, cfg) == (gpu, "spec sheet")
+    text = format_throughput({"mfu": 0.125, "peak_flops_source": source, "stage_seconds": {}})
+    assert "12.50% (peak measured: float32" in text

@@ -26,7 +26,10 @@ for start-up and is left out when there is more than one step):
   of actor training, ``sum(total_tokens * ppo_epochs) / sum(update_actor_s - weight_sync_s)``;
 - ``stage_seconds``: mean seconds per step of each stage (``timing/<stage>_s``);
 - ``mfu``: ``6 * n_params * train_tokens_per_s / (peak_flops * devices)``
-  (:func:`verity.hardware.mfu`), ``None`` where the device's peak is unknown (CPUs).
+  (:func:`verity.hardware.mfu`), ``None`` where the device's peak is unknown. On CPU the
+  harness measures the peak (float32 matmuls on the actor's threads,
+  :mod:`verity.hardware.cpu_peak`) and counts the CPU as one device; the result's
+  ``peak_flops_source`` says which.
 """
 
 from __future__ import annotations
