@@ -39,6 +39,7 @@ from verity.controller.errors import ControllerError, WorkerTimeoutError
 from verity.controller.host import SINGLE_ROLE, ColocatedRoles, RoleSpec, WorkerHost
 from verity.controller.rank_failures import explain_failure
 from verity.controller.resource_pool import ResourcePool
+from verity.controller.transfer_meter import DRIVER_TRANSFERS
 
 __all__ = ["GroupCall", "GroupMethod", "RoleView", "WorkerGroup"]
 
@@ -77,6 +78,7 @@ class GroupCall:
         group = self._group
         ranks = [rank for rank, _, _ in self._plan.calls]
         answers = group._gather(self.refs, ranks, self._role, self._method, timeout_s or group.call_timeout_s)
+        DRIVER_TRANSFERS.add(received=[answer for answer, _ in answers.values()])
         for rank, (_, layout) in answers.items():
             group._layouts[self._role][rank] = layout
         layouts = self._layouts if self._spec.dispatch is Dispatch.DP_SPLIT else group._layouts[self._role]
@@ -280,6 +282,7 @@ class WorkerGroup:
             raise ControllerError(f"worker group {self.name!r} was shut down; cannot call {method}")
         label = self._label(role, method)
         plan = plan_call(label, spec, args, kwargs, self._layouts[role], share=ray.put)
+        DRIVER_TRANSFERS.add(sent=(args, kwargs))
         refs = [self._hosts[rank].call.remote(role, method, *a, **kw) for rank, a, kw in plan.calls]
         return GroupCall(self, role, method, spec, plan, refs)
 

@@ -22,6 +22,8 @@ Per-step training metrics (one value per RL step):
 | ``perf/generated_tokens_per_s`` | response tokens sampled per second of the generate stage | tokens/s |
 | ``perf/generated_tokens`` | response tokens sampled in the step, when a stage generated more than the batch keeps (dynamic sampling); else the batch's | tokens |
 | ``perf/total_tokens`` | prompt + response tokens in the step's batch | tokens |
+| ``perf/driver_bytes_sent`` | tensor bytes the driver sent to workers in the step's group calls | bytes |
+| ``perf/driver_bytes_received`` | tensor bytes the driver got back from workers in the step | bytes |
 | ``perf/mfu`` | model-FLOPs utilisation of the actor update (see verity.hardware.mfu) | 0..1 |
 | ``perf/max_memory_gb`` | peak device memory on the driver's device | GiB |
 | ``val/acc``, ``val/reward`` | held-out (validation) accuracy / mean reward | 0..1 / reward |

@@ -24,6 +24,7 @@ from typing import Any
 
 from verity.batch import Batch
 from verity.config.schema import VerityConfig
+from verity.controller.transfer_meter import DRIVER_TRANSFERS
 from verity.trainer.metrics import StageTimer, batch_metrics
 from verity.trainer.stages import Stage, StepContext
 
@@ -188,6 +189,7 @@ class RLTrainer:
             loader=self.train_batches,
         )
         timer = StageTimer()
+        DRIVER_TRANSFERS.take()  # what validation or start-up moved is not this step's
         batch = prompts
         for stage in self.stages:
             with timer.stage(stage.name), self._guard(stage.name, step):
@@ -205,6 +207,9 @@ class RLTrainer:
         # a stage that generated more than it kept (e.g. dynamic sampling) reports perf/generated_tokens
         generated = metrics.get("perf/generated_tokens", float(batch["response_mask"].sum()))
         metrics["perf/generated_tokens_per_s"] = generated / max(metrics.get("timing/generate_s", 0.0), 1e-9)
+        sent, received = DRIVER_TRANSFERS.take()
+        metrics["perf/driver_bytes_sent"] = float(sent)
+        metrics["perf/driver_bytes_received"] = float(received)
         return metrics
 
     def fit(self) -> TrainResult:
