@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,8 @@ def side_figure(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "stage_seconds": first.get("stage_seconds", {}),
         "n_params": first.get("n_params"),
         "wall_seconds": [run.get("wall_seconds") for run in runs],
+        "load_average": [run.get("load_average") for run in runs],  # (1, 5, 15 min) before and after each run
+        "torch_threads": first.get("torch_threads"),
     }
 
 
@@ -172,7 +174,7 @@ class SideJob:
     train_file: str
     test_file: str
     seed: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    trl_threads: int = 2  # torch threads of the TRL process
 
 
 def prepare_inputs(shape: Shape, workdir: Path, cache_dir: str) -> dict[str, str]:
@@ -209,21 +211,33 @@ def run_side_process(job: SideJob, out_file: Path) -> dict[str, Any]:
         str(out_file),
     ]
     print(f"--- {job.shape}: {job.side}, {job.steps} steps", flush=True)
+    load_before = os.getloadavg()
     code = subprocess.call(cmd, cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": "0"})
     if code != 0 or not out_file.is_file():
         raise RuntimeError(f"{job.side} on {job.shape} exited {code} (command: {' '.join(cmd)})")
-    return json.loads(out_file.read_text())
+    return {**json.loads(out_file.read_text()), "load_average": [load_before, os.getloadavg()]}
 
 
 def run_bench(
-    shapes: Sequence[str], steps: Mapping[str, int], rounds: int, workdir: Path, cache_dir: str
+    shapes: Sequence[str],
+    steps: Mapping[str, int],
+    rounds: int,
+    workdir: Path,
+    cache_dir: str,
+    trl_threads: int = 2,
 ) -> dict[str, Any]:
-    """Every shape, both sides alternating over ``rounds``; the :func:`build_result` document."""
+    """Every shape, both sides alternating over ``rounds``; the :func:`build_result` document.
+
+    ``trl_threads``: torch threads of the TRL process (verity's workers take
+    ``trainer.cpus_per_worker`` each, 1 in the preset).
+    """
     unknown = sorted(set(shapes) - set(SHAPES))
     if unknown:
         raise ValueError(f"shapes: unknown {unknown}; expected names from {sorted(SHAPES)}")
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if trl_threads < 1:
+        raise ValueError(f"trl_threads must be >= 1, got {trl_threads}")
     for name, count in steps.items():
         if count < 2:
             raise ValueError(f"steps for {name}: expected >= 2 (the first step is not counted), got {count}")
@@ -237,14 +251,19 @@ def run_bench(
             order = SIDES if r % 2 == 0 else SIDES[::-1]
             for side in order:
                 job = SideJob(
-                    side, name, steps.get(name, shape.steps), str(workdir / f"{name}-{side}-{r}"), **inputs
+                    side,
+                    name,
+                    steps.get(name, shape.steps),
+                    str(workdir / f"{name}-{side}-{r}"),
+                    **inputs,
+                    trl_threads=trl_threads,
                 )
                 runs[name][side].append(run_side_process(job, workdir / f"{name}-{side}-{r}.json"))
     settings = {
         "shapes": {name: asdict(SHAPES[name]) for name in shapes},
         "steps": {name: steps.get(name, SHAPES[name].steps) for name in shapes},
         "rounds": rounds,
-        "trl_threads": TRL_THREADS,
+        "trl_threads": trl_threads,
         "cpus": os.cpu_count(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
@@ -266,9 +285,6 @@ def _versions() -> dict[str, str]:
     return found
 
 
-TRL_THREADS = 2
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench" / "bench_trl.json")
@@ -276,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, shape in SHAPES.items():
         parser.add_argument(f"--steps-{name}", type=int, default=shape.steps, dest=f"steps_{name}")
     parser.add_argument("--rounds", type=int, default=1, help="runs per side, alternating (median over them)")
+    parser.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
     parser.add_argument(
         "--cache-dir", default="~/.cache/verity/embedded", help="the embedded default's cache"
     )
@@ -287,14 +304,14 @@ def main(argv: list[str] | None = None) -> int:
         from bench_trl_sides import run_side  # ci/ is on sys.path: this file's folder
 
         job = SideJob(**json.loads(args.side_job.read_text()))
-        args.side_out.write_text(json.dumps(run_side(job, SHAPES[job.shape], TRL_THREADS), indent=1) + "\n")
+        args.side_out.write_text(json.dumps(run_side(job, SHAPES[job.shape]), indent=1) + "\n")
         return 0
     shapes = [s for s in args.shapes.split(",") if s]
     steps = {name: getattr(args, f"steps_{name}") for name in shapes if name in SHAPES}
     with tempfile.TemporaryDirectory(prefix="verity-bench-trl-") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        result = run_bench(shapes, steps, args.rounds, workdir, args.cache_dir)
+        result = run_bench(shapes, steps, args.rounds, workdir, args.cache_dir, args.trl_threads)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(format_table(result))

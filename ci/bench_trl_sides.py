@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 
-def run_side(job: Any, shape: Any, trl_threads: int) -> dict[str, Any]:
+def run_side(job: Any, shape: Any) -> dict[str, Any]:
     """Dispatch a ``SideJob`` of ``ci/bench_trl.py`` to :func:`run_verity` or :func:`run_trl`."""
     Path(job.workdir).mkdir(parents=True, exist_ok=True)
     if job.side == "verity":
         return run_verity(job, shape)
     if job.side == "trl":
-        return run_trl(job, shape, trl_threads)
+        return run_trl(job, shape, job.trl_threads)
     raise ValueError(f"side: expected 'verity' or 'trl', got {job.side!r}")
 
 

@@ -105,6 +105,8 @@ def test_run_bench_rejects_bad_arguments_before_running(tmp_path: Path) -> None:
         bench_trl.run_bench(["quickstart"], {}, 0, tmp_path, str(tmp_path))
     with pytest.raises(ValueError, match="expected >= 2"):
         bench_trl.run_bench(["quickstart"], {"quickstart": 1}, 1, tmp_path, str(tmp_path))
+    with pytest.raises(ValueError, match="trl_threads must be >= 1"):
+        bench_trl.run_bench(["quickstart"], {}, 1, tmp_path, str(tmp_path), trl_threads=0)
 
 
 @pytest.mark.parametrize("shape", list(bench_trl.SHAPES))
