@@ -1,7 +1,7 @@
 """verity's GRPO step beside TRL's ``GRPOTrainer`` on the same work, in one run.
 
     python ci/bench_trl.py [--out outputs/bench/bench_trl.json] [--shapes quickstart,512x8]
-                           [--steps-quickstart 40] [--steps-512x8 10] [--rounds 1]
+                           [--steps-quickstart 40] [--steps-512x8 10] [--rounds 1] [--trl-threads 2]
 
 Needs TRL (``pip install -c constraints.txt -e 'packages/verity[bench-trl]'``; ``nox -s bench``
 and ``nox -s nightly`` install it). Two shapes, each trained by both frameworks from the same
@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +175,7 @@ class SideJob:
     test_file: str
     seed: int = 0
     trl_threads: int = 2  # torch threads of the TRL process
+    response_len: int | None = None  # new tokens per sample; None: the shape's own
 
 
 def prepare_inputs(shape: Shape, workdir: Path, cache_dir: str) -> dict[str, str]:
@@ -225,12 +226,15 @@ def run_bench(
     workdir: Path,
     cache_dir: str,
     trl_threads: int = 2,
+    response_lens: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Every shape, both sides alternating over ``rounds``; the :func:`build_result` document.
 
     ``trl_threads``: torch threads of the TRL process (verity's workers take
-    ``trainer.cpus_per_worker`` each, 1 in the preset).
+    ``trainer.cpus_per_worker`` each, 1 in the preset). ``response_lens``: new tokens per
+    sample for some shapes instead of their own.
     """
+    response_lens = dict(response_lens or {})
     unknown = sorted(set(shapes) - set(SHAPES))
     if unknown:
         raise ValueError(f"shapes: unknown {unknown}; expected names from {sorted(SHAPES)}")
@@ -257,10 +261,13 @@ def run_bench(
                     str(workdir / f"{name}-{side}-{r}"),
                     **inputs,
                     trl_threads=trl_threads,
+                    response_len=response_lens.get(name),
                 )
                 runs[name][side].append(run_side_process(job, workdir / f"{name}-{side}-{r}.json"))
     settings = {
-        "shapes": {name: asdict(SHAPES[name]) for name in shapes},
+        "shapes": {
+            name: asdict(_with_response_len(SHAPES[name], response_lens.get(name))) for name in shapes
+        },
         "steps": {name: steps.get(name, SHAPES[name].steps) for name in shapes},
         "rounds": rounds,
         "trl_threads": trl_threads,
@@ -271,6 +278,10 @@ def run_bench(
         **_versions(),
     }
     return build_result(runs, settings)
+
+
+def _with_response_len(shape: Shape, response_len: int | None) -> Shape:
+    return shape if response_len is None else replace(shape, response_len=response_len)
 
 
 def _versions() -> dict[str, str]:
@@ -291,6 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, from {list(SHAPES)}")
     for name, shape in SHAPES.items():
         parser.add_argument(f"--steps-{name}", type=int, default=shape.steps, dest=f"steps_{name}")
+        parser.add_argument(
+            f"--new-tokens-{name}",
+            type=int,
+            dest=f"new_tokens_{name}",
+            help=f"new tokens per sample (default {shape.response_len})",
+        )
     parser.add_argument("--rounds", type=int, default=1, help="runs per side, alternating (median over them)")
     parser.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
     parser.add_argument(
@@ -304,14 +321,18 @@ def main(argv: list[str] | None = None) -> int:
         from bench_trl_sides import run_side  # ci/ is on sys.path: this file's folder
 
         job = SideJob(**json.loads(args.side_job.read_text()))
-        args.side_out.write_text(json.dumps(run_side(job, SHAPES[job.shape]), indent=1) + "\n")
+        args.side_out.write_text(
+            json.dumps(run_side(job, _with_response_len(SHAPES[job.shape], job.response_len)), indent=1)
+            + "\n"
+        )
         return 0
     shapes = [s for s in args.shapes.split(",") if s]
     steps = {name: getattr(args, f"steps_{name}") for name in shapes if name in SHAPES}
     with tempfile.TemporaryDirectory(prefix="verity-bench-trl-") as tmp:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        result = run_bench(shapes, steps, args.rounds, workdir, args.cache_dir, args.trl_threads)
+        lens = {n: getattr(args, f"new_tokens_{n}") for n in shapes if getattr(args, f"new_tokens_{n}", None)}
+        result = run_bench(shapes, steps, args.rounds, workdir, args.cache_dir, args.trl_threads, lens)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(format_table(result))

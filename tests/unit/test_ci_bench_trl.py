@@ -164,3 +164,10 @@ def test_nightly_fails_when_the_trl_bench_fails() -> None:
     findings = {f.metric: f for f in nightly.compare_with_baseline({}, bench, {})}
     assert not findings["bench_trl.run"].ok
     assert "exited 1" in findings["bench_trl.run"].note
+
+
+def test_new_tokens_override_replaces_only_the_response_length() -> None:
+    shape = bench_trl.SHAPES["512x8"]
+    assert bench_trl._with_response_len(shape, None) is shape
+    changed = bench_trl._with_response_len(shape, 8)
+    assert changed.response_len == 8 and changed.model == shape.model and shape.response_len == 64
