@@ -44,6 +44,7 @@ __all__ = [
     "check_lora_targets",
     "merge_lora_weight",
     "peft_available",
+    "peft_lora_config",
 ]
 
 #: the name peft gives the one adapter verity trains
@@ -111,7 +112,8 @@ def peft_available() -> bool:
     return True
 
 
-def _peft_config(config: LoRAConfig) -> Any:
+def peft_lora_config(config: LoRAConfig) -> Any:
+    """The ``peft.LoraConfig`` of ``config`` (task ``CAUSAL_LM``, biases frozen)."""
     from peft import LoraConfig
 
     return LoraConfig(
@@ -143,7 +145,7 @@ def apply_lora(model: nn.Module, config: LoRAConfig, *, seed: int = 0) -> Any:
         raise ValueError("apply_lora: LoRA is off (rank 0)")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return get_peft_model(model, _peft_config(config), adapter_name=ADAPTER_NAME)
+        return get_peft_model(model, peft_lora_config(config), adapter_name=ADAPTER_NAME)
 
 
 def check_lora_targets(model_path: str, config: LoRAConfig) -> list[str]:
