@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,7 +144,9 @@ def apply_lora(model: nn.Module, config: LoRAConfig, *, seed: int = 0) -> Any:
     config.validate()
     if not config.enabled:
         raise ValueError("apply_lora: LoRA is off (rank 0)")
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # peft reads transformers' deprecated is_gradient_checkpointing (a FutureWarning per process)
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(seed)
         return get_peft_model(model, peft_lora_config(config), adapter_name=ADAPTER_NAME)
 
