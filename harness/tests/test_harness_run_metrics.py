@@ -52,6 +52,23 @@ def test_scores_add_gain_and_last10_reward() -> None:
     assert "note" not in scores and "bad" not in scores
 
 
+def test_sampled_evaluation_scores_and_their_gain() -> None:
+    summary = {
+        "accuracy_before": 0.5,
+        "accuracy_after": 0.6,
+        "avg_at_k_before": 0.25,
+        "avg_at_k_after": 0.625,
+        "pass_at_k_before": 0.5,
+        "pass_at_k_after": 0.875,
+        "val_k": 8.0,
+    }
+    scores = score_metrics(summary, _steps())
+    assert scores["avg_at_k_gain"] == pytest.approx(0.375)
+    assert scores["accuracy_gain"] == pytest.approx(0.1)  # the greedy accuracy keeps its own names
+    assert (scores["pass_at_k_before"], scores["pass_at_k_after"], scores["val_k"]) == (0.5, 0.875, 8.0)
+    assert "avg_at_k_gain" not in score_metrics({"avg_at_k_after": 0.5}, [])
+
+
 def test_throughput_leaves_out_step_one_and_computes_mfu() -> None:
     t = throughput(_steps(), ppo_epochs=2, n_params=1000, peak_flops=1e9, num_devices=2)
     assert t["measured_steps"] == 11

@@ -91,3 +91,45 @@ def seq_mean_token_mean_loss(mb, logprobs, entropy, agg):
 def push_up_loss(mb, logprobs, entropy, agg):
     """-sum_tokens(logprob) / global_tokens: raise the probability of every response token."""
     return -(logprobs * mb["response_mask"]).sum() / agg.global_tokens, {}
+
+
+def save_char_qwen2(
+    folder,
+    seed: int = 0,
+    *,
+    hidden: int = 128,
+    layers: int = 2,
+    max_pos: int = 256,
+    initializer_range: float = 0.5,
+):
+    """A tiny Qwen2 over the character tokenizer, saved with ``save_pretrained`` (model + tokenizer).
+
+    ``initializer_range`` is large on purpose: a random model's next-token logits are then far
+    apart, so greedy decoding does not hinge on float rounding (two engines' kernels differ in
+    the last bits). 4 query heads: head size ``hidden / 4`` (vLLM's CPU attention takes 32, not 16).
+    Returns ``(model, tokenizer)``; the model is in eval mode, float32.
+    """
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from verity.data.char_tokenizer import CharTokenizer
+
+    tokenizer = CharTokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_pos,
+        tie_word_embeddings=True,
+        initializer_range=initializer_range,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model, tokenizer

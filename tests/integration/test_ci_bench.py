@@ -23,7 +23,7 @@ def _bench_module():
 
 def test_bench_reports_side_by_side_ratios() -> None:
     bench = _bench_module()
-    result = bench.run_bench(repeats=1, batch=4, prompt_len=8, response_len=4)
+    result = bench.run_bench(repeats=1, batch=4, prompt_len=8, response_len=4, vllm_sizes=())
     g, t, s = result["generate"], result["train"], result["weight_sync"]
     ratios = result["ratios"]
     assert ratios["generate_vs_hf_generate"] == pytest.approx(
@@ -38,6 +38,23 @@ def test_bench_reports_side_by_side_ratios() -> None:
     assert all(math.isfinite(v) and v > 0 for v in ratios.values())
     table = bench.format_bench(result)
     assert "generation tokens/s" in table and "batch 4 x (prompt 8 + response 4)" in table
+
+
+def test_bench_vllm_pairs_at_each_size() -> None:
+    from helpers.vllm_required import require_vllm
+
+    require_vllm()
+    bench = _bench_module()
+    result = bench.run_bench(repeats=1, batch=4, prompt_len=8, response_len=4, vllm_sizes=("tiny",))
+    tiny = result["vllm_generate"]["tiny"]
+    assert set(result["vllm_generate"]) == {"tiny"}
+    assert result["ratios"]["vllm_generate_vs_hf_generate_tiny"] == pytest.approx(
+        tiny["vllm_tokens_per_s"] / tiny["hf_generate_tokens_per_s"]
+    )
+    assert tiny["n_params"] == result["settings"]["n_params"]  # the tiny size is the bench's model
+    assert "vLLM gen tok/s tiny" in bench.format_bench(result)
+    with pytest.raises(ValueError, match="vllm_sizes: unknown"):
+        bench.run_bench(repeats=1, batch=2, prompt_len=4, response_len=2, vllm_sizes=("huge",))
 
 
 def test_bench_rejects_zero_repeats() -> None:

@@ -211,7 +211,10 @@ def test_aggregation_context_counts_and_max_response_len_override(engine):
 def test_gradient_checkpointing_gives_the_same_gradient():
     batch = make_padded_batch()
     checkpointed = FSDP2Engine(tiny_qwen2(), OptimConfig(), gradient_checkpointing=True)
-    assert checkpointed.model.is_activation_checkpointing
+    model = (
+        checkpointed.model
+    )  # transformers >= 5.20: is_activation_checkpointing; 5.17-5.19: is_gradient_checkpointing
+    assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
     g_ref = grads_after_backward(FSDP2Engine(tiny_qwen2(), OptimConfig()), batch, token_mean_loss, 4)
     g_ckpt = grads_after_backward(checkpointed, batch, token_mean_loss, 4)
     for name in g_ref:

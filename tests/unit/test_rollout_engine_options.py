@@ -1,0 +1,40 @@
+"""rollout.engine=vllm|sglang: registered by name, their config sections typed and validated up front."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from verity.config import ConfigError, load_config
+from verity.rollout import ROLLOUT_ENGINES, RolloutBuildContext, build_rollout_engine
+from verity.rollout.options import SGLangOptions, VLLMOptions
+
+
+def test_vllm_and_sglang_are_registered_rollout_engines():
+    names = [name for name, _ in ROLLOUT_ENGINES.items()]
+    assert {"hf", "vllm", "sglang"} <= set(names)
+
+
+def test_engine_sections_are_typed_and_overridable():
+    cfg = load_config(
+        ["rollout.engine=vllm", "rollout.vllm.max_num_seqs=8", "rollout.vllm.kv_cache_bytes=null"]
+    )
+    assert isinstance(cfg.rollout.vllm, VLLMOptions) and isinstance(cfg.rollout.sglang, SGLangOptions)
+    assert cfg.rollout.vllm.max_num_seqs == 8 and cfg.rollout.vllm.kv_cache_bytes is None
+    assert load_config().rollout.vllm == VLLMOptions()
+
+
+def test_bad_engine_options_fail_before_any_worker_starts():
+    with pytest.raises(ConfigError, match=r"rollout\.vllm\.sleep_level: expected 1 or 2, got 3"):
+        load_config(["rollout.engine=vllm", "rollout.vllm.sleep_level=3"])
+    with pytest.raises(ConfigError, match=r"rollout\.sglang\.mem_fraction_static"):
+        load_config(["rollout.engine=sglang", "rollout.sglang.mem_fraction_static=2.0"])
+    # the section of an engine the run does not use is not checked
+    load_config(["rollout.engine=hf", "rollout.vllm.sleep_level=3"])
+    with pytest.raises(ConfigError, match="max_num_seq"):
+        load_config(["rollout.vllm.max_num_seq=8"])  # unknown key, with its closest name
+
+
+def test_sglang_refuses_a_cpu_rank_before_importing_sglang():
+    ctx = RolloutBuildContext(model_path="unused", tokenizer=None, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="CUDA devices only"):
+        build_rollout_engine("sglang", ctx)
