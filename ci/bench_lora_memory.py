@@ -48,7 +48,12 @@ def build_model(folder: Path, hidden: int, layers: int, vocab: int | None) -> in
     torch.manual_seed(0)
     tokenizer = CharTokenizer()
     model = build_tiny_qwen2_for(
-        tokenizer, hidden=hidden, layers=layers, heads=hidden // 64, kv_heads=max(1, hidden // 256), intermediate=4 * hidden
+        tokenizer,
+        hidden=hidden,
+        layers=layers,
+        heads=hidden // 64,
+        kv_heads=max(1, hidden // 256),
+        intermediate=4 * hidden,
     )
     if vocab is not None:
         model.resize_token_embeddings(vocab)
@@ -133,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
             command = [sys.executable, __file__, "--setup", setup, "--model", tmp, "--rank", str(args.rank)]
             done = subprocess.run(command, capture_output=True, text=True, check=True)
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    print(f"model: {n_params / 1e6:.1f}M parameters ({n_params * 4 / 2**20:.0f} MiB float32), LoRA rank {args.rank}")
+    print(
+        f"model: {n_params / 1e6:.1f}M parameters ({n_params * 4 / 2**20:.0f} MiB float32), LoRA rank {args.rank}"
+    )
     header = f"{'setup':24} {'actor params MiB':>16} {'ref params MiB':>14} {'trainable':>11} {'optim MiB':>10} {'RSS built':>10} {'RSS peak':>9}"
     print(header)
     for r in rows:
@@ -150,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"n_params": n_params, "rank": args.rank, "setups": rows}, indent=2))
+        Path(args.out).write_text(
+            json.dumps({"n_params": n_params, "rank": args.rank, "setups": rows}, indent=2)
+        )
     return 0
 
 

@@ -131,7 +131,9 @@ def export_hf(
     weights = read_model_state(role_dir)
     lora = adapter_meta(role_dir)
     if adapter and lora is None:
-        raise ValueError(f"{role_dir}: this checkpoint trained every weight; it has no LoRA adapter to export")
+        raise ValueError(
+            f"{role_dir}: this checkpoint trained every weight; it has no LoRA adapter to export"
+        )
     if lora is not None:
         base = base_model_folder(lora, base_model)
         if adapter:
