@@ -34,3 +34,35 @@ def test_expected_cpu_file_promises_accuracy() -> None:
     metrics = data["configs"]["cpu"]["metrics"]
     assert {"accuracy_after", "accuracy_gain"} <= set(metrics)
     assert data["configs"]["cpu"]["source"] == "measured"
+
+
+def test_cpu_lora_config_is_the_cpu_config_with_adapters_and_their_learning_rate() -> None:
+    from verity.config.loader import config_to_dict
+
+    def flat(node: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in node.items():
+            if isinstance(value, dict):
+                out.update(flat(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    cpu = flat(config_to_dict(load_config([], config_file=PACKAGE / "configs" / "cpu.yaml")))
+    lora = flat(config_to_dict(load_config([], config_file=PACKAGE / "configs" / "cpu-lora.yaml")))
+    differ = {key for key in cpu if cpu[key] != lora[key]}
+    assert differ == {"actor.lora.rank", "actor.optim.lr"}  # alpha 16 is the default
+    assert lora["actor.lora.rank"] == 8 and lora["actor.lora.alpha"] == 16
+    assert lora["actor.lora.target_modules"] is None  # every linear layer
+
+
+def test_gpu_lora_config_pins_verls_published_lora_settings() -> None:
+    gpu = yaml.safe_load((PACKAGE / "configs" / "gsm8k-qwen2.5-0.5b-lora.yaml").read_text())
+    assert gpu["model"]["path"].startswith("/path/to/")  # a placeholder the user replaces
+    assert gpu["actor"]["lora"] == {"rank": 32, "alpha": 32}
+    assert gpu["actor"]["optim"]["lr"] == 3.0e-5 and gpu["actor"]["entropy_coeff"] == 0.001
+    assert gpu["data"]["train_batch_size"] == 64 and gpu["rollout"]["n"] == 5
+    assert gpu["algorithm"]["kl"] == {"use_kl_loss": True, "kl_loss_kind": "k3", "kl_loss_coef": 0.001}
+    expected = yaml.safe_load((PACKAGE / "expected" / "cuda-hf.yaml").read_text())
+    lora = expected["configs"]["gsm8k-qwen2.5-0.5b-lora"]
+    assert lora["source"] == "published" and lora["metrics"]["accuracy_after"]["target"] == 0.543

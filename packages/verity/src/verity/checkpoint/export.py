@@ -8,6 +8,8 @@ allocated whole and DCP fills it from however many shard files the training work
 wrote (``no_dist``: no process group, so any number of saving workers works). The
 optimizer state in the same files is never read. The model class comes from the
 ``hf/`` config copied into every checkpoint; the tokenizer from the same folder.
+A LoRA checkpoint holds only the adapters: it exports merged onto its base model, or as
+a ``peft`` adapter folder (:mod:`verity.checkpoint.export_lora`).
 """
 
 from __future__ import annotations
@@ -82,7 +84,13 @@ def read_model_state(role_dir: str | Path) -> dict[str, torch.Tensor]:
 
 
 def export_hf(
-    checkpoint: str | Path, out_dir: str | Path, *, role: str = "actor", dtype: str | None = None
+    checkpoint: str | Path,
+    out_dir: str | Path,
+    *,
+    role: str = "actor",
+    dtype: str | None = None,
+    adapter: bool = False,
+    base_model: str | Path | None = None,
 ) -> Path:
     """Write an HF model folder (safetensors weights, config, generation config, tokenizer).
 
@@ -92,11 +100,17 @@ def export_hf(
         out_dir: the folder to write (created; existing files are overwritten).
         role: the trained role to export (``actor``; a critic has no LM head).
         dtype: ``float32`` | ``bfloat16`` | ``float16``; default: as saved.
+        adapter: a LoRA checkpoint only: write the adapter as a ``peft`` folder instead of
+            the merged model (:mod:`verity.checkpoint.export_lora`).
+        base_model: a LoRA checkpoint's base model folder; default: the one the run trained on.
 
     Returns the output folder. Raises ValueError when the saved tensors do not match the
-    model class named by the checkpoint's config (missing or unexpected names).
+    model class named by the checkpoint's config (missing or unexpected names), or when
+    ``adapter`` is asked of a checkpoint that trained every weight.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from verity.checkpoint.export_lora import adapter_meta, base_model_folder, export_adapter, merged_model
 
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
@@ -115,7 +129,35 @@ def export_hf(
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
 
     weights = read_model_state(role_dir)
-    config = AutoConfig.from_pretrained(str(hf_dir), local_files_only=True)
+    lora = adapter_meta(role_dir)
+    if adapter and lora is None:
+        raise ValueError(
+            f"{role_dir}: this checkpoint trained every weight; it has no LoRA adapter to export"
+        )
+    if lora is not None:
+        base = base_model_folder(lora, base_model)
+        if adapter:
+            export_adapter(weights, lora, base, out)
+            logger.info("exported the LoRA adapter of %s (%s) to %s", ckpt, role, out)
+            return out
+        model = merged_model(weights, lora, base)
+    else:
+        model = _full_model(role_dir, weights, AutoConfig.from_pretrained(str(hf_dir), local_files_only=True))
+    if dtype is not None:
+        model = model.to(DTYPES[dtype])
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True).save_pretrained(str(out))
+    if (hf_dir / "generation_config.json").is_file():
+        GenerationConfig.from_pretrained(str(hf_dir)).save_pretrained(str(out))
+    logger.info("exported %s (%s) to %s", ckpt, role, out)
+    return out
+
+
+def _full_model(role_dir: Path, weights: dict[str, torch.Tensor], config: Any) -> Any:
+    """An HF causal LM of ``config`` holding ``weights`` (every tensor of the model, tied ones once)."""
+    from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_config(config)
     expected = set(model.state_dict())
     tied = {name for name in expected - set(weights) if _is_tied(model, name)}
@@ -127,15 +169,7 @@ def export_hf(
             f"missing {missing[:10]}, unexpected {unexpected[:10]}"
         )
     model.load_state_dict(weights, strict=False)
-    if dtype is not None:
-        model = model.to(DTYPES[dtype])
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
-    AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True).save_pretrained(str(out))
-    if (hf_dir / "generation_config.json").is_file():
-        GenerationConfig.from_pretrained(str(hf_dir)).save_pretrained(str(out))
-    logger.info("exported %s (%s) to %s", ckpt, role, out)
-    return out
+    return model
 
 
 def _is_tied(model: Any, name: str) -> bool:

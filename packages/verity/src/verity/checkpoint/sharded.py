@@ -11,7 +11,8 @@ A role's folder::
     actor/
       dcp/           .metadata, __0_0.distcp, __1_0.distcp, ...   (model, optimizer, LR schedule, step)
       rng/rank_0.json                                             (each rank's RNG states)
-      meta.json      {"world_size": 2, "engine": "FSDP2Engine"}   (written by rank 0)
+      meta.json      {"world_size": 2, "engine": "FSDP2Engine"}   (written by rank 0; plus the engine's
+                     ``checkpoint_meta()``, e.g. ``"adapter"``: a LoRA run's rank, targets, base model)
 
 Engines provide ``state_dict_for_checkpoint()`` (model and optimizer state as sharded
 ``DTensor`` state dicts, the LR schedule, the optimizer step count) and
@@ -44,6 +45,31 @@ def _single_process_quiet(distributed: bool) -> Iterator[None]:
         yield
 
 
+def _engine_meta(engine: Any) -> dict[str, Any]:
+    meta = getattr(engine, "checkpoint_meta", None)
+    return dict(meta()) if callable(meta) else {}
+
+
+#: adapter settings that decide the saved tensors' names and shapes
+_ADAPTER_KEYS = ("type", "rank", "target_modules", "exclude_modules")
+
+
+def _check_same_adapter(folder: Path, saved: dict[str, Any] | None, current: dict[str, Any] | None) -> None:
+    """``ValueError`` when the checkpoint's adapters (or their absence) differ from the engine's."""
+    if saved is None and current is None:
+        return
+    if saved is None or current is None:
+        have = "LoRA adapters" if saved is not None else "a full model"
+        want = "LoRA adapters" if current is not None else "a full model"
+        raise ValueError(
+            f"{folder}: the checkpoint holds {have} but this engine trains {want} (actor.lora.rank must match)"
+        )
+    differ = {k: (saved.get(k), current.get(k)) for k in _ADAPTER_KEYS if saved.get(k) != current.get(k)}
+    if differ:
+        listed = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in differ.items())
+        raise ValueError(f"{folder}: the checkpoint's adapters differ from this engine's ({listed})")
+
+
 def _rng_file(folder: Path, rank: int) -> Path:
     return folder / RNG_DIR / f"rank_{rank}.json"
 
@@ -64,7 +90,7 @@ def save_engine(folder: str | Path, engine: Any, *, rank: int, world_size: int) 
         dcp.save(state, checkpoint_id=str(base / DCP_DIR), no_dist=not distributed)
     write_file_atomic(_rng_file(base, rank), json.dumps(capture_rng()))
     if rank == 0:
-        meta = {"world_size": world_size, "engine": type(engine).__name__}
+        meta = {"world_size": world_size, "engine": type(engine).__name__, **_engine_meta(engine)}
         write_file_atomic(base / META_FILE, json.dumps(meta))
     written = sum(p.stat().st_size for p in (base / DCP_DIR).glob(f"__{rank}_*"))
     return {"rank": rank, "bytes": written}
@@ -85,6 +111,7 @@ def load_engine(folder: str | Path, engine: Any, *, rank: int, world_size: int) 
         raise FileNotFoundError(f"{base}: no DCP checkpoint here (expected {base / DCP_DIR / '.metadata'})")
     meta = json.loads((base / META_FILE).read_text()) if (base / META_FILE).is_file() else {}
     saved_world = int(meta.get("world_size", world_size))
+    _check_same_adapter(base, meta.get("adapter"), _engine_meta(engine).get("adapter"))
     state = engine.state_dict_for_checkpoint()
     distributed = dist.is_available() and dist.is_initialized()
     with _single_process_quiet(distributed):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verity.algorithms.configs import AdvantageConfig, KLConfig, PolicyLossConfig
+from verity.engines.lora import LoRAConfig
 from verity.engines.optim import OptimConfig
 from verity.engines.options import FSDP2Options, MegatronOptions
 from verity.rollout.options import SGLangOptions, VLLMOptions
@@ -73,6 +74,8 @@ class ActorConfig:
     fsdp2: FSDP2Options = field(default_factory=FSDP2Options)  # settings of the fsdp2 engine
     megatron: MegatronOptions = field(default_factory=MegatronOptions)  # settings of the megatron engine
     optim: OptimConfig = field(default_factory=OptimConfig)
+    # LoRA adapters: rank > 0 trains only low-rank adapters on the frozen model (docs/engines.md, "LoRA")
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     ppo_mini_batch_size: int = 32  # prompts per optimizer step
     ppo_epochs: int = 1  # passes over each RL step's batch

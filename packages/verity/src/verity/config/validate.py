@@ -66,6 +66,7 @@ def validate_config(cfg: VerityConfig) -> None:
             "trainer's own log-probs; use actor.old_logprobs=recompute (or auto)"
         )
     _validate_engines(cfg)
+    _validate_lora(cfg)
     if r.temperature < 0:
         raise ConfigError(f"rollout.temperature must be >= 0, got {r.temperature}")
     if r.val_temperature < 0:
@@ -276,6 +277,27 @@ def _validate_engines(cfg: VerityConfig) -> None:
         raise ConfigError(f"critic.engine: the {cfg.critic.engine!r} engine cannot train value models")
     if cfg.actor.engine == "megatron":
         _validate_megatron(cfg, has_critic)
+
+
+def _validate_lora(cfg: VerityConfig) -> None:
+    """``actor.lora``: its own ranges, an engine that trains adapters, ``peft`` installed."""
+    from verity.engines.lora import peft_available
+    from verity.engines.registry import TRAINING_ENGINES
+
+    lora = cfg.actor.lora
+    try:
+        lora.validate()
+    except ValueError as err:
+        raise ConfigError(f"actor.lora.{err}") from None
+    if not lora.enabled:
+        return
+    if not TRAINING_ENGINES.get(cfg.actor.engine).supports_adapters:
+        raise ConfigError(
+            f"actor.lora.rank={lora.rank}: the {cfg.actor.engine!r} training engine (actor.engine) does not "
+            "train LoRA adapters; use actor.engine=fsdp2, or actor.lora.rank=0 to train every weight"
+        )
+    if not peft_available():
+        raise ConfigError(f"actor.lora.rank={lora.rank} needs the peft package, which is not installed: pip install peft")
 
 
 def _validate_megatron(cfg: VerityConfig, has_critic: bool) -> None:

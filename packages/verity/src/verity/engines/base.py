@@ -147,6 +147,16 @@ class TrainingEngine(abc.ABC):
 
         yield from iter_full_state_dict_buckets(self.model, bucket_bytes, dtype=dtype, device=device)
 
+    def adapter_free_reference(self) -> Any | None:
+        """With adapters (LoRA): an object whose ``compute_logprobs`` (same arguments as
+        :meth:`compute_logprobs`) scores under the base model, adapters disabled, from this
+        engine's own weights — the reference policy with no second copy. ``None`` without adapters."""
+        return None
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """Extra facts written beside the checkpoint's shards (``meta.json``), e.g. the adapter settings."""
+        return {}
+
     @abc.abstractmethod
     def state_dict_for_checkpoint(self) -> dict[str, Any]:
         """Sharded model + optimizer + schedule state for ``torch.distributed.checkpoint``."""

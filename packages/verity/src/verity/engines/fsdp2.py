@@ -493,6 +493,20 @@ class FSDP2Engine(TrainingEngine):
             out[name] = grad.detach().float().cpu()
         return out
 
+    def trainable_parameters(self) -> int:
+        """Number of trained parameters, at full (unsharded) size."""
+        return sum(p.numel() for p in self._module.parameters() if p.requires_grad)
+
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of optimizer state (AdamW moments and step counts) summed over every rank (collective)."""
+        local = 0
+        for state in (self.optimizer.state.values() if self.optimizer is not None else []):
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    local_value = value.to_local() if hasattr(value, "to_local") else value
+                    local += local_value.numel() * local_value.element_size()
+        return int(self._all_reduce([float(local)])[0])
+
     # ------------------------------------------------------------- checkpoint
     def state_dict_for_checkpoint(self) -> dict[str, Any]:
         """``{"model", "optimizer", "lr_scheduler", "global_step"}``; model/optimizer sharded (DTensor).

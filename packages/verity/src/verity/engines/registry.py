@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from verity.engines.base import TrainingEngine
+from verity.engines.lora import LoRAConfig
 from verity.engines.optim import OptimConfig
 from verity.registry import Registry
 
@@ -53,6 +54,9 @@ class EngineBuildContext:
         total_steps: optimizer steps of the whole run (the LR schedule's horizon).
         gradient_checkpointing: recompute activations in backward.
         options: the engine's own settings (its dataclass), or ``None``.
+        lora: LoRA adapters to train on the frozen model (``rank > 0``), or ``None``;
+            only an engine registered with ``supports_adapters=True`` is given one.
+        seed: seeds what the engine initialises itself (the adapters), the same on every rank.
         cfg: the whole run config, for anything else an engine may need.
     """
 
@@ -64,7 +68,14 @@ class EngineBuildContext:
     total_steps: int = 1
     gradient_checkpointing: bool = False
     options: Any = None
+    lora: LoRAConfig | None = None
+    seed: int = 0
     cfg: Any = None
+
+    @property
+    def adapters(self) -> bool:
+        """Whether the engine must train LoRA adapters (``lora.rank > 0``)."""
+        return self.lora is not None and self.lora.enabled
 
 
 @dataclass(frozen=True)
@@ -96,8 +107,18 @@ def register_training_engine(
 
 
 def build_training_engine(name: str, ctx: EngineBuildContext) -> TrainingEngine:
-    """Build the engine called ``name`` (``UnknownNameError`` lists the known ones)."""
-    engine = TRAINING_ENGINES.get(name).build(ctx)
+    """Build the engine called ``name`` (``UnknownNameError`` lists the known ones).
+
+    ``ValueError`` when ``ctx`` asks for LoRA adapters and the engine does not support them
+    (the config check refuses that earlier, naming the keys).
+    """
+    spec = TRAINING_ENGINES.get(name)
+    if ctx.adapters and not spec.supports_adapters:
+        raise ValueError(
+            f"the {name!r} training engine does not train LoRA adapters ({ctx.role}): "
+            "use the fsdp2 engine, or switch LoRA off (lora.rank=0)"
+        )
+    engine = spec.build(ctx)
     if not isinstance(engine, TrainingEngine):
         raise TypeError(
             f"training engine {name!r} built a {type(engine).__name__}, not a verity.engines.TrainingEngine"
@@ -109,18 +130,29 @@ def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
     from verity.engines.fsdp2 import FSDP2Engine
 
     options = ctx.options
-    return FSDP2Engine(
-        ctx.load_model(),
-        ctx.optim,
-        total_steps=ctx.total_steps,
-        device=ctx.device,
-        gradient_checkpointing=ctx.gradient_checkpointing,
-        mixed_precision=getattr(options, "mixed_precision", None),
-        reshard_after_forward=getattr(options, "reshard_after_forward", True),
-    )
+    kwargs: dict[str, Any] = {
+        "total_steps": ctx.total_steps,
+        "device": ctx.device,
+        "gradient_checkpointing": ctx.gradient_checkpointing,
+        "mixed_precision": getattr(options, "mixed_precision", None),
+        "reshard_after_forward": getattr(options, "reshard_after_forward", True),
+    }
+    if ctx.adapters:
+        from verity.engines.fsdp2_lora import FSDP2LoRAEngine
+
+        assert ctx.lora is not None
+        return FSDP2LoRAEngine(
+            ctx.load_model(),
+            ctx.optim,
+            lora=ctx.lora,
+            seed=ctx.seed,
+            base_model_path=ctx.model_path,
+            **kwargs,
+        )
+    return FSDP2Engine(ctx.load_model(), ctx.optim, **kwargs)
 
 
-register_training_engine("fsdp2", _build_fsdp2)
+register_training_engine("fsdp2", _build_fsdp2, supports_adapters=True)
 
 
 def _build_megatron(ctx: EngineBuildContext) -> TrainingEngine:

@@ -42,6 +42,8 @@ class RoleGroups:
                 out[name] = str(facts["train_engine"])
             if facts.get("rollout_engine"):
                 out["rollout"] = str(facts["rollout_engine"])
+            if facts.get("adapter"):
+                out[f"{name}_adapter"] = str(facts["adapter"])
         return out
 
     def close(self) -> None:

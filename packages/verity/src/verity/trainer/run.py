@@ -68,6 +68,21 @@ def resolve_inputs(cfg: VerityConfig) -> ResolvedInputs:
     return ResolvedInputs(model_path, tokenizer_path, train, val)
 
 
+def check_adapter_targets(cfg: VerityConfig, model_path: str) -> None:
+    """With ``actor.lora`` on: every target module exists in the model (checked on the meta device,
+    before any worker starts); ``ConfigError`` naming the key otherwise."""
+    if not cfg.actor.lora.enabled:
+        return
+    from verity.engines.lora import check_lora_targets
+
+    try:
+        adapted = check_lora_targets(model_path, cfg.actor.lora)
+    except ValueError as err:
+        raise ConfigError(f"actor.lora.target_modules / exclude_modules: {err}") from None
+    if not adapted:
+        raise ConfigError(f"actor.lora: no module of {model_path} gets an adapter with these settings")
+
+
 def run_training(cfg: VerityConfig) -> dict[str, Any]:
     """Train as configured; return the summary dict (also written to ``summary.json``).
 
@@ -78,6 +93,7 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
     from verity.trainer.run_dir import claim_output_dir
 
     inputs = resolve_inputs(cfg)
+    check_adapter_targets(cfg, inputs.model_path)
     out_dir = Path(cfg.trainer.output_dir).expanduser()
     with claim_output_dir(out_dir):
         return _train(cfg, inputs, out_dir)
@@ -181,9 +197,10 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
         ran = groups.ran()
         tracker.log_params(
             {
-                ("model" if name == "actor" else name) + ".n_params": facts["n_params"]
+                ("model" if name == "actor" else name) + f".{key}": facts[key]
                 for name, facts in groups.facts.items()
-                if "n_params" in facts
+                for key in ("n_params", "n_trainable_params")
+                if key in facts
             }
         )
         tracker.set_tags({f"ran.{key}": value for key, value in ran.items()})

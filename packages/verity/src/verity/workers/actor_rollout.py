@@ -9,7 +9,9 @@ Each worker of the group holds, on its device:
   HF transformers by default, over a full copy of the policy), refreshed from the
   actor's shards after every update (:func:`~verity.resharding.sync_weights`, gathered
   in bounded buckets and handed over in this process);
-- the **reference** policy (only when a KL term needs it): a frozen engine of the same kind.
+- the **reference** policy (only when a KL term needs it): a frozen engine of the same kind;
+  with LoRA adapters (``actor.lora.rank > 0``) the actor's own model with its adapters
+  disabled instead — the base model's log-probs with no second copy of the weights.
 
 The driver calls the methods as group calls; every data method splits its batch
 across the data-parallel ranks (``DP_SPLIT``) and the results come back in order.
@@ -46,7 +48,9 @@ class ActorRolloutRefWorker(Worker):
         self.model_path = model_path
         self.tokenizer_path = tokenizer_path
         self.actor: TrainingEngine | None = None
-        self.ref: TrainingEngine | None = None
+        self.ref: Any = (
+            None  # anything with compute_logprobs(): a frozen engine, or the actor without adapters
+        )
         self.rollout: RolloutEngine | None = None
 
     # ------------------------------------------------------------------ setup
@@ -93,7 +97,15 @@ class ActorRolloutRefWorker(Worker):
         # with tensor/pipeline parallelism several ranks share one data-parallel shard of every batch
         self.set_dp_layout(*self.actor.dp_layout)
         kl = cfg.algorithm.kl
-        if kl.use_kl_loss or kl.use_kl_in_reward:
+        needs_reference = kl.use_kl_loss or kl.use_kl_in_reward
+        if needs_reference and cfg.actor.lora.enabled:
+            # the reference for free: the same weights with the adapters disabled
+            self.ref = self.actor.adapter_free_reference()
+            if self.ref is None:
+                raise RuntimeError(
+                    f"the {self.actor.name!r} engine trains adapters but offers no adapter-free reference"
+                )
+        elif needs_reference:
             self.ref = build_training_engine(
                 cfg.actor.engine,
                 EngineBuildContext(
@@ -106,14 +118,18 @@ class ActorRolloutRefWorker(Worker):
                 ),
             )
         self.loss_fn = make_actor_loss(cfg.actor.policy_loss, kl, cfg.actor.entropy_coeff)
-        return {
+        facts = {
             "rank": self.rank,
             "device": str(device),
             "n_params": n_params,
+            "n_trainable_params": _trainable_parameters(self.actor, n_params),
             "train_engine": self.actor.name,
             "rollout_engine": self.rollout.name,
             "reference_engine": self.ref.name if self.ref is not None else None,
         }
+        if cfg.actor.lora.enabled:
+            facts["adapter"] = cfg.actor.lora.describe()
+        return facts
 
     # ------------------------------------------------------------ generation
     @register(Dispatch.DP_SPLIT)
@@ -188,6 +204,8 @@ class ActorRolloutRefWorker(Worker):
         )
         out = {k if k.startswith("actor/") else f"actor/{k}": v / steps for k, v in sums.items()}
         out["actor/optimizer_steps"] = float(steps)
+        if hasattr(actor, "optimizer_state_bytes"):
+            out["perf/optimizer_state_bytes"] = float(actor.optimizer_state_bytes())
         start = time.perf_counter()
         stats = sync_weights(self.actor, self.rollout)
         out["timing/weight_sync_s"] = time.perf_counter() - start
@@ -202,6 +220,7 @@ class ActorRolloutRefWorker(Worker):
         A collective: every rank of the group calls it with the same ``path`` (see
         ``verity.checkpoint.sharded``). The rollout and the frozen reference are not
         saved: the rollout is a copy of the actor, the reference is reloaded from the model path.
+        With LoRA only the adapters and their optimizer state are written (the base is the model path's).
         """
         assert self.actor is not None, "init_model() must run first"
         return save_engine(path, self.actor, rank=self.rank, world_size=self.world_size)
@@ -213,3 +232,9 @@ class ActorRolloutRefWorker(Worker):
         info = load_engine(path, self.actor, rank=self.rank, world_size=self.world_size)
         sync_weights(self.actor, self.rollout)
         return info
+
+
+def _trainable_parameters(engine: TrainingEngine, n_params: int) -> int:
+    """Parameters the engine trains (all of them for an engine that does not say)."""
+    count = getattr(engine, "trainable_parameters", None)
+    return int(count()) if callable(count) else n_params

@@ -59,7 +59,8 @@ def build_role_engine(
 
     The LR schedule spans ``optimizer_steps_per_rl_step x trainer.total_steps``
     optimizer steps; ``model.gradient_checkpointing`` applies; the engine's own
-    settings are the role section's field named after it (``actor.fsdp2``), if any.
+    settings are the role section's field named after it (``actor.fsdp2``), if any;
+    LoRA adapters are the section's ``lora`` (``actor.lora``), if it has one.
     """
     total = optimizer_steps_per_rl_step(cfg, role) * max(1, cfg.trainer.total_steps)
     ctx = EngineBuildContext(
@@ -71,6 +72,8 @@ def build_role_engine(
         total_steps=total,
         gradient_checkpointing=cfg.model.gradient_checkpointing,
         options=getattr(role, role.engine, None),
+        lora=getattr(role, "lora", None),
+        seed=cfg.trainer.seed,
         cfg=cfg,
     )
     return build_training_engine(role.engine, ctx)
