@@ -42,6 +42,8 @@ class RoleGroups:
                 out[name] = str(facts["train_engine"])
             if facts.get("rollout_engine"):
                 out["rollout"] = str(facts["rollout_engine"])
+            if facts.get("rollout_wrappers"):
+                out["rollout_wrappers"] = "+".join(str(w) for w in facts["rollout_wrappers"])
         return out
 
     def close(self) -> None:
