@@ -1,22 +1,25 @@
-"""Nightly: every recipe's CPU config, the benchmark, a comparison with the accepted baseline, a report.
+"""Nightly: every recipe's CPU configs, the benchmark, a comparison with the accepted baseline, a report.
 
     python ci/nightly.py                          # all recipes under recipes/, then bench, report, leaderboard
     python ci/nightly.py --recipes grpo --skip-bench
+    python ci/nightly.py --recipes grpo --configs cpu   # one row
     python ci/nightly.py --override actor.optim.lr=0   # a planted regression: must exit 1 naming the metric
     python ci/nightly.py --accept                 # after a good night: make its figures the new baseline
 
 Steps:
 
-1. ``verity-harness run <recipe> --config cpu`` for each recipe folder, one after the
-   other in its own process (each checks its ``expected/cpu-hf.yaml``);
+1. ``verity-harness run <recipe> --config <c>`` for each recipe folder and each of its
+   CPU configs (``cpu`` and every ``cpu-<variant>``, e.g. ``cpu-vllm``, ``cpu-megatron``),
+   one after the other in its own process (each checks its expected file). A row is named
+   ``<recipe>`` for the ``cpu`` config and ``<recipe>/<config>`` for the others;
 2. ``ci/bench.py`` (generation, training and weight-sync ratios against baselines
    measured in the same process);
 3. comparison with ``ci/baseline.json`` — ratios only, never absolute times:
 
    - ``bench.<ratio>``: this night's ratio / the accepted one must stay above
      ``min_ratio`` (or below ``max_ratio`` for a lower-is-better figure);
-   - ``<recipe>.accuracy_gain``: this night's gain / the accepted gain >= ``min_ratio``;
-   - ``<recipe>.tokens_per_s_vs_plain_torch``: the recipe's step tokens/s divided by the
+   - ``<row>.accuracy_gain``: this night's gain / the accepted gain >= ``min_ratio``;
+   - ``<row>.tokens_per_s_vs_plain_torch``: the row's step tokens/s divided by the
      bench's plain-PyTorch training tokens/s measured the same night (a yardstick of the
      machine's speed), relative to the accepted value, >= ``min_ratio``;
 
@@ -63,9 +66,44 @@ def recipe_names(recipes_dir: Path) -> list[str]:
     return sorted(p.parent.name for p in recipes_dir.glob("*/pyproject.toml"))
 
 
-def run_recipe(name: str, out: Path, results_dir: Path, overrides: Sequence[str]) -> dict[str, Any]:
-    """Run ``verity-harness run NAME`` in a child process; its result document plus ``exit_code``."""
-    result_file = out / "runs" / f"{name}.json"
+def cpu_configs(recipe_dir: Path) -> list[str]:
+    """A recipe's CPU configs: ``cpu`` first, then every ``cpu-<variant>`` in name order."""
+    names = sorted(p.stem for p in (recipe_dir / "src").glob("*/configs/cpu*.yaml"))
+    return sorted((n for n in names if n == "cpu" or n.startswith("cpu-")), key=lambda n: (n != "cpu", n))
+
+
+def row_name(recipe: str, config: str) -> str:
+    """The nightly's name for one run: ``grpo`` for grpo's ``cpu`` config, ``grpo/cpu-vllm`` otherwise."""
+    return recipe if config == "cpu" else f"{recipe}/{config}"
+
+
+def nightly_rows(
+    recipes_dir: Path, recipes: Sequence[str], configs: Sequence[str] | None = None
+) -> list[tuple[str, str]]:
+    """``(recipe, config)`` pairs the night runs, in order; ``configs`` keeps only those names.
+
+    Raises ValueError naming a recipe that has none of the asked-for configs.
+    """
+    rows: list[tuple[str, str]] = []
+    for recipe in recipes:
+        found = cpu_configs(recipes_dir / recipe)
+        chosen = [c for c in found if configs is None or c in configs]
+        if not chosen:
+            wanted = ", ".join(configs) if configs else "cpu or cpu-*"
+            raise ValueError(
+                f"recipe {recipe!r} has no config {wanted} under {recipes_dir / recipe}; it has: "
+                + (", ".join(found) or "none")
+            )
+        rows += [(recipe, c) for c in chosen]
+    return rows
+
+
+def run_recipe(
+    name: str, out: Path, results_dir: Path, overrides: Sequence[str], config: str = "cpu"
+) -> dict[str, Any]:
+    """Run ``verity-harness run NAME --config CONFIG`` in a child process; its result document plus ``exit_code``."""
+    row = row_name(name, config)
+    result_file = out / "runs" / f"{row.replace('/', '--')}.json"
     result_file.parent.mkdir(parents=True, exist_ok=True)
     result_file.unlink(missing_ok=True)
     cmd = [
@@ -75,7 +113,7 @@ def run_recipe(name: str, out: Path, results_dir: Path, overrides: Sequence[str]
         "run",
         name,
         "--config",
-        "cpu",
+        config,
         "--output-root",
         str(out / "harness"),
         "--results-dir",
@@ -84,7 +122,7 @@ def run_recipe(name: str, out: Path, results_dir: Path, overrides: Sequence[str]
         str(result_file),
         *overrides,
     ]
-    print(f"\n=== {name}: {' '.join(cmd[2:])}", flush=True)
+    print(f"\n=== {row}: {' '.join(cmd[2:])}", flush=True)
     started = time.perf_counter()
     code = subprocess.call(cmd, cwd=ROOT)
     result = json.loads(result_file.read_text()) if result_file.is_file() else {}
@@ -204,7 +242,7 @@ def write_report(
             f"| {f.metric} | {num(f.value)} | {num(f.baseline)} | {num(f.ratio)} | {f.threshold} | "
             f"{status} | {f.note} |"
         )
-    lines += ["", "| recipe | seconds | exit | held-out acc. before → after |", "|---|---|---|---|"]
+    lines += ["", "| row | seconds | exit | held-out acc. before → after |", "|---|---|---|---|"]
     for name, r in recipes.items():
         s = r.get("scores") or {}
         lines.append(
@@ -263,6 +301,9 @@ def default_threshold(metric: str) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--recipes", help="comma-separated recipe names (default: every folder in recipes/)")
+    parser.add_argument(
+        "--configs", help="comma-separated config names to run (default: each recipe's cpu and cpu-* configs)"
+    )
     parser.add_argument("--override", action="append", default=[], help="Hydra override for every recipe run")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "nightly")
     parser.add_argument("--baseline", type=Path, default=DEFAULT_BASELINE)
@@ -280,8 +321,16 @@ def main(argv: list[str] | None = None) -> int:
     results_dir = args.results_dir or (args.out / "results" if planted else ROOT / "leaderboards" / "results")
     board_dir = args.leaderboard_dir or (args.out / "leaderboard" if planted else ROOT / "leaderboards")
     names = args.recipes.split(",") if args.recipes else recipe_names(ROOT / "recipes")
+    try:
+        rows = nightly_rows(ROOT / "recipes", names, args.configs.split(",") if args.configs else None)
+    except ValueError as err:
+        print(f"nightly: {err}", file=sys.stderr)
+        return 2
     started = time.perf_counter()
-    recipes = {name: run_recipe(name, args.out, results_dir, args.override) for name in names}
+    recipes = {
+        row_name(name, config): run_recipe(name, args.out, results_dir, args.override, config)
+        for name, config in rows
+    }
     bench = {} if args.skip_bench else run_bench(args.out)
     baseline = json.loads(args.baseline.read_text()) if args.baseline.is_file() else {}
     findings = compare_with_baseline(recipes, bench, baseline)

@@ -127,3 +127,23 @@ def test_lookup_prefers_the_label_then_the_family(tmp_path: Path) -> None:
     assert find_expectations(tmp_path, "cpu", ["a100", "cuda"], "hf").expectations[0].target == 0.5
     assert find_expectations(tmp_path, "cpu", ["a100", "cuda"], "vllm") is None
     assert find_expectations(tmp_path, "other-config", ["h100", "cuda"], "hf") is None
+
+
+def test_a_promise_for_one_engine_fails_a_run_of_another(tmp_path: Path) -> None:
+    data = {**VALID}
+    data["configs"] = {
+        "cpu-megatron": {
+            "train_engine": "megatron",
+            "metrics": {"accuracy_after": {"target": 0.9, "tolerance": 0.1}},
+        }
+    }
+    (tmp_path / "cpu-hf.yaml").write_text(yaml.safe_dump(data))
+    expectations = find_expectations(tmp_path, "cpu-megatron", ["cpu"], "hf")
+    assert expectations.train_engine == "megatron"
+    assert expectations.check_engine("megatron") is None
+    wrong = expectations.check_engine("fsdp2")
+    assert wrong is not None and not wrong.passed and "trained with fsdp2" in wrong.reason
+    with pytest.raises(ValueError, match="unknown keys \\['engine'\\]"):
+        parse_expected(
+            {**VALID, "configs": {"cpu": {"engine": "x", "metrics": VALID["configs"]["cpu"]["metrics"]}}}
+        )

@@ -88,3 +88,41 @@ def test_mlflow_runs_join_result_files_once(tmp_path: Path, result_factory) -> N
     from_mlflow = next(r for r in runs if r["backend"] == "vllm")
     assert from_mlflow["source"] == f"mlflow:{run_ids[1]}"
     assert from_mlflow["scores"]["accuracy_after"] == 0.7
+
+
+def test_runs_that_differ_only_in_their_training_engine_stand_side_by_side(
+    tmp_path: Path, result_factory
+) -> None:
+    from verity_harness.results import write_result
+
+    write_result(tmp_path, result_factory(config="cpu", date="2026-11-21"))
+    write_result(
+        tmp_path,
+        result_factory(config="cpu-megatron", train_engine="megatron", date="2026-11-21",
+                       finished_at="2026-11-21T11:00:00+00:00"),
+    )  # fmt: skip
+    latest = latest_per_key(collect_runs(tmp_path))
+    assert [(r["config"], r["train_engine"], r["label"]) for r in latest] == [
+        ("cpu", "fsdp2", "cpu/hf"),
+        ("cpu-megatron", "megatron", "cpu/hf/megatron/cpu-megatron"),
+    ]
+    page = build_leaderboard(tmp_path, tmp_path / "board", generated="test")[1].read_text()
+    assert "<th" in page and "train engine" in page and ">megatron<" in page
+
+
+def test_sampled_scores_show_beside_greedy_accuracy(tmp_path: Path, result_factory) -> None:
+    run = result_factory(
+        recipe="dapo",
+        scores={"accuracy_after": 0.5, "avg_at_k_after": 0.625, "pass_at_k_after": 0.875, "val_k": 8.0},
+    )
+    run["curves"] = {**run["curves"], "val/avg_at_k": [0.25, 0.625]}  # at val_step 0 and 3
+    write_result(tmp_path / "results", run)
+    write_result(tmp_path / "results", result_factory())  # a recipe without sampled evaluation
+    index = build_leaderboard(tmp_path / "results", tmp_path / "board", generated="test")[0].read_text()
+    head = re.search(r'<table id="latest-dapo">.*?</thead>', index, re.S).group(0)
+    assert head.index("held-out acc.") < head.index("avg@k") < head.index("pass@k")
+    assert "62.5% (k=8)" in index and "87.5% (k=8)" in index
+    grpo = re.search(r'<table id="latest-grpo">.*?</table>', index, re.S).group(0)
+    assert grpo.count('<td class="none">–</td>') >= 2  # no avg@k, no pass@k: a dash, not a number
+    assert 'aria-label="dapo: held-out avg@k (sampled)"' in index
+    assert 'aria-label="grpo: held-out avg@k (sampled)"' not in index  # no curve, no plot

@@ -52,6 +52,23 @@ def test_scores_add_gain_and_last10_reward() -> None:
     assert "note" not in scores and "bad" not in scores
 
 
+def test_sampled_evaluation_scores_and_their_gain() -> None:
+    summary = {
+        "accuracy_before": 0.5,
+        "accuracy_after": 0.6,
+        "avg_at_k_before": 0.25,
+        "avg_at_k_after": 0.625,
+        "pass_at_k_before": 0.5,
+        "pass_at_k_after": 0.875,
+        "val_k": 8.0,
+    }
+    scores = score_metrics(summary, _steps())
+    assert scores["avg_at_k_gain"] == pytest.approx(0.375)
+    assert scores["accuracy_gain"] == pytest.approx(0.1)  # the greedy accuracy keeps its own names
+    assert (scores["pass_at_k_before"], scores["pass_at_k_after"], scores["val_k"]) == (0.5, 0.875, 8.0)
+    assert "avg_at_k_gain" not in score_metrics({"avg_at_k_after": 0.5}, [])
+
+
 def test_throughput_leaves_out_step_one_and_computes_mfu() -> None:
     t = throughput(_steps(), ppo_epochs=2, n_params=1000, peak_flops=1e9, num_devices=2)
     assert t["measured_steps"] == 11
@@ -75,3 +92,19 @@ def test_curves_hold_steps_and_validation() -> None:
     c = curves(_steps()[:3], [{"step": 0, "val/acc": 0.2}, {"step": 3, "val/acc": 0.4}])
     assert c["step"] == [1, 2, 3] and c["reward/mean"] == [0.1, 0.02, 0.03]
     assert c["val_step"] == [0, 3] and c["val/acc"] == [0.2, 0.4]
+
+
+def test_a_cpu_run_gets_a_measured_peak_and_says_so() -> None:
+    from types import SimpleNamespace
+
+    from verity_harness.machine import Machine
+    from verity_harness.runner import format_throughput, with_measured_cpu_peak
+
+    cpu = Machine(label="cpu", family="cpu", device_name="test cpu", peak_flops=None, device_count=1)
+    cfg = SimpleNamespace(trainer=SimpleNamespace(n_workers=2, cpus_per_worker=1.0))
+    measured, source = with_measured_cpu_peak(cpu, cfg)
+    assert measured.peak_flops and measured.peak_flops > 0 and "on 2 threads" in source
+    gpu = Machine(label="h100", family="cuda", device_name="H100", peak_flops=989e12, device_count=8)
+    assert with_measured_cpu_peak(gpu, cfg) == (gpu, "spec sheet")
+    text = format_throughput({"mfu": 0.125, "peak_flops_source": source, "stage_seconds": {}})
+    assert "12.50% (peak measured: float32" in text

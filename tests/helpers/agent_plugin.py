@@ -23,7 +23,12 @@ import torch
 from verity.batch import Batch
 from verity.engines.fsdp2 import FSDP2Engine
 from verity.engines.logprobs import response_logprobs
-from verity.rollout.batch_io import build_rollout_output, read_prompt_rows, resolve_sampling, responses_from_token_lists
+from verity.rollout.batch_io import (
+    build_rollout_output,
+    read_prompt_rows,
+    resolve_sampling,
+    responses_from_token_lists,
+)
 from verity.rollout.hf_rollout import HFRollout
 from verity.rollout.prompts import position_ids_from_mask
 from verity.rollout.sampling import SamplingParams
@@ -60,7 +65,10 @@ def raise_tool(arguments: dict[str, Any], **row_kwargs: Any) -> str:
 def _schema(name: str) -> dict[str, Any]:
     return {
         "type": "function",
-        "function": {"name": name, "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}},
+        "function": {
+            "name": name,
+            "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+        },
     }
 
 
@@ -69,9 +77,21 @@ def scripted_tools(hang_timeout_s: float = 2.0) -> list[dict[str, Any]]:
     return [
         {"class_name": "calculator", "timeout_s": 120.0},
         {"class_name": "helpers.agent_plugin:echo_tool", "tool_schema": _schema("echo"), "timeout_s": 120.0},
-        {"class_name": "helpers.agent_plugin:hang_tool", "tool_schema": _schema("hang"), "timeout_s": hang_timeout_s},
-        {"class_name": "helpers.agent_plugin:crash_tool", "tool_schema": _schema("crash"), "timeout_s": 120.0},
-        {"class_name": "helpers.agent_plugin:garbage_tool", "tool_schema": _schema("garbage"), "timeout_s": 120.0},
+        {
+            "class_name": "helpers.agent_plugin:hang_tool",
+            "tool_schema": _schema("hang"),
+            "timeout_s": hang_timeout_s,
+        },
+        {
+            "class_name": "helpers.agent_plugin:crash_tool",
+            "tool_schema": _schema("crash"),
+            "timeout_s": 120.0,
+        },
+        {
+            "class_name": "helpers.agent_plugin:garbage_tool",
+            "tool_schema": _schema("garbage"),
+            "timeout_s": 120.0,
+        },
         {"class_name": "helpers.agent_plugin:raise_tool", "tool_schema": _schema("fail"), "timeout_s": 120.0},
     ]
 
@@ -107,7 +127,9 @@ def intended_turn(what: str, argument: str, turn: int, answer: str | None) -> st
     if what == "unknown":
         return call_text("nosuch", {})
     if what == "two":
-        return call_text("calculator", {"expression": argument}) + call_text("calculator", {"expression": "1+1"})
+        return call_text("calculator", {"expression": argument}) + call_text(
+            "calculator", {"expression": "1+1"}
+        )
     if what == "badargs":
         return call_text("calculator", {"expression": 12})
     return call_text(what, {"text": argument})
@@ -187,7 +209,9 @@ class ScriptedRollout(HFRollout):
         ]
         eos = self.eos_token_ids[0]
         tokens = [
-            (self.tokenizer(script(t), add_special_tokens=False)["input_ids"] + [eos])[: params.max_new_tokens]
+            (self.tokenizer(script(t), add_special_tokens=False)["input_ids"] + [eos])[
+                : params.max_new_tokens
+            ]
             for t in texts
         ]
         responses, response_mask, _ = responses_from_token_lists(
@@ -202,7 +226,9 @@ class ScriptedRollout(HFRollout):
         }
         temperature = 1.0 if params.greedy else params.temperature
         with torch.no_grad():
-            logprobs, _ = response_logprobs(self.model, inputs, temperature=temperature, compute_entropy=False)
+            logprobs, _ = response_logprobs(
+                self.model, inputs, temperature=temperature, compute_entropy=False
+            )
         return build_rollout_output(rows, responses, response_mask, logprobs.cpu().float() * response_mask)
 
 
@@ -220,7 +246,9 @@ class GradProbeFSDP2(FSDP2Engine):
 
     name = "fsdp2_grad_probe"
 
-    def train_step(self, batch: Any, loss_fn: Any, micro_batch_size: int, temperature: float = 1.0, **kwargs: Any):
+    def train_step(
+        self, batch: Any, loss_fn: Any, micro_batch_size: int, temperature: float = 1.0, **kwargs: Any
+    ):
         seen = {"tool": 0.0, "model": 0.0, "positions": 0.0}
 
         def probed(micro: Any, logprobs: torch.Tensor, entropy: Any, agg: Any):
@@ -242,7 +270,9 @@ class GradProbeFSDP2(FSDP2Engine):
 
         out = super().train_step(batch, probed, micro_batch_size, temperature, **kwargs)
         tool, model, positions = self._all_reduce([seen["tool"], seen["model"], seen["positions"]], op="max")
-        out.update({"probe/tool_grad_max": tool, "probe/model_grad_max": model, "probe/tool_positions": positions})
+        out.update(
+            {"probe/tool_grad_max": tool, "probe/model_grad_max": model, "probe/tool_positions": positions}
+        )
         return out
 
 

@@ -35,7 +35,9 @@ from verity.rollout.prompts import encode_prompts
 def model_and_tokenizer():
     tokenizer = CharTokenizer()
     tokenizer.chat_template = TOOL_TEMPLATE
-    model = build_tiny_qwen2_for(tokenizer, hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128, max_pos=512)
+    model = build_tiny_qwen2_for(
+        tokenizer, hidden=64, layers=2, heads=2, kv_heads=1, intermediate=128, max_pos=512
+    )
     return model.eval(), tokenizer
 
 
@@ -82,9 +84,13 @@ def test_a_scripted_trajectory_has_exactly_the_model_tokens_in_response_mask(mod
     engine = ScriptedRollout(model, tokenizer)
     agent = AgentRollout(engine, tokenizer, agent_config(), max_model_len=512)
     extras = [{} for _ in PROMPTS]
-    extras[1] = {"tools_kwargs": {"echo": {"create_kwargs": {"user": "u1"}, "execute_kwargs": {"lang": "en"}}}}
+    extras[1] = {
+        "tools_kwargs": {"echo": {"create_kwargs": {"user": "u1"}, "execute_kwargs": {"lang": "en"}}}
+    }
     try:
-        out = agent.generate(prompt_batch(tokenizer, PROMPTS, extras), SamplingParams(max_new_tokens=320, temperature=0.7))
+        out = agent.generate(
+            prompt_batch(tokenizer, PROMPTS, extras), SamplingParams(max_new_tokens=320, temperature=0.7)
+        )
     finally:
         agent.close()
     trajectories = out["trajectory"]
@@ -97,11 +103,16 @@ def test_a_scripted_trajectory_has_exactly_the_model_tokens_in_response_mask(mod
         assert out["attention_mask"][row, -320:].tolist() == [1] * n + [0] * (320 - n)
     by_row = {p.split(":")[1]: t for p, t in zip(PROMPTS, trajectories, strict=True)}
     tool = {k: [m for m in t["messages"] if m["role"] == "tool"] for k, t in by_row.items()}
-    assert tool["calculator"][0]["content"] == "408" and by_row["calculator"]["messages"][-1]["content"] == "=408"
+    assert (
+        tool["calculator"][0]["content"] == "408"
+        and by_row["calculator"]["messages"][-1]["content"] == "=408"
+    )
     assert json.loads(tool["echo"][0]["content"]) == {"kwargs": {"lang": "en", "user": "u1"}, "text": "hi"}
     assert tool["plain"] == [] and by_row["plain"]["stop"] == "answer" and by_row["plain"]["num_turns"] == 1
     assert tool["badjson"][0]["status"] == "parse" and "not valid JSON" in tool["badjson"][0]["content"]
-    assert tool["unknown"][0]["status"] == "unknown_tool" and "no tool 'nosuch'" in tool["unknown"][0]["content"]
+    assert (
+        tool["unknown"][0]["status"] == "unknown_tool" and "no tool 'nosuch'" in tool["unknown"][0]["content"]
+    )
     assert tool["badargs"][0]["status"] == "bad_arguments"
     assert [m["status"] for m in tool["two"]] == ["ok", "too_many_calls"]  # max_parallel_calls=1
     assert by_row["loop"]["stop"] == "max_turns" and by_row["loop"]["num_turns"] == 3
@@ -133,7 +144,10 @@ def test_misbehaving_tools_cost_one_error_message_each_and_the_round_goes_on(mod
     assert answers[4][0]["content"] == "42"
     assert out["tool_errors"].tolist() == [1, 1, 1, 1, 0]
     assert [t["error_kinds"] for t in out["trajectory"][:4]] == [
-        {"timeout": 1}, {"crash": 1}, {"bad_result": 1}, {"exception": 1}
+        {"timeout": 1},
+        {"crash": 1},
+        {"bad_result": 1},
+        {"exception": 1},
     ]
     # every row still finished its trajectory: the model read the error and answered
     assert [t["stop"] for t in out["trajectory"]] == ["answer"] * 5
@@ -143,13 +157,20 @@ def test_misbehaving_tools_cost_one_error_message_each_and_the_round_goes_on(mod
 def test_the_budget_counts_tool_tokens_and_cuts_long_answers(model_and_tokenizer) -> None:
     model, tokenizer = model_and_tokenizer
     agent = AgentRollout(
-        ScriptedRollout(model, tokenizer), tokenizer, agent_config(max_tool_response_tokens=10), max_model_len=512
+        ScriptedRollout(model, tokenizer),
+        tokenizer,
+        agent_config(max_tool_response_tokens=10),
+        max_model_len=512,
     )
     try:
-        cut = agent.generate(prompt_batch(tokenizer, ["task:echo:" + "z" * 40 + "|"]), SamplingParams(max_new_tokens=200))
+        cut = agent.generate(
+            prompt_batch(tokenizer, ["task:echo:" + "z" * 40 + "|"]), SamplingParams(max_new_tokens=200)
+        )
         call = tokenizer(script("<bos>task:calculator:99*99|"), add_special_tokens=False)["input_ids"]
         budget = len(call) + 1 + 3  # the call, EOS, and 3 of the 6 answer tokens "[9801]"
-        short = agent.generate(prompt_batch(tokenizer, ["task:calculator:99*99|"]), SamplingParams(max_new_tokens=budget))
+        short = agent.generate(
+            prompt_batch(tokenizer, ["task:calculator:99*99|"]), SamplingParams(max_new_tokens=budget)
+        )
     finally:
         agent.close()
     answer = [m for m in cut["trajectory"][0]["messages"] if m["role"] == "tool"][0]["content"]
@@ -185,7 +206,9 @@ def test_the_hf_engine_under_the_loop_samples_log_probs_the_trainer_reproduces(
     config = agent_config(tool_parser=every_turn_parser, max_turns=3, max_turn_tokens=6, tool_workers=0)
     agent = AgentRollout(HFRollout(model, tokenizer, seed=3), tokenizer, config, max_model_len=512)
     prompts = ["1+2=", "a longer prompt here:", "x"]
-    out = agent.generate(prompt_batch(tokenizer, prompts), SamplingParams(max_new_tokens=64, temperature=1.0, n=n))
+    out = agent.generate(
+        prompt_batch(tokenizer, prompts), SamplingParams(max_new_tokens=64, temperature=1.0, n=n)
+    )
     assert out["responses"].shape == (3 * n, 64)
     if n > 1:
         assert out["group"].tolist() == [0, 0, 1, 1, 2, 2]
@@ -222,7 +245,9 @@ def test_the_max_model_len_cap_continues_a_turn_in_the_next_call(model_and_token
     # max_model_len = longest prompt + budget, as the actor worker sets it: after the first round the
     # echo row (97 model + 58 tool tokens) has used more of its budget than the loop row (82 + 3), so
     # the cap leaves 35 tokens for the second call and the loop row's 82-token second turn is cut
-    agent = AgentRollout(engine, tokenizer, agent_config(), max_model_len=batch["input_ids"].shape[1] + budget)
+    agent = AgentRollout(
+        engine, tokenizer, agent_config(), max_model_len=batch["input_ids"].shape[1] + budget
+    )
     try:
         out = agent.generate(batch, SamplingParams(max_new_tokens=budget, temperature=1.0))
     finally:

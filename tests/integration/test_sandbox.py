@@ -186,3 +186,139 @@ def test_isolation_report_says_what_holds():
     assert isinstance(report["network_namespace"], bool)
     if ROOT:
         assert report["unprivileged_uid"] == LIMITS.uid_base + os.getpid()
+
+
+def _world_writable_folders(depth: int = 3) -> list[str]:
+    """World-writable folders the sandbox's uid could reach, down to ``depth`` levels below /."""
+    found, frontier = [], ["/"]
+    for _ in range(depth):
+        deeper = []
+        for folder in frontier:
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.path in ("/proc", "/sys") or not entry.is_dir(follow_symlinks=False):
+                    continue
+                mode = entry.stat(follow_symlinks=False).st_mode
+                if mode & 0o001:  # others may enter
+                    deeper.append(entry.path)
+                    if mode & 0o002:
+                        found.append(entry.path)
+        frontier = deeper
+    return found
+
+
+def test_no_file_written_anywhere_survives_the_run(tmp_path):
+    if not ROOT:
+        pytest.skip("a private filesystem needs root (mount namespace)")
+    name = f"verity-sandbox-leak-{os.getpid()}"
+    planted = (
+        Path("/run") / f"verity-open-{os.getpid()}"
+    )  # a world-writable folder outside /tmp, like /run/lock
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o1777)
+    try:
+        targets = sorted(
+            {*_world_writable_folders(), str(planted), "/", "/etc", "/tmp", "/var/tmp", "/dev/shm", ".."}
+        )
+        code = (
+            "import json, os\n"
+            f"wrote = []\nfor folder in {targets!r} + [os.getcwd()]:\n"
+            "    try:\n"
+            f"        open(os.path.join(folder, {name!r}), 'w').write('x')\n"
+            "        wrote.append(folder)\n"
+            "    except OSError:\n"
+            "        pass\n"
+            "print(json.dumps({'cwd': os.getcwd(), 'wrote': wrote}))\n"
+        )
+        result, completed = run_python(code, limits=LIMITS)
+        assert completed, result.stderr
+        report = json.loads(result.stdout)
+        assert result.isolation["private_filesystem"] and result.isolation["read_only_elsewhere"]
+        assert report["cwd"] in report["wrote"] and "/tmp" in report["wrote"]  # it could work where it may
+        assert str(planted) not in report["wrote"]  # outside its private places: read-only
+        left = [f for f in [*targets, report["cwd"]] if os.path.lexists(os.path.join(f, name))]
+        assert left == [] and not Path(report["cwd"]).exists()  # and nothing it wrote is left
+    finally:
+        for leftover in planted.iterdir():
+            leftover.unlink()
+        planted.rmdir()
+
+
+def test_a_total_disk_budget_caps_many_files_under_the_file_size_limit():
+    limits = SandboxLimits(wall_s=10.0, cpu_s=8, memory_mb=256, fsize_mb=2, disk_mb=8)
+    code = (
+        "import os\nwritten = 0\n"
+        "for i in range(64):\n"  # 64 files of 1 MiB, each far below fsize_mb
+        "    try:\n"
+        "        with open(f'chunk{i}', 'wb') as handle:\n"
+        "            handle.write(b'x' * 1024 * 1024)\n"
+        "        written += 1\n"
+        "    except OSError as error:\n"
+        "        print('STOPPED', type(error).__name__)\n"
+        "        break\n"
+        "print('WRITTEN', written)\n"
+    )
+    result, _ = run_python(code, limits=limits)
+    if result.isolation.get("private_filesystem"):
+        assert "STOPPED OSError" in result.stdout  # ENOSPC from the run's own tmpfs
+        assert int(result.stdout.split("WRITTEN")[1]) <= 8
+    else:  # on the real disk: the folder is polled and the run killed
+        assert result.status == "signal" and "disk_mb = 8 MiB" in result.stderr
+
+
+VENV_DRIVER = """
+import importlib.util, json, os, sys
+spec = importlib.util.spec_from_file_location("sandbox", sys.argv[1])
+sandbox = importlib.util.module_from_spec(spec)
+sys.modules["sandbox"] = sandbox
+spec.loader.exec_module(sandbox)
+limits = sandbox.SandboxLimits(wall_s=5.0, cpu_s=4, memory_mb=256, nproc=16)
+# a program that leaves a detached process behind (new session, double fork): only the uid kill reaches it
+code = (
+    "import os, time\\n"
+    "if os.fork() == 0:\\n"
+    "    os.setsid()\\n"
+    "    if os.fork() == 0:\\n"
+    "        time.sleep(60)\\n"
+    "    os._exit(0)\\n"
+    "print(sum(range(10)))\\n"
+)
+result, completed = sandbox.run_python(code, limits=limits)
+uid = sandbox.sandbox_uid_for(os.getpid(), limits)
+print(json.dumps({"completed": completed, "stdout": result.stdout, "stderr": result.stderr,
+                  "left": sandbox._alive_of_uid(uid), "python": sys.executable}))
+"""
+
+
+def test_runs_and_cleans_up_from_a_venv_in_a_folder_the_sandbox_uid_cannot_enter(tmp_path):
+    if not ROOT:
+        pytest.skip("the unprivileged sandbox uid exists only when running as root")
+    import shutil
+    import subprocess
+    import sys
+
+    import verity.rewards.sandbox as sandbox_module
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)  # like /root: other users cannot enter
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(home / "venv")], check=True, timeout=120
+    )
+    package = home / "venv" / "sandbox_pkg"
+    package.mkdir()
+    for name in ("sandbox.py", "sandbox_boot.py"):
+        shutil.copy(Path(sandbox_module.__file__).with_name(name), package / name)
+    done = subprocess.run(
+        [str(home / "venv" / "bin" / "python"), "-c", VENV_DRIVER, str(package / "sandbox.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["python"].startswith(str(home))
+    assert report["completed"] and report["stdout"].strip() == "45", report["stderr"]
+    assert report["left"] == []  # the detached sleeper was killed without executing anything as the uid

@@ -150,9 +150,15 @@ def test_openai_schemas_parse_and_arguments_are_checked() -> None:
     for bad, message in [
         ({"function": {"name": "1x"}}, "function.name"),
         ({"function": {"name": "a", "parameters": {"type": "array"}}}, "must be an 'object'"),
-        ({"function": {"name": "a", "parameters": {"properties": {}, "required": ["q"]}}}, "not in properties"),
+        (
+            {"function": {"name": "a", "parameters": {"properties": {}, "required": ["q"]}}},
+            "not in properties",
+        ),
         ({"type": "retrieval", "function": {"name": "a"}}, "expected 'function'"),
-        ({"function": {"name": "a", "parameters": {"properties": {"q": {"type": "str"}}}}}, "expected one of"),
+        (
+            {"function": {"name": "a", "parameters": {"properties": {"q": {"type": "str"}}}}},
+            "expected one of",
+        ),
     ]:
         with pytest.raises(ValueError, match=message):
             ToolSchema.from_openai(bad)
@@ -160,7 +166,10 @@ def test_openai_schemas_parse_and_arguments_are_checked() -> None:
 
 ECHO_SCHEMA = {
     "type": "function",
-    "function": {"name": "echo", "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}},
+    "function": {
+        "name": "echo",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}},
+    },
 }
 
 
@@ -231,7 +240,12 @@ def test_row_tool_kwargs_follow_verls_extra_info() -> None:
 
 
 def test_agent_ranges_are_checked() -> None:
-    for field, value in [("max_turns", 0), ("max_parallel_calls", 0), ("tool_workers", -1), ("max_turn_tokens", -1)]:
+    for field, value in [
+        ("max_turns", 0),
+        ("max_parallel_calls", 0),
+        ("tool_workers", -1),
+        ("max_turn_tokens", -1),
+    ]:
         with pytest.raises(ValueError, match=field):
             AgentConfig(**{field: value}).validate()
     with pytest.raises(ValueError, match="tool_response_truncate_side"):

@@ -77,10 +77,14 @@ def test_the_chat_template_must_render_tool_messages() -> None:
     from verity.rollout.agent.render import ToolMessageRenderer
 
     tokenizer = CharTokenizer()
-    tokenizer.chat_template = "{% for m in messages %}{% if m['role'] != 'tool' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] != 'tool' %}{{ m['content'] }}{% endif %}{% endfor %}"
+    )
     with pytest.raises(ValueError, match="drops the content of tool messages"):
         ToolMessageRenderer(tokenizer)
-    tokenizer.chat_template = "{% for m in messages %}{{ raise_exception('no tools') if m['role'] == 'tool' }}{% endfor %}"
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ raise_exception('no tools') if m['role'] == 'tool' }}{% endfor %}"
+    )
     with pytest.raises(ValueError, match="cannot render a tool message"):
         ToolMessageRenderer(tokenizer)
 
@@ -105,7 +109,10 @@ def test_tool_answers_render_as_a_qwen_style_template_puts_them() -> None:
     tokenizer.eos_token = "<|im_end|>"
     tokenizer.chat_template = QWEN_LIKE
     renderer = ToolMessageRenderer(tokenizer)
-    messages = [{"role": "tool", "name": "a", "content": "408"}, {"role": "tool", "name": "b", "content": "2"}]
+    messages = [
+        {"role": "tool", "name": "a", "content": "408"},
+        {"role": "tool", "name": "b", "content": "2"},
+    ]
     after_eos = renderer.text(messages, stop_text="<|im_end|>")
     expected = (
         "\n<|im_start|>user\n<tool_response>\n408\n</tool_response>\n<tool_response>\n2\n</tool_response>"
@@ -144,7 +151,11 @@ def _rows_with_tools() -> Batch:
             "extra_info": [shared_extra, shared_extra],
             "trajectory": [
                 {"messages": [{"role": "assistant", "content": "xy"}], "error_kinds": {}, "stop": "answer"},
-                {"messages": [{"role": "tool", "content": "Error"}], "error_kinds": {"timeout": 1}, "stop": "budget"},
+                {
+                    "messages": [{"role": "tool", "content": "Error"}],
+                    "error_kinds": {"timeout": 1},
+                    "stop": "budget",
+                },
             ],
         },
     )
@@ -201,7 +212,9 @@ def test_tool_tokens_get_no_gradient_from_the_policy_kl_and_entropy_terms() -> N
         "ref_logprobs": -torch.rand(2, 6, generator=g),
         "advantages": torch.randn(2, 6, generator=g),
     }
-    loss_fn = make_actor_loss(PolicyLossConfig(), KLConfig(use_kl_loss=True, kl_loss_coef=0.1), entropy_coeff=0.05)
+    loss_fn = make_actor_loss(
+        PolicyLossConfig(), KLConfig(use_kl_loss=True, kl_loss_coef=0.1), entropy_coeff=0.05
+    )
 
     def gradients(per_token: dict, mask: torch.Tensor, hooks: list | None = None) -> list[torch.Tensor]:
         model.zero_grad()

@@ -141,15 +141,17 @@ def test_fault_specs_parse_and_reject_garbage():
         parse_stall("update_actor")
 
 
-def test_sigterm_sets_the_flag_and_the_handler_is_restored():
-    before = signal.getsignal(signal.SIGTERM)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_sets_the_flag_and_the_handlers_are_restored(signum):
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     with GracefulStop() as stop:
         assert not stop.requested
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert stop.requested  # the process is still alive
-    assert signal.getsignal(signal.SIGTERM) == before
-    err = TrainingStopped(7, "/x/step_7")
+        os.kill(os.getpid(), signum)
+        assert stop.requested and stop.received == signum  # the process is still alive
+    assert {s: signal.getsignal(s) for s in before} == before
+    err = TrainingStopped(7, "/x/step_7", signum)
     assert err.step == 7 and "trainer.resume=auto" in str(err)
+    assert err.exit_code == 128 + signum
 
 
 class _RecordingTracker:

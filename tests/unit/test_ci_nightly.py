@@ -112,7 +112,9 @@ def test_a_planted_regression_exits_1_naming_the_metric(
     baseline.write_text(json.dumps(BASELINE))
     seen: dict[str, Any] = {}
 
-    def fake_run_recipe(name: str, out: Path, results_dir: Path, overrides: list[str]) -> dict[str, Any]:
+    def fake_run_recipe(
+        name: str, out: Path, results_dir: Path, overrides: list[str], config: str = "cpu"
+    ) -> dict[str, Any]:
         seen.update(name=name, results_dir=results_dir, overrides=list(overrides))
         return _recipe(
             0.0 if "actor.optim.lr=0" in overrides else 0.42, passed="actor.optim.lr=0" not in overrides
@@ -121,7 +123,16 @@ def test_a_planted_regression_exits_1_naming_the_metric(
     monkeypatch.setattr(nightly, "run_recipe", fake_run_recipe)
     monkeypatch.setattr(nightly, "run_bench", lambda out: _bench())
     monkeypatch.setattr(nightly.subprocess, "call", lambda cmd, cwd=None: 0)  # the leaderboard build
-    args = ["--recipes", "grpo", "--baseline", str(baseline), "--out", str(tmp_path / "night")]
+    args = [
+        "--recipes",
+        "grpo",
+        "--configs",
+        "cpu",
+        "--baseline",
+        str(baseline),
+        "--out",
+        str(tmp_path / "night"),
+    ]
 
     assert nightly.main(args + ["--override", "actor.optim.lr=0", "--accept"]) == 1
     err = capsys.readouterr().err
@@ -135,3 +146,32 @@ def test_a_planted_regression_exits_1_naming_the_metric(
     assert nightly.main(args + ["--accept"]) == 0
     accepted = json.loads(baseline.read_text())
     assert accepted["figures"]["grpo.accuracy_gain"]["value"] == 0.42
+
+
+def test_the_night_runs_every_cpu_config_of_each_recipe(tmp_path: Path) -> None:
+    for recipe, configs in {
+        "grpo": ["cpu", "cpu-vllm", "gsm8k-x", "cpu-megatron"],
+        "ppo": ["gsm8k-x"],
+    }.items():
+        folder = tmp_path / recipe / "src" / f"verity_recipe_{recipe}" / "configs"
+        folder.mkdir(parents=True)
+        for c in configs:
+            (folder / f"{c}.yaml").write_text("{}\n")
+    assert nightly.nightly_rows(tmp_path, ["grpo"]) == [
+        ("grpo", "cpu"),
+        ("grpo", "cpu-megatron"),
+        ("grpo", "cpu-vllm"),
+    ]
+    assert nightly.nightly_rows(tmp_path, ["grpo"], ["cpu-vllm"]) == [("grpo", "cpu-vllm")]
+    assert [nightly.row_name(*r) for r in nightly.nightly_rows(tmp_path, ["grpo"])] == [
+        "grpo",
+        "grpo/cpu-megatron",
+        "grpo/cpu-vllm",
+    ]
+    with pytest.raises(ValueError, match=r"recipe 'ppo' has no config cpu or cpu-\* .*it has: none"):
+        nightly.nightly_rows(tmp_path, ["ppo"])
+
+
+def test_the_real_recipes_each_have_a_cpu_row() -> None:
+    rows = nightly.nightly_rows(nightly.ROOT / "recipes", nightly.recipe_names(nightly.ROOT / "recipes"))
+    assert {r for r, c in rows if c == "cpu"} == set(nightly.recipe_names(nightly.ROOT / "recipes"))

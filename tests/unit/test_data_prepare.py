@@ -55,7 +55,8 @@ def test_math_conversion_takes_the_last_boxed_answer():
     rows = math_rows(MATH_RAW, split="test")
     assert [r["reward_model"]["ground_truth"] for r in rows] == ["\\frac{3}{4}", "2"]
     assert rows[0]["data_source"] == "lighteval/MATH"
-    assert rows[0]["extra_info"] == {"split": "test", "index": 0, "level": "Level 1", "type": "Prealgebra"}
+    assert rows[0]["extra_info"] == {"split": "test", "index": 0}
+    assert list(rows[0])[:2] == ["level", "type"] and rows[0]["level"] == "Level 1"
     assert rows[0]["prompt"][0]["content"].endswith("within \\boxed{}.")
 
 
@@ -78,6 +79,58 @@ def test_aime_conversion_accepts_both_column_spellings():
 def test_raw_errors_name_the_row(converter, raw, message):
     with pytest.raises(RawFormatError, match=message):
         converter(raw)
+
+
+def test_every_bad_raw_row_is_listed_not_only_the_first(tmp_path, capsys):
+    raw = [GSM8K_RAW[0], {"question": "q", "answer": "no marker"}, GSM8K_RAW[1], {"answer": "#### 1"}]
+    source = tmp_path / "raw.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in raw))
+    out = tmp_path / "out.parquet"
+    assert data_cli.main(["prepare", "--format", "gsm8k", "--input", str(source), "--output", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "2 of 4 raw rows cannot be converted" in err
+    assert "gsm8k row 1: 'answer' has no" in err and "gsm8k row 3: needs a 'question'" in err
+    assert not out.exists()
+
+
+def test_prepared_gsm8k_concatenates_with_a_verl_prepared_file(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # the schema verl's examples/data_preprocess/gsm8k.py writes (field order and types)
+    verl_schema = pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+            ("ability", pa.string()),
+            ("reward_model", pa.struct([("style", pa.string()), ("ground_truth", pa.string())])),
+            (
+                "extra_info",
+                pa.struct(
+                    [
+                        ("split", pa.string()),
+                        ("index", pa.int64()),
+                        ("answer", pa.string()),
+                        ("question", pa.string()),
+                    ]
+                ),
+            ),
+        ]
+    )
+    verl_row = {
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": "q"}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": "1"},
+        "extra_info": {"split": "train", "index": 0, "answer": "#### 1", "question": "q"},
+    }
+    raw = tmp_path / "gsm8k.jsonl"
+    raw.write_text("".join(json.dumps(r) + "\n" for r in GSM8K_RAW))
+    prepare_file("gsm8k", raw, tmp_path / "ours.parquet")
+    pq.write_table(pa.Table.from_pylist([verl_row], schema=verl_schema), tmp_path / "verl.parquet")
+    ours, theirs = pq.read_table(tmp_path / "ours.parquet"), pq.read_table(tmp_path / "verl.parquet")
+    assert ours.schema.equals(theirs.schema), ours.schema
+    assert pa.concat_tables([ours, theirs]).num_rows == 3
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".parquet", ".csv"])

@@ -66,3 +66,17 @@ def test_mfu_rejects_nonsense():
         mfu(1.0, 10, 1e12, num_devices=0)
     with pytest.raises(ValueError, match="peak_flops"):
         mfu(1.0, 10, 0.0)
+
+
+def test_the_cpu_matmul_peak_is_measured_on_the_threads_asked_for() -> None:
+    import torch
+    from verity.hardware.cpu_peak import measure_matmul_flops
+
+    before = torch.get_num_threads()
+    one = measure_matmul_flops(1, size=128, min_seconds=0.02, repeats=2)
+    # a float32 128^3 matmul takes microseconds: anything between 10 MFLOP/s and 100 TFLOP/s is a
+    # measurement; 0, a negative or an absurd figure is a bug in the arithmetic
+    assert 1e7 < one < 1e14
+    assert torch.get_num_threads() == before  # the caller's thread setting is restored
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        measure_matmul_flops(0)

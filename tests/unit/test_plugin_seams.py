@@ -152,6 +152,8 @@ def test_demo_plugin_section_is_typed_and_validated() -> None:
         load_config(["demo.bonus=-1"])
     with pytest.raises(ConfigError, match="did you mean demo.bonus"):
         load_config(["demo.bonuss=1"])
+    with pytest.raises(ConfigError, match="demo: enabled needs rollout.n >= 2 .*, got 1"):
+        load_config(["demo.enabled=true", "rollout.n=1"])  # validate_run sees the whole config
 
 
 def test_config_with_plugin_sections_pickles_for_the_workers() -> None:

@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 from verity.batch import Batch
-from verity.rewards import RewardManager, RewardManagerConfig, token_rewards_from_scores
+from verity.rewards import RewardFailureError, RewardManager, RewardManagerConfig, token_rewards_from_scores
 from verity.rewards.process_pool import TimeoutPool
 
 HOSTILE = """
@@ -43,7 +43,13 @@ def _rows(texts, truth="ok", source="mine"):
 
 
 def test_hung_raising_and_crashing_verifiers_do_not_stall_scoring(hostile_file, caplog):
-    config = {"num_workers": 2, "timeout_s": 1.0, "failure_score": -0.5, "custom_path": str(hostile_file)}
+    config = {
+        "num_workers": 2,
+        "timeout_s": 1.0,
+        "failure_score": -0.5,
+        "custom_path": str(hostile_file),
+        "max_failure_rate": 1.0,  # 5 of 8 fail: scored and summarised, not raised
+    }
     texts = ["ok", "spin", "bad", "sleep", "raise", "die", "text", "ok"]
     with caplog.at_level(logging.WARNING, logger="verity.rewards"), RewardManager(config) as manager:
         scores, extra, metrics = manager.score(_rows(texts))
@@ -59,9 +65,38 @@ def test_hung_raising_and_crashing_verifiers_do_not_stall_scoring(hostile_file, 
     assert metrics["reward/errors"] == 3.0
     assert metrics["reward/mean"] == pytest.approx((1 + 0 + 1 - 0.5 * 5) / 8)
     assert again.tolist() == [1.0, 0.0] and again_metrics["reward/errors"] == 0.0
-    logged = caplog.text
-    assert "reward timeout for sample 1" in logged and "'spin'" in logged  # logged with the sample
-    assert "reward error for sample 4" in logged
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings  # one summary for the call, not one line per sample
+    assert "5 of 8 samples failed (3 errors, 2 timeouts)" in warnings[0]
+    assert (
+        "first: sample 1" in warnings[0] and "'spin'" in warnings[0]
+    )  # the first failure, with its response
+
+
+def test_failures_above_the_rate_stop_scoring_with_the_first_traceback(hostile_file):
+    config = {"num_workers": 1, "timeout_s": 5.0, "custom_path": str(hostile_file)}
+    with RewardManager(config) as manager:
+        _, _, metrics = manager.score(_rows(["raise", "ok", "ok"]))  # 1 of 3: tolerated
+        assert metrics["reward/errors"] == 1.0
+        with pytest.raises(RewardFailureError) as caught:
+            manager.score(_rows(["ok", "text", "raise", "raise"]))  # 3 of 4 > 0.5
+    message = str(caught.value)
+    assert "3 of 4 samples failed (3 errors, 0 timeouts)" in message
+    assert "reward.max_failure_rate = 0.5" in message
+    assert "first failure: sample 1" in message.lower() and "RewardResultError" in message
+    assert "Traceback" in message  # the worker's traceback, not only the last line
+
+
+def test_hung_samples_time_out_in_parallel(hostile_file):
+    # one worker, eight hung samples: the pool widens instead of running eight timeouts in a row
+    config = {"num_workers": 1, "timeout_s": 1.0, "custom_path": str(hostile_file), "max_failure_rate": 1.0}
+    with RewardManager(config) as manager:
+        _, extra, metrics = manager.score(_rows(["sleep"] * 8 + ["ok"]))
+        pool = manager._pool
+        assert pool is not None and pool.peak_workers >= 9  # all hung samples were in flight at once
+        assert len(pool.worker_pids()) == 1  # and the pool shrank back afterwards
+    assert extra["reward_status"] == ["timeout"] * 8 + ["ok"]
+    assert metrics["reward/timeouts"] == 8.0
 
 
 def test_dispatch_by_data_source_and_metrics_per_source():
@@ -79,6 +114,28 @@ def test_dispatch_by_data_source_and_metrics_per_source():
     assert metrics["reward/lighteval/MATH/mean"] == 1.0
     assert metrics["reward/math_dapo/mean"] == -1.0
     assert metrics["reward/acc"] == pytest.approx(2 / 4)
+
+
+def test_built_in_verifiers_score_in_process_and_user_functions_in_the_pool(hostile_file):
+    builtin = [
+        {"data_source": "openai/gsm8k", "solution_str": "#### 7", "ground_truth": "7"},
+        {"data_source": "math_dapo", "solution_str": "Answer: 3", "ground_truth": "4"},
+        {"data_source": "verity/arithmetic", "solution_str": "12", "ground_truth": "12"},
+        {"data_source": "verity/arithmetic", "solution_str": "13", "ground_truth": "12"},
+    ]
+    with RewardManager({"num_workers": 1}) as inline:
+        scores, extra, metrics = inline.score(builtin)
+        assert inline._pool is None  # nothing left the process
+    with RewardManager({"num_workers": 1, "inline_builtin": False}) as pooled:
+        p_scores, p_extra, p_metrics = pooled.score(builtin)
+        assert pooled._pool is not None
+    assert scores.tolist() == p_scores.tolist() == [1.0, -1.0, 1.0, 0.0]
+    assert extra == p_extra and metrics == p_metrics
+    # a user function is never run in-process: its hang still times out in the pool
+    user = {"num_workers": 1, "timeout_s": 1.0, "custom_path": str(hostile_file), "max_failure_rate": 1.0}
+    with RewardManager(user) as manager:
+        scores, extra, _ = manager.score(_rows(["ok", "spin"]))
+    assert extra["reward_status"] == ["ok", "timeout"] and scores.tolist() == [1.0, 0.0]
 
 
 def test_overrides_and_per_source_timeouts():
@@ -188,3 +245,24 @@ def test_slow_importing_user_module_is_loaded_at_worker_start(tmp_path):
         scores, extra, _ = manager.score(_rows(["a", "b"]))
     assert scores.tolist() == [1.0, 1.0]
     assert extra["reward_status"] == ["ok", "ok"]
+
+
+def test_an_interrupted_call_leaves_no_stale_task_behind():
+    import signal
+    import time
+
+    def interrupt(signum, frame):
+        raise RuntimeError("stage time limit")
+
+    with TimeoutPool(1) as pool:
+        pool.map(operator.add, [(0, 0)], 60)  # the worker is up: the sleep below is really running
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 1.0)
+            with pytest.raises(RuntimeError, match="stage time limit"):
+                pool.map(time.sleep, [(60,)], 120)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        outcome = pool.map(operator.add, [(1, 2)], 30)[0]  # not the sleeping task's late answer
+    assert outcome.status == "ok" and outcome.value == 3

@@ -78,6 +78,23 @@ def test_minibatch_epochs_steps_over_consecutive_rows_and_sums_metrics():
     assert minibatch_epochs(batch, 2, 0, step) == ({}, 0)
 
 
+def test_minibatch_epochs_keeps_the_padding_rows_of_a_dp_split_marked():
+    # 7 rows over 2 ranks: rank 1 holds rows 4-6 and a padding copy of row 0 (Batch.split)
+    part = Batch.from_dict({"x": torch.arange(7)}).split(2)[1]
+    assert part.pad_rows == 1
+    seen = []
+
+    def step(mini):
+        seen.append((mini["x"].tolist(), mini.pad_rows))
+        return {}
+
+    minibatch_epochs(part, 3, 1, step)
+    assert seen == [([4, 5, 6], 0), ([0], 1)]  # the last mini-batch is padding only
+    seen.clear()
+    minibatch_epochs(part, 2, 1, step)
+    assert seen == [([4, 5], 0), ([6, 0], 1)]
+
+
 class _FakeBackend:
     def __init__(self, visible: int) -> None:
         self.visible = visible

@@ -8,6 +8,7 @@
       cpu:                              # the config (file stem under configs/)
         source: measured                # measured (reruns here) | published (a paper or log)
         reference: "5 runs, 2026-11-22, 2-core x86 CPU"
+        train_engine: fsdp2             # optional: the training engine the promise is for
         metrics:
           accuracy_after: {target: 0.80, tolerance: 0.06}
           accuracy_gain:  {target: 0.30, tolerance: 0.12, mode: at_least}
@@ -20,7 +21,9 @@ Each metric passes when, with ``t = target`` and ``d = tolerance``:
 | ``at_least`` | ``x >= t - d``   | scores where doing better is not a failure   |
 | ``at_most``  | ``x <= t + d``   | costs (seconds, memory) where less is fine   |
 
-A metric missing from the run fails (a promise nobody checked is not kept).
+A metric missing from the run fails (a promise nobody checked is not kept). A config
+entry with ``train_engine`` (e.g. the ``cpu-megatron`` config of recipes/grpo) also
+fails when the run's workers reported another training engine.
 Lookup (:func:`find_expectations`): ``<hardware>-<backend>.yaml`` for the
 hardware's own label (``h100``), then for its family (``cuda``).
 """
@@ -110,6 +113,14 @@ class ConfigExpectations:
     source: str = "measured"
     reference: str = ""
     path: Path | None = None
+    train_engine: str | None = None  # the engine the promise is for; None: any
+
+    def check_engine(self, ran: str | None) -> Check | None:
+        """A failing Check when the run's training engine is not the one promised, else None."""
+        if self.train_engine is None or ran == self.train_engine:
+            return None
+        reason = f"this expectation is for the {self.train_engine} engine; the run trained with {ran}"
+        return Check("train_engine", None, 0.0, 0.0, "within", False, reason)
 
 
 @dataclass(frozen=True)
@@ -174,8 +185,19 @@ def parse_expected(data: Any, source: str = "<expected>", path: Path | None = No
                 if str(err).startswith(where):
                     raise
                 raise ValueError(f"{where}.metrics.{name}: {err}") from None
+        unknown = sorted(set(body) - {"source", "reference", "metrics", "train_engine"})
+        if unknown:
+            raise ValueError(
+                f"{where}: unknown keys {unknown}; allowed: source, reference, train_engine, metrics"
+            )
+        engine = body.get("train_engine")
         configs[str(config)] = ConfigExpectations(
-            str(config), tuple(expectations), src, str(body.get("reference", "")), path
+            str(config),
+            tuple(expectations),
+            src,
+            str(body.get("reference", "")),
+            path,
+            str(engine) if engine is not None else None,
         )
     return ExpectedFile(str(data["hardware"]), str(data["backend"]), configs, path)
 

@@ -44,7 +44,7 @@ class Machine:
     label: str  # e.g. "cpu", "h100"
     family: str  # "cpu" | "cuda" | "rocm" | "npu"
     device_name: str
-    peak_flops: float | None  # one device, dense bf16, FLOP/s; None when unknown
+    peak_flops: float | None  # one device, dense bf16, FLOP/s; None when unknown (CPU: measured per run)
     device_count: int
 
     @property

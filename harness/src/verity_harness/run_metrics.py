@@ -9,6 +9,10 @@ step's training metrics and the last evaluation's ``val/*``), plus
 - ``accuracy_before`` / ``accuracy_after``: held-out greedy accuracy before the first
   and after the last step (0..1);
 - ``accuracy_gain = accuracy_after - accuracy_before``;
+- with sampled evaluation (``rollout.val_n = k > 1``): ``avg_at_k_before`` /
+  ``avg_at_k_after`` (mean correctness of the k samples per held-out prompt, avg@k),
+  ``avg_at_k_gain``, ``pass_at_k_before`` / ``pass_at_k_after`` (pass@k) and ``val_k``
+  (the k); ``accuracy_*`` stay the greedy ones;
 - ``reward/mean_last10``: mean of ``reward/mean`` over the last 10 steps (less noisy
   than the last step alone);
 - ``steps``, ``wall_seconds``.
@@ -22,7 +26,10 @@ for start-up and is left out when there is more than one step):
   of actor training, ``sum(total_tokens * ppo_epochs) / sum(update_actor_s - weight_sync_s)``;
 - ``stage_seconds``: mean seconds per step of each stage (``timing/<stage>_s``);
 - ``mfu``: ``6 * n_params * train_tokens_per_s / (peak_flops * devices)``
-  (:func:`verity.hardware.mfu`), ``None`` where the device's peak is unknown (CPUs).
+  (:func:`verity.hardware.mfu`), ``None`` where the device's peak is unknown. On CPU the
+  harness measures the peak (float32 matmuls on the actor's threads,
+  :mod:`verity.hardware.cpu_peak`) and counts the CPU as one device; the result's
+  ``peak_flops_source`` says which.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 LAST_K = 10
+SAMPLED_SCORES = ("avg_at_k_before", "avg_at_k_after", "pass_at_k_before", "pass_at_k_after", "val_k")
+"""Summary fields of a run with sampled held-out evaluation (``rollout.val_n > 1``), kept as scores."""
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -56,12 +65,13 @@ def score_metrics(summary: Mapping[str, Any], steps: Sequence[Mapping[str, Any]]
         number = _finite(value)
         if number is not None:
             out[key] = number
-    for key in ("accuracy_before", "accuracy_after", "steps", "wall_seconds"):
+    for key in ("accuracy_before", "accuracy_after", *SAMPLED_SCORES, "steps", "wall_seconds"):
         number = _finite(summary.get(key))
         if number is not None:
             out[key] = number
-    if "accuracy_before" in out and "accuracy_after" in out:
-        out["accuracy_gain"] = out["accuracy_after"] - out["accuracy_before"]
+    for name in ("accuracy", "avg_at_k"):
+        if f"{name}_before" in out and f"{name}_after" in out:
+            out[f"{name}_gain"] = out[f"{name}_after"] - out[f"{name}_before"]
     rewards = [v for v in (_finite(row.get("reward/mean")) for row in steps[-LAST_K:]) if v is not None]
     if rewards:
         out[f"reward/mean_last{LAST_K}"] = sum(rewards) / len(rewards)
@@ -133,4 +143,6 @@ def curves(steps: Sequence[Mapping[str, Any]], validation: Sequence[Mapping[str,
             out[key] = values
     out["val_step"] = [int(row["step"]) for row in validation if "step" in row]
     out["val/acc"] = [_finite(row.get("val/acc")) for row in validation if "step" in row]
+    if any("val/avg_at_k" in row for row in validation):
+        out["val/avg_at_k"] = [_finite(row.get("val/avg_at_k")) for row in validation if "step" in row]
     return out

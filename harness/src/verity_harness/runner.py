@@ -19,6 +19,7 @@ Order of work:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from collections.abc import Sequence
@@ -72,6 +73,23 @@ def harness_overrides(
         f"trainer.device={machine.family}",
     ]
     return out
+
+
+def with_measured_cpu_peak(machine: Machine, cfg: Any) -> tuple[Machine, str | None]:
+    """On CPU, ``machine`` with the matmul peak measured on the threads the actor's workers get.
+
+    Returns ``(machine, source)``: ``source`` says where ``peak_flops`` came from
+    (``"spec sheet"`` for known accelerators, the measurement on CPU, None when unknown).
+    Measured before the run starts, so the run's own workers do not compete with it.
+    """
+    if machine.family != "cpu":
+        return machine, "spec sheet" if machine.peak_flops else None
+    from verity.hardware.cpu_peak import measure_matmul_flops
+
+    threads = max(1, round(cfg.trainer.n_workers * cfg.trainer.cpus_per_worker))
+    peak = measure_matmul_flops(threads)
+    source = f"measured: float32 512x512 matmul on {threads} threads, {peak / 1e9:.1f} GFLOP/s"
+    return dataclasses.replace(machine, peak_flops=peak), source
 
 
 def ran_engine(summary: dict[str, Any], role: str) -> str:
@@ -140,6 +158,9 @@ def attach_checks(result: dict[str, Any], recipe: Recipe, labels: Sequence[str])
         result.update(checks=[], passed=None, expected_source=None, expected_file=None)
         return []
     checks = check_metrics(result["scores"], expectations)
+    wrong_engine = expectations.check_engine(result.get("train_engine"))
+    if wrong_engine is not None:
+        checks.append(wrong_engine)
     result.update(
         checks=[c.as_dict() for c in checks],
         passed=all(c.passed for c in checks),
@@ -182,11 +203,13 @@ def run_recipe(
     ensure_experiment(uri, f"{EXPERIMENT_PREFIX}{recipe.name}", output_root)
     all_overrides = harness_overrides(recipe, config, machine, run_dir, uri) + list(overrides)
     cfg = load_config(all_overrides, config_file=config_file)
+    machine, peak_source = with_measured_cpu_peak(machine, cfg)
     summary = run_training(cfg)
     run_dir = Path(cfg.trainer.output_dir)
     result = build_result(
         recipe, config, machine, cfg, summary, run_dir, overrides, _n_params(uri, summary.get("run_id"))
     )
+    result["throughput"]["peak_flops_source"] = peak_source
     checks = attach_checks(result, recipe, machine.lookup_labels)
     if summary.get("run_id"):
         log_result(
@@ -228,6 +251,8 @@ def format_throughput(t: dict[str, Any]) -> str:
 
     mfu = t.get("mfu")
     mfu_text = f"{mfu:.2%}" if mfu is not None else "n/a (peak FLOP/s of this device unknown)"
+    if mfu is not None and t.get("peak_flops_source"):
+        mfu_text += f" (peak {t['peak_flops_source']})"
     lines = [
         f"throughput over {t.get('measured_steps')} steps (first step left out):",
         f"  tokens/s (step)        {num(t.get('tokens_per_s'))}",

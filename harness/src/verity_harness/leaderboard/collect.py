@@ -1,8 +1,9 @@
 """Gathering the runs a leaderboard shows: committed result files plus the harness's MLflow runs.
 
 A run found in both (same MLflow run id) is shown once, from its result file.
-Each run gets a display ``label`` ``<hardware>/<backend>[/<config>]`` and a ``key``
-``(recipe, config, hardware, backend)``: the "latest" tables keep the newest run per key.
+Each run gets a display ``label`` ``<hardware>/<backend>[/<engine>][/<config>]`` and a
+``key`` ``(recipe, config, hardware, backend, train engine)``: the "latest" tables keep
+the newest run per key, so runs that differ only in their engines stand side by side.
 """
 
 from __future__ import annotations
@@ -17,12 +18,16 @@ from verity_harness.results import load_results
 logger = logging.getLogger(__name__)
 
 
-def run_key(run: Mapping[str, Any]) -> tuple[str, str, str, str]:
-    return (str(run["recipe"]), str(run["config"]), str(run["hardware"]), str(run["backend"]))
+def run_key(run: Mapping[str, Any]) -> tuple[str, str, str, str, str]:
+    engine = str(run.get("train_engine") or "fsdp2")
+    return (str(run["recipe"]), str(run["config"]), str(run["hardware"]), str(run["backend"]), engine)
 
 
 def run_label(run: Mapping[str, Any]) -> str:
     label = f"{run['hardware']}/{run['backend']}"
+    engine = run.get("train_engine")
+    if engine and engine != "fsdp2":
+        label = f"{label}/{engine}"
     return label if run["config"] == "cpu" else f"{label}/{run['config']}"
 
 
@@ -53,8 +58,8 @@ def collect_runs(results_dir: Path | None, tracking_uris: Iterable[str] = ()) ->
 
 
 def latest_per_key(runs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The newest run of each (recipe, config, hardware, backend), ordered by key."""
-    latest: dict[tuple[str, str, str, str], Mapping[str, Any]] = {}
+    """The newest run of each (recipe, config, hardware, backend, train engine), ordered by key."""
+    latest: dict[tuple[str, ...], Mapping[str, Any]] = {}
     for run in sorted(runs, key=sort_time):
         latest[run_key(run)] = run
     return [latest[k] for k in sorted(latest)]

@@ -4,7 +4,9 @@ Each page is one self-contained HTML file (inline CSS and SVG plots, no scripts,
 nothing fetched). Tables carry ids the browser test reads:
 
 - ``table#latest-<recipe>``: newest run per (config, hardware, backend), side by side —
-  held-out accuracy (the score), its gain, check verdict, throughput, MFU, date, commit;
+  held-out accuracy (the score, greedy), its gain, avg@k and pass@k of the sampled
+  evaluation (``rollout.val_n = k > 1``; "–" for runs without), check verdict,
+  throughput, MFU, date, commit;
 - ``table#history-<recipe>`` (recipe pages): every run, newest first;
 - ``figure.plot`` holds one inline ``<svg class="plot">``.
 """
@@ -36,9 +38,12 @@ code{font-size:.85em}
 LATEST_COLUMNS = (
     ("config", "config", "text"),
     ("hardware", "hardware", "hardware"),
-    ("backend", "backend", "text"),
+    ("rollout", "backend", "text"),
+    ("train engine", "train_engine", "text"),
     ("held-out acc.", "score:accuracy_after", "pct"),
     ("gain", "score:accuracy_gain", "pts"),
+    ("avg@k", "score:avg_at_k_after", "pct_k"),
+    ("pass@k", "score:pass_at_k_after", "pct_k"),
     ("reward (last 10)", "score:reward/mean_last10", "num3"),
     ("check", "passed", "verdict"),
     ("tokens/s", "tp:tokens_per_s", "int"),
@@ -71,6 +76,10 @@ def _cell(value: Any, kind: str, run: Mapping[str, Any]) -> str:
         return '<td class="none">–</td>' if kind != "text" else '<td class="text none">–</td>'
     if kind == "text":
         return f'<td class="text">{html.escape(str(value))}</td>'
+    if kind == "pct_k":  # a sampled-evaluation score, with the k it was measured at
+        k = (run.get("scores") or {}).get("val_k")
+        suffix = f" (k={int(k)})" if isinstance(k, int | float) else ""
+        return f"<td>{html.escape(f'{float(value):.1%}{suffix}')}</td>"
     if kind == "commit":
         return f'<td class="text"><code>{html.escape(str(value)[:10])}</code></td>'
     formats = {
@@ -114,6 +123,10 @@ def recipe_plots(recipe: str, latest: Sequence[Mapping[str, Any]]) -> str:
         _figure(
             curves_svg(latest, "val/acc", f"{recipe}: held-out accuracy (greedy)", unit_interval=True),
             "held-out accuracy after each evaluation (step 0 = before training)",
+        ),
+        _figure(
+            curves_svg(latest, "val/avg_at_k", f"{recipe}: held-out avg@k (sampled)", unit_interval=True),
+            "mean correctness of k sampled responses per held-out prompt, after each evaluation",
         ),
         _figure(
             curves_svg(latest, "reward/mean", f"{recipe}: training reward"),
@@ -160,7 +173,9 @@ def index_page(runs: Sequence[Mapping[str, Any]], generated: str) -> str:
         "<h1>verity leaderboards</h1>"
         f'<p class="meta">{_count(len(runs), "run")} of {_count(len(grouped), "recipe")}. Held-out accuracy is greedy '
         "accuracy on the recipe's validation set after training; the check compares a run with the "
-        "recipe's expected file for its hardware and backend. MFU is shown where the device's peak "
+        "recipe's expected file for its hardware and backend. avg@k and pass@k score k sampled responses "
+        "per held-out prompt (the mean correctness of one sample, and the share of prompts with a correct "
+        "one among the k), for recipes that evaluate that way. MFU is shown where the device's peak "
         "FLOP/s is known.</p>"
     )
     sections = "".join(recipe_section(name, rs, link=True) for name, rs in grouped.items())

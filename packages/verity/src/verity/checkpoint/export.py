@@ -44,6 +44,16 @@ def find_checkpoint(path: str | Path) -> Path:
     )
 
 
+def check_output_folder(out_dir: str | Path) -> Path:
+    """``out_dir`` as a Path; ValueError when it exists and is not a folder (a file, say)."""
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(
+            f"{out}: exists and is not a folder; give the path of a folder to write the model into"
+        )
+    return out
+
+
 def read_model_state(role_dir: str | Path) -> dict[str, torch.Tensor]:
     """Full (unsharded) model tensors of one role's DCP checkpoint, keyed by module name, on CPU.
 
@@ -88,6 +98,11 @@ def export_hf(
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(
+            f"{out}: exists and is not a folder; give the path of a folder to write the model into"
+        )
     ckpt = find_checkpoint(checkpoint)
     role_dir = ckpt / role
     if not role_dir.is_dir():
@@ -114,7 +129,6 @@ def export_hf(
     model.load_state_dict(weights, strict=False)
     if dtype is not None:
         model = model.to(DTYPES[dtype])
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True).save_pretrained(str(out))

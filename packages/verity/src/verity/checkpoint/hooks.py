@@ -1,4 +1,4 @@
-"""What happens at the end of every RL step: live metrics, checkpoint policy, SIGTERM stop.
+"""What happens at the end of every RL step: live metrics, checkpoint policy, SIGTERM/Ctrl-C stop.
 
 :class:`CheckpointHook` is called by the training loop after a step's metrics are
 logged (and its evaluation, when due), with the step number and the run's results
@@ -8,13 +8,14 @@ so far. It
    leaves them behind; a resumed run first rewrites the file from the checkpoint, so
    replayed steps appear once);
 2. saves a checkpoint every ``trainer.checkpoint.every`` steps, after the last step
-   (``trainer.checkpoint.save_final``) and at the step where a SIGTERM was noticed;
-3. after a SIGTERM save, raises :class:`~verity.checkpoint.signals.TrainingStopped`.
+   (``trainer.checkpoint.save_final``) and at the step where a SIGTERM or SIGINT was noticed;
+3. after a SIGTERM/SIGINT save, raises :class:`~verity.checkpoint.signals.TrainingStopped`.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -112,5 +113,5 @@ class CheckpointHook:
         due = (every > 0 and step % every == 0) or (last and t.checkpoint.save_final) or self.stop.requested
         path = self.save(step, result) if due else None
         if self.stop.requested and not last:
-            raise TrainingStopped(step, str(path))
+            raise TrainingStopped(step, str(path), getattr(self.stop, "received", None) or signal.SIGTERM)
         maybe_crash("step_end", step)

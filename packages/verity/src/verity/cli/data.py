@@ -9,7 +9,9 @@
 ``prepare`` reads ``.jsonl``/``.json``/``.parquet``/``.csv`` in the published raw
 format; ``synth`` writes rows of a synthetic task (``arithmetic``, ``gsm8k_style``,
 ``countdown``, ``digit_sequence``); ``check`` validates verl-schema files and
-lists malformed rows by number. Output is ``.parquet`` or ``.jsonl`` by suffix.
+lists malformed rows by number (a file without rows fails too). Output is
+``.parquet`` or ``.jsonl`` by suffix. ``prepare`` lists every raw row it cannot
+convert, not only the first.
 """
 
 from __future__ import annotations
@@ -114,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                 bad = check_rows(rows)
                 for row, problem in bad[:50]:
                     print(f"{path}: row {row}: {problem}")
-                print(f"{path}: {len(rows)} rows, {len(bad)} malformed")
-                failed = failed or bool(bad)
+                empty = "" if rows else " (an empty file: nothing to train on)"
+                print(f"{path}: {len(rows)} rows, {len(bad)} malformed{empty}")
+                failed = failed or bool(bad) or not rows
             return 1 if failed else 0
     except (ValueError, FileNotFoundError, KeyError, TypeError) as error:
         print(f"verity data {args.command}: {error}", file=sys.stderr)

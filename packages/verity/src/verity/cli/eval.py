@@ -3,6 +3,7 @@
     verity eval outputs/run/hf --data test.parquet                   # greedy accuracy
     verity eval outputs/run --data aime2024.parquet -k 32 --temperature 1.0 --max-new-tokens 4096
     verity eval embedded                                             # the embedded default on its held-out split
+    verity eval embedded --preset NAME -k 8 --temperature 1.0        # another embedded preset (a plug-in's)
 
 MODEL is an HF model folder, a checkpoint (a ``step_N`` folder, a checkpoint folder
 or a run output folder: its newest complete checkpoint is exported to a temporary
@@ -49,19 +50,30 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-samples", type=int, default=None, help="evaluate only the first N prompts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--role", default="actor", help="the role to evaluate from a checkpoint (default actor)")
+    p.add_argument(
+        "--preset", default="default", help="with MODEL=embedded: the embedded preset (default: default)"
+    )
     p.add_argument("--device", default="cpu", help="cpu, cuda, ... (default cpu)")
     p.add_argument("--json", dest="json_path", help="also write the report as JSON here")
     return p
 
 
-def _resolve_model(model: str, role: str, scratch: Path) -> tuple[str, list[str], int]:
+def _resolve_model(
+    model: str, role: str, scratch: Path, preset: str = "default"
+) -> tuple[str, list[str], int]:
     """``(HF folder, default data files, default max_new_tokens)`` for the MODEL argument."""
     if model == "embedded":
         from verity.config.schema import ModelConfig
+        from verity.data.embedded_presets import EMBEDDED_PRESETS
+        from verity.plugins import load_plugins
         from verity.trainer.embedded import ensure_embedded_default
 
-        paths = ensure_embedded_default(Path(ModelConfig().embedded_cache_dir).expanduser())
-        return str(paths.model_dir), [str(paths.test_file)], 16
+        load_plugins()  # a plug-in may provide the preset
+        settings = EMBEDDED_PRESETS.get(preset)
+        paths = ensure_embedded_default(Path(ModelConfig().embedded_cache_dir).expanduser(), settings=settings)
+        return str(paths.model_dir), [str(paths.test_file)], settings.eval_max_new_tokens
+    if preset != "default":
+        raise ValueError(f"--preset {preset!r} applies only to MODEL=embedded")
     path = Path(model).expanduser()
     if (path / "config.json").is_file():
         return str(path), [], 1024
@@ -94,7 +106,9 @@ def main(argv: list[str]) -> int:
 
     with tempfile.TemporaryDirectory(prefix="verity-eval-") as scratch:
         try:
-            model_path, default_files, default_tokens = _resolve_model(args.model, args.role, Path(scratch))
+            model_path, default_files, default_tokens = _resolve_model(
+                args.model, args.role, Path(scratch), args.preset
+            )
             files = args.data or default_files
             if not files:
                 raise ValueError("--data: give at least one verl-schema parquet/JSONL file to evaluate on")

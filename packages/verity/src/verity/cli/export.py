@@ -6,7 +6,7 @@
 Runs offline in one process, whatever number of workers wrote the checkpoint. The
 folder holds safetensors weights, ``config.json``, the generation config and the
 tokenizer; ``AutoModelForCausalLM.from_pretrained(OUT)`` loads it.
-Exit codes: 0 written; 2 no such checkpoint, role or dtype.
+Exit codes: 0 written; 2 no such checkpoint, role or dtype, or OUT is an existing file.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ def main(argv: list[str]) -> int:
         "--dtype", choices=("float32", "bfloat16", "float16"), default=None, help="default: as saved"
     )
     args = parser.parse_args(argv)
-    from verity.checkpoint.export import export_hf, find_checkpoint
+    from verity.checkpoint.export import check_output_folder, export_hf, find_checkpoint
 
     try:
+        check_output_folder(args.out)
         source = find_checkpoint(args.checkpoint)
         out = export_hf(source, args.out, role=args.role, dtype=args.dtype)
     except (FileNotFoundError, ValueError) as err:

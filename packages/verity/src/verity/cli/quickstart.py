@@ -13,7 +13,7 @@ import logging
 import sys
 from importlib import resources
 
-from verity.cli.train import parse, quiet_logging
+from verity.cli.train import parse, quiet_logging, stop_at_once_on_ctrl_c
 from verity.config import ConfigError, load_config
 
 
@@ -35,6 +35,10 @@ def format_table(summary: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
+    return stop_at_once_on_ctrl_c(_main, argv, "verity quickstart")
+
+
+def _main(argv: list[str]) -> int:
     args = parse(argv, "verity quickstart", "GRPO on the embedded tiny model, before/after accuracy.")
     quiet_logging(logging.WARNING)
     try:
@@ -44,7 +48,7 @@ def main(argv: list[str]) -> int:
         return 2
     from verity.cli.train import execute
 
-    code, summary = execute(cfg, "verity quickstart")
+    code, summary = execute(cfg, "verity quickstart", argv)
     if summary is None:
         return code
     out = cfg.trainer.output_dir

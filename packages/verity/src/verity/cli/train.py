@@ -6,15 +6,19 @@
 The configuration is validated (unknown keys, batch arithmetic, missing files)
 before any worker starts; a bad one exits with code 2 and names the key.
 
-Exit codes: 0 done; 2 bad config or data, or the output folder is in use by another run; 1 a worker died or a stage timed out
-(the message names the role, rank and cause, and the last complete checkpoint);
-143 stopped by SIGTERM after saving a checkpoint (resume with trainer.resume=auto).
+Exit codes: 0 done; 2 bad config, data or reward function (found before any worker
+starts), or the output folder is in use by another run; 1 a worker died, a stage timed
+out or too many reward samples failed (the message names the role, rank and cause, and
+the last complete checkpoint); 143 stopped by SIGTERM, 130 by Ctrl-C, after saving a
+checkpoint at the end of the step (the command that resumes is printed); a second Ctrl-C
+stops at once (exit 130). The whole list, message by message: docs/failures.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 import sys
 from typing import Any
 
@@ -41,34 +45,69 @@ def quiet_logging(level: int = logging.INFO) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def execute(cfg: Any, prog: str) -> tuple[int, dict[str, Any] | None]:
+def resume_command(argv: list[str], prog: str = "verity train") -> str:
+    """The command that continues this run: the same arguments with ``trainer.resume=auto``."""
+    kept = [a for a in argv if not a.lstrip("+").startswith("trainer.resume=")]
+    if len(kept) != len(argv):
+        kept.append("trainer.resume=auto")
+    return shlex.join([*prog.split(), *kept])
+
+
+def execute(cfg: Any, prog: str, argv: list[str] | None = None) -> tuple[int, dict[str, Any] | None]:
     """Run ``cfg``; return ``(exit code, summary or None)``, printing a sentence for each known failure.
 
     Shared by ``verity train`` and ``verity quickstart`` (exit codes in the module docstring).
+    ``argv``: the command's arguments, to print the command that resumes a stopped run.
     """
     from verity.checkpoint.resume import last_checkpoint_hint
-    from verity.checkpoint.signals import EXIT_CODE_STOPPED, TrainingStopped
+    from verity.checkpoint.signals import TrainingStopped
     from verity.controller import WorkerError
     from verity.data.verl_dataset import MalformedDatasetError, PromptTooLongError
+    from verity.rewards.failures import RewardFailureError
+    from verity.rewards.preflight import RewardSetupError
     from verity.trainer.run import run_training
     from verity.trainer.run_dir import OutputDirBusyError
     from verity.trainer.stage_guard import StageTimeoutError
 
     try:
         return 0, run_training(cfg)
-    except (ConfigError, MalformedDatasetError, PromptTooLongError, OutputDirBusyError) as err:
+    except (
+        ConfigError,
+        MalformedDatasetError,
+        PromptTooLongError,
+        OutputDirBusyError,
+        RewardSetupError,
+    ) as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 2, None
     except TrainingStopped as err:
         print(f"{prog}: {err}", file=sys.stderr)
-        return EXIT_CODE_STOPPED, None
-    except (WorkerError, StageTimeoutError) as err:
+        print(f"{prog}: resume with: {resume_command(list(argv or []), prog)}", file=sys.stderr)
+        return err.exit_code, None
+    except (WorkerError, StageTimeoutError, RewardFailureError) as err:
         print(f"{prog}: {type(err).__name__}: {err}", file=sys.stderr)
         print(f"{prog}: {last_checkpoint_hint(cfg)}", file=sys.stderr)
         return 1, None
 
 
+def stop_at_once_on_ctrl_c(main: Any, argv: list[str], prog: str) -> int:
+    """``main(argv)``, with a second Ctrl-C (a ``KeyboardInterrupt``) reported in one line, exit 130."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        print(
+            f"{prog}: stopped at once on Ctrl-C (the current step is lost; the last complete "
+            "checkpoint, if any, is intact)",
+            file=sys.stderr,
+        )
+        return 130
+
+
 def main(argv: list[str]) -> int:
+    return stop_at_once_on_ctrl_c(_main, argv, "verity train")
+
+
+def _main(argv: list[str]) -> int:
     args = parse(argv, "verity train", "Run one RL training job.")
     quiet_logging()
     try:
@@ -81,7 +120,7 @@ def main(argv: list[str]) -> int:
 
         print(describe_config(cfg))
         return 0
-    code, summary = execute(cfg, "verity train")
+    code, summary = execute(cfg, "verity train", argv)
     if summary is None:
         return code
     print(

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["needs_baseline", "needs_critic", "needs_reference"]
+__all__ = ["needs_baseline", "needs_critic", "needs_reference", "old_logprobs_source", "on_policy"]
+
+OLD_LOGPROBS_MODES = ("auto", "recompute", "rollout")
 
 
 def needs_reference(cfg: Any) -> bool:
@@ -30,3 +32,28 @@ def needs_baseline(cfg: Any) -> bool:
     from verity.algorithms.advantages import estimators_needing
 
     return cfg.algorithm.advantage.estimator in estimators_needing("baseline_scores")
+
+
+def on_policy(cfg: Any) -> bool:
+    """Whether the actor takes exactly one optimizer step per RL step (one epoch, one mini-batch).
+
+    Then every sample is trained on by the policy that generated it, before any update.
+    """
+    return cfg.actor.ppo_epochs == 1 and cfg.data.train_batch_size == cfg.actor.ppo_mini_batch_size
+
+
+def old_logprobs_source(cfg: Any) -> str:
+    """Where the behaviour log-probs of the PPO ratio come from this run: ``recompute`` | ``rollout`` | ``policy``.
+
+    ``policy``: the update's own forward, detached (``actor.old_logprobs=auto`` in an on-policy
+    run without KL in the reward, which reads them before the update): the ratio is 1 and its
+    gradient the policy gradient, exactly what a recomputation would give, without the extra
+    forward. ``recompute``: a forward pass before the update. ``rollout``: the sampler's own
+    log-probs (``rollout_logprobs``), no forward; the gap to the trainer's is logged.
+    """
+    mode = cfg.actor.old_logprobs
+    if mode != "auto":
+        return mode
+    if on_policy(cfg) and not cfg.algorithm.kl.use_kl_in_reward:
+        return "policy"
+    return "recompute"

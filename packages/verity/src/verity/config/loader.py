@@ -56,7 +56,7 @@ def load_config(overrides: Sequence[str] = (), config_file: str | os.PathLike | 
         raise ConfigError(str(err)) from None
     schema = schema_class()
     path = None if config_file is None else Path(config_file).expanduser().resolve()
-    file_data = _read_config_file(path) if path is not None else {}
+    file_data = _read_with_chain(path) if path is not None else {}
     _check_required_plugins(file_data, overrides, path)
     unknown, overrides = check_keys(schema, file_data, overrides)
     if unknown:
@@ -110,6 +110,40 @@ def _first_lines(err: BaseException) -> str:
         line.strip() for line in str(err).splitlines() if line.strip() and not line.strip().startswith(skip)
     ]
     return " ".join(lines)
+
+
+def _read_with_chain(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """The file's data merged over the files its ``defaults`` list names (``[verity, cpu, _self_]``).
+
+    A recipe config may build on another in its folder; the keys every file of the chain
+    sets count as set by the user (checked, and never replaced by embedded defaults).
+    """
+    if path in seen:
+        raise ConfigError(
+            f"config file {str(path)!r}: its defaults list includes itself (via {seen[-1].name})"
+        )
+    data = _read_config_file(path)
+    merged: dict = {}
+    for entry in data.get("defaults") or []:
+        if isinstance(entry, str) and entry not in (SCHEMA_NAME, "_self_"):
+            base = path.parent / f"{entry}.yaml"
+            if not base.is_file():
+                raise ConfigError(
+                    f"config file {str(path)!r}: defaults entry {entry!r} has no file {str(base)!r}"
+                )
+            _deep_merge(
+                merged, {k: v for k, v in _read_with_chain(base, (*seen, path)).items() if k != "defaults"}
+            )
+    _deep_merge(merged, data)
+    return merged
+
+
+def _deep_merge(into: dict, other: dict) -> None:
+    for key, value in other.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        else:
+            into[key] = value
 
 
 def _read_config_file(path: Path) -> dict:

@@ -9,6 +9,7 @@ the name says rows (a row is one prompt with one response, so rows = prompts x n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from verity.algorithms.configs import AdvantageConfig, KLConfig, PolicyLossConfig
 from verity.engines.optim import OptimConfig
@@ -27,8 +28,10 @@ class ModelConfig:
     # HF attention kernel every role loads with: sdpa | eager | flash_attention_2 | ...
     attn_implementation: str = "sdpa"
     gradient_checkpointing: bool = False  # recompute activations in backward (trained roles)
-    # embedded default only: SFT warm-start steps and cache folder
-    embedded_sft_steps: int | None = None  # None: the embedded default's own (see verity.trainer.embedded)
+    # embedded default only: which preset (task, teacher, model shape, SFT; verity.data.embedded_presets),
+    # its SFT warm-start steps and the cache folder
+    embedded_preset: str = "default"  # a registered preset: default, or one a plug-in adds
+    embedded_sft_steps: int | None = None  # None: the preset's own (see verity.trainer.embedded)
     embedded_cache_dir: str = "~/.cache/verity/embedded"  # where the embedded default is built and reused
 
 
@@ -54,6 +57,10 @@ class RolloutConfig:
     top_p: float = 1.0  # nucleus sampling: keep the smallest token set with this total probability
     top_k: int = 0  # 0: no top-k
     val_temperature: float = 0.0  # held-out evaluation: 0 greedy, > 0 one sample at this temperature
+    # held-out evaluation, k samples per prompt at val_temperature (> 0): val/avg_at_k and val/pass_at_k
+    # beside the greedy val/acc; 1: no sampled evaluation (val/acc as val_temperature says)
+    val_n: int = 1
+    val_top_p: float | None = None  # nucleus sampling of the k held-out samples; None: top_p
     micro_batch_size: int = 256  # rows per generate call inside a worker
     # the vllm and sglang engines' own settings, read when rollout.engine names them
     # (docs/rollout-engines.md)
@@ -74,6 +81,9 @@ class ActorConfig:
     ppo_epochs: int = 1  # passes over each RL step's batch
     micro_batch_size: int = 64  # rows per forward/backward inside a worker
     entropy_coeff: float = 0.0  # entropy bonus: loss -= coeff * aggregate(entropy)
+    # where the PPO ratio's behaviour log-probs come from: auto (recompute, skipped when on-policy) |
+    # recompute (a forward before the update) | rollout (the sampler's own log-probs); see docs/algorithms.md
+    old_logprobs: str = "auto"
 
 
 def _critic_optim() -> OptimConfig:
@@ -112,8 +122,17 @@ class RewardConfig:
     num_workers: int = 1  # processes scoring rewards
     timeout_s: float = 10.0  # per sample
     failure_score: float = 0.0  # score of a sample whose verifier timed out or crashed
-    custom_path: str | None = None  # file with a user reward function
+    custom_path: str | None = None  # file with a user reward function (used for every data_source)
     custom_name: str = "compute_score"  # the function to call in custom_path
+    custom_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments of that function
+    # {data_source: reward spec} over the default table (a built-in name, module:function, file.py:function)
+    overrides: dict[str, str] = field(default_factory=dict)
+    timeout_overrides: dict[str, float] = field(default_factory=dict)  # {data_source: seconds per sample}
+    max_failure_rate: float = 0.5  # a step with more failed (error/timeout) samples than this share stops
+    max_workers: int | None = None  # processes while samples hang (null: max(num_workers, 16))
+    # score the built-in string verifiers (embedded tasks, gsm8k, math_boxed, dapo, aime) in the calling
+    # process (microseconds each, no pool round trip); user functions, math_verify and code always use the pool
+    inline_builtin: bool = True
 
 
 @dataclass

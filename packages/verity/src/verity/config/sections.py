@@ -12,6 +12,10 @@ sections) and registers it under a top-level name::
             if self.bonus < 0:
                 raise ValueError(f"bonus must be >= 0, got {self.bonus}")
 
+        def validate_run(self, cfg) -> None:     # optional: checks that need the whole run config
+            if self.enabled and cfg.rollout.n < 2:
+                raise ValueError("enabled needs rollout.n >= 2")
+
     register_config_section("demo", DemoConfig, provider="verity-demo-plugin")
 
 :func:`schema_class` then returns a subclass of :class:`~verity.config.schema.VerityConfig`

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from verity.config.errors import ConfigError
+from verity.config.model_checks import check_model_folders
 from verity.config.schema import VerityConfig
 
 PLACEMENTS = ("colocated", "separate")
@@ -53,11 +54,31 @@ def validate_config(cfg: VerityConfig) -> None:
             f"= {rows} rows does not divide over trainer.n_workers = {t.n_workers} workers"
         )
     _validate_optim("actor.optim", a.optim)
+    from verity.config.derived import OLD_LOGPROBS_MODES
+
+    if a.old_logprobs not in OLD_LOGPROBS_MODES:
+        raise ConfigError(
+            f"actor.old_logprobs must be one of {'|'.join(OLD_LOGPROBS_MODES)}, got {a.old_logprobs!r}"
+        )
+    if a.old_logprobs == "rollout" and cfg.algorithm.kl.use_kl_in_reward:
+        raise ConfigError(
+            "actor.old_logprobs=rollout with algorithm.kl.use_kl_in_reward: the KL in the reward needs the "
+            "trainer's own log-probs; use actor.old_logprobs=recompute (or auto)"
+        )
     _validate_engines(cfg)
     if r.temperature < 0:
         raise ConfigError(f"rollout.temperature must be >= 0, got {r.temperature}")
     if r.val_temperature < 0:
         raise ConfigError(f"rollout.val_temperature must be >= 0 (0: greedy), got {r.val_temperature}")
+    if r.val_n < 1:
+        raise ConfigError(f"rollout.val_n must be >= 1 (samples per held-out prompt), got {r.val_n}")
+    if r.val_n > 1 and r.val_temperature <= 0:
+        raise ConfigError(
+            f"rollout.val_n = {r.val_n} samples per held-out prompt need sampling: set rollout.val_temperature > 0 "
+            "(greedy decoding would repeat one response)"
+        )
+    if r.val_top_p is not None and not 0.0 < r.val_top_p <= 1.0:
+        raise ConfigError(f"rollout.val_top_p must be in (0, 1] or null (rollout.top_p), got {r.val_top_p}")
     if cfg.model.attn_implementation not in ATTN_IMPLEMENTATIONS:
         raise ConfigError(
             f"model.attn_implementation must be one of {'|'.join(ATTN_IMPLEMENTATIONS)}, "
@@ -74,6 +95,7 @@ def validate_config(cfg: VerityConfig) -> None:
     _validate_critic(cfg)
     _validate_reward_model(cfg)
     _validate_plugin_sections(cfg)
+    _validate_embedded_preset(cfg)
     if cfg.model.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"model.dtype must be float32 or bfloat16, got {cfg.model.dtype!r}")
     if cfg.model.path != "embedded" and not Path(cfg.model.path).expanduser().is_dir():
@@ -82,6 +104,7 @@ def validate_config(cfg: VerityConfig) -> None:
         raise ConfigError(f"model.path {cfg.model.path!r} has no config.json: not an HF checkpoint folder")
     if cfg.model.tokenizer_path and not Path(cfg.model.tokenizer_path).expanduser().is_dir():
         raise ConfigError(f"model.tokenizer_path {cfg.model.tokenizer_path!r} is not a local folder")
+    check_model_folders(cfg)  # config.json readable, model_type known to transformers
     _validate_fault_tolerance(cfg)
     for key in ("train_files", "val_files"):
         for f in getattr(d, key):
@@ -89,6 +112,30 @@ def validate_config(cfg: VerityConfig) -> None:
                 raise ConfigError(f"data.{key}: file {f!r} does not exist")
     if cfg.reward.custom_path and not Path(cfg.reward.custom_path).expanduser().is_file():
         raise ConfigError(f"reward.custom_path: file {cfg.reward.custom_path!r} does not exist")
+
+
+def _validate_embedded_preset(cfg: VerityConfig) -> None:
+    """``model.embedded_preset`` names a registered preset whose teacher is registered too."""
+    from verity.data.embedded_presets import EMBEDDED_PRESETS, SFT_TEACHERS
+    from verity.registry import UnknownNameError
+
+    m = cfg.model
+    if m.embedded_sft_steps is not None and m.embedded_sft_steps < 0:
+        raise ConfigError(
+            f"model.embedded_sft_steps must be >= 0 (0: no warm-start), got {m.embedded_sft_steps}"
+        )
+    if m.path != "embedded":
+        if m.embedded_preset != "default":
+            raise ConfigError(
+                f"model.embedded_preset = {m.embedded_preset!r} applies only to model.path=embedded "
+                f"(model.path is {m.path!r})"
+            )
+        return
+    try:
+        settings = EMBEDDED_PRESETS.get(m.embedded_preset)
+        SFT_TEACHERS.get(settings.teacher)
+    except UnknownNameError as err:
+        raise ConfigError(f"model.embedded_preset: {err}") from None
 
 
 def _validate_fault_tolerance(cfg: VerityConfig) -> None:
@@ -305,14 +352,28 @@ def _validate_agent(cfg: VerityConfig) -> None:
 
 
 def _validate_plugin_sections(cfg: VerityConfig) -> None:
-    """Each plug-in section's own ``validate()`` (if it has one); errors name the section."""
+    """Each plug-in section's own checks; errors name the section.
+
+    ``validate()`` checks the section alone; ``validate_run(cfg)``, when the section has
+    one, then checks what needs the whole run config (another section's value, batch
+    arithmetic). Either raises ``ValueError``.
+    """
     from verity.config.sections import plugin_sections
 
-    for name, section in plugin_sections(cfg).items():
+    sections = plugin_sections(cfg)
+    for name, section in sections.items():
         check = getattr(section, "validate", None)
         if not callable(check):
             continue
         try:
             check()
+        except ValueError as err:
+            raise ConfigError(f"{name}: {err}") from None
+    for name, section in sections.items():
+        check_run = getattr(section, "validate_run", None)
+        if not callable(check_run):
+            continue
+        try:
+            check_run(cfg)
         except ValueError as err:
             raise ConfigError(f"{name}: {err}") from None

@@ -4,15 +4,26 @@ Without an address, :func:`init_ray` starts a private single-node cluster
 (``address="local"``, its own temporary directory, no dashboard), so a run or a test
 never joins someone else's cluster by accident. With an address (``"auto"``,
 ``"ray://host:10001"``, ``"10.0.0.1:6379"``) it joins that cluster.
+
+Nothing of a private cluster outlives its driver: every process of the cluster
+carries ``VERITY_RAY_CLUSTER=<its temp dir>`` in its environment, and a small reaper
+process (:mod:`verity.controller.reaper`) waits on a pipe from the driver; when the
+driver shuts Ray down or dies (even by ``kill -9``) the reaper kills whatever of the
+cluster is left and removes its temporary folder.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 __all__ = ["init_ray", "shutdown_ray"]
@@ -24,6 +35,8 @@ logger = logging.getLogger("verity.controller")
 
 
 _created_temp_dirs: list[str] = []
+_reapers: list[subprocess.Popen] = []
+CLUSTER_MARKER = "VERITY_RAY_CLUSTER"
 
 
 def _private_temp_dir() -> str:
@@ -42,6 +55,46 @@ def _private_temp_dir() -> str:
 def _remove_created_temp_dirs() -> None:
     while _created_temp_dirs:
         shutil.rmtree(_created_temp_dirs.pop(), ignore_errors=True)
+
+
+def _start_reaper(temp_dir: str, remove_dir: bool) -> subprocess.Popen:
+    """Start the reaper of the private cluster living in ``temp_dir`` (see the module docstring)."""
+    script = str(Path(__file__).with_name("reaper.py"))
+    command = [sys.executable, "-I", "-S", script, temp_dir] + ([] if remove_dir else ["--keep-dir"])
+    reaper = subprocess.Popen(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # not in the driver's process group: survives a group-wide kill
+        close_fds=True,
+    )
+    _reapers.append(reaper)
+    return reaper
+
+
+def _stop_reapers() -> None:
+    """Close the reapers' pipes: each kills what is left of its cluster and exits."""
+    while _reapers:
+        reaper = _reapers.pop()
+        with contextlib.suppress(OSError):
+            reaper.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            reaper.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def _marked_environment(temp_dir: str) -> Iterator[None]:
+    """``VERITY_RAY_CLUSTER=temp_dir`` while the cluster's processes start (they inherit it)."""
+    previous = os.environ.get(CLUSTER_MARKER)
+    os.environ[CLUSTER_MARKER] = temp_dir
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(CLUSTER_MARKER, None)
+        else:
+            os.environ[CLUSTER_MARKER] = previous
 
 
 def init_ray(
@@ -71,7 +124,15 @@ def init_ray(
         # Ray enables token authentication for a new local cluster and warns that it did, on every
         # start; the choice is right for a private cluster, so the warning is only noise here
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-        _start_local(num_cpus, temp_dir, kwargs)
+        own_dir = temp_dir is None
+        temp_dir = temp_dir or _private_temp_dir()
+        _start_reaper(temp_dir, remove_dir=own_dir)
+        try:
+            with _marked_environment(temp_dir):
+                _start_local(num_cpus, temp_dir, kwargs)
+        except BaseException:
+            _stop_reapers()
+            raise
     else:
         if num_cpus is not None or temp_dir is not None:
             raise ValueError(
@@ -116,4 +177,5 @@ def shutdown_ray() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
+    _stop_reapers()
     _remove_created_temp_dirs()

@@ -14,6 +14,8 @@ group that dispatches and collects as declared. A colocated group
 Failures never hang the driver silently: the first rank that raises or dies ends the
 call with :class:`~verity.controller.WorkerMethodError` or
 :class:`~verity.controller.WorkerDiedError` naming the group, role, method and rank.
+Before reporting, every rank is checked (:mod:`verity.controller.rank_failures`): a dead
+rank is named as the cause even when a survivor's collective error arrived first.
 """
 
 from __future__ import annotations
@@ -33,15 +35,11 @@ from verity.controller.dispatch import (
     plan_call,
     registered_methods,
 )
-from verity.controller.errors import (
-    ControllerError,
-    WorkerDiedError,
-    WorkerError,
-    WorkerMethodError,
-    WorkerTimeoutError,
-)
+from verity.controller.errors import ControllerError, WorkerTimeoutError
 from verity.controller.host import SINGLE_ROLE, ColocatedRoles, RoleSpec, WorkerHost
+from verity.controller.rank_failures import explain_failure
 from verity.controller.resource_pool import ResourcePool
+from verity.controller.transfer_meter import DRIVER_TRANSFERS
 
 __all__ = ["GroupCall", "GroupMethod", "RoleView", "WorkerGroup"]
 
@@ -80,6 +78,7 @@ class GroupCall:
         group = self._group
         ranks = [rank for rank, _, _ in self._plan.calls]
         answers = group._gather(self.refs, ranks, self._role, self._method, timeout_s or group.call_timeout_s)
+        DRIVER_TRANSFERS.add(received=[answer for answer, _ in answers.values()])
         for rank, (_, layout) in answers.items():
             group._layouts[self._role][rank] = layout
         layouts = self._layouts if self._spec.dispatch is Dispatch.DP_SPLIT else group._layouts[self._role]
@@ -283,6 +282,7 @@ class WorkerGroup:
             raise ControllerError(f"worker group {self.name!r} was shut down; cannot call {method}")
         label = self._label(role, method)
         plan = plan_call(label, spec, args, kwargs, self._layouts[role], share=ray.put)
+        DRIVER_TRANSFERS.add(sent=(args, kwargs))
         refs = [self._hosts[rank].call.remote(role, method, *a, **kw) for rank, a, kw in plan.calls]
         return GroupCall(self, role, method, spec, plan, refs)
 
@@ -349,7 +349,7 @@ class WorkerGroup:
     ) -> dict[int, Any]:
         """Wait for ``refs`` (one per rank in ``ranks``), failing on the first error or death."""
         import ray
-        from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+        from ray.exceptions import GetTimeoutError, RayError
 
         label = self._label(role, method) if role != "host" else f"{self.name}.{method}"
         rank_of = {ref: rank for ref, rank in zip(refs, ranks, strict=True)}
@@ -369,26 +369,23 @@ class WorkerGroup:
             rank = rank_of[ref]
             try:
                 found[rank] = ray.get(ref)
-            except RayTaskError as err:
-                cause = getattr(err, "cause", None) or err
-                raise WorkerMethodError(
-                    f"{label} failed on rank {rank}: {type(cause).__name__}: {cause}\n--- worker traceback ---\n{err}",
-                    rank=rank,
-                    cause=cause,
-                    **where,
-                ) from err
-            except RayActorError as err:
-                raise WorkerDiedError(
-                    f"{label}: the worker process of rank {rank} died ({type(err).__name__}): {err}",
-                    rank=rank,
-                    cause=err,
-                    **where,
-                ) from err
             except (RayError, GetTimeoutError) as err:
-                raise WorkerError(
-                    f"{label} failed on rank {rank}: {err}", rank=rank, cause=err, **where
+                # the first failure may be a survivor's collective error: check every rank first
+                raise explain_failure(
+                    label=label,
+                    where=where,
+                    rank=rank,
+                    error=err,
+                    pending=pending,
+                    rank_of=rank_of,
+                    ping=self._ping,
+                    world_size=len(self._hosts),
                 ) from err
         return found
+
+    def _ping(self, rank: int) -> Any:
+        """A liveness check of ``rank`` on its diagnostics concurrency group (answers while a method runs)."""
+        return self._hosts[rank].stacks.options(concurrency_group=DIAGNOSTICS_GROUP).remote()
 
     # ------------------------------------------------------------------ lifetime
     def shutdown(self) -> None:

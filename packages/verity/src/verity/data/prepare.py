@@ -14,6 +14,11 @@ Raw formats (as the datasets are published; read from ``.jsonl``, ``.json``,
 The prompt is the question followed by an instruction suffix that names the answer
 format its reward function reads (override with ``instruction``). ``data_source``
 values match the default reward table: ``openai/gsm8k``, ``lighteval/MATH``, ``aime``.
+Columns and ``extra_info`` fields come in the order and types verl's own preprocessing
+writes (GSM8K: ``extra_info`` = ``split``, ``index``, ``answer``, ``question``; MATH:
+``level``, ``type`` columns first, ``extra_info`` = ``split``, ``index``), so a file
+prepared here concatenates with one prepared by verl. Every raw row that cannot be
+converted is listed, not only the first (:class:`RawFormatError`).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ AIME_INSTRUCTION = (
 )
 
 FORMATS = ("gsm8k", "math", "aime")
+_MAX_LISTED = 50
 
 
 class RawFormatError(ValueError):
@@ -98,12 +104,35 @@ def _field(row: Mapping[str, Any], names: Sequence[str], index: int, fmt: str) -
     )
 
 
+def _convert_all(
+    raw: Sequence[Mapping[str, Any]], fmt: str, convert: Callable[[int, Mapping[str, Any]], dict]
+) -> list[dict]:
+    """``convert(i, row)`` for every raw row; every row it rejects is listed in one RawFormatError."""
+    out, problems = [], []
+    for i, row in enumerate(raw):
+        try:
+            out.append(convert(i, row))
+        except RawFormatError as error:
+            problems.append(str(error))
+    if problems:
+        shown = "\n".join(f"  {p}" for p in problems[:_MAX_LISTED])
+        more = f"\n  ... and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
+        raise RawFormatError(
+            f"{fmt}: {len(problems)} of {len(raw)} raw rows cannot be converted (0-based row numbers):\n{shown}{more}"
+        )
+    return out
+
+
 def gsm8k_rows(
     raw: Sequence[Mapping[str, Any]], split: str = "train", instruction: str | None = None
 ) -> list[dict]:
-    """verl rows from GSM8K rows (``question``, ``answer`` ending in ``#### N``)."""
-    out = []
-    for i, row in enumerate(raw):
+    """verl rows from GSM8K rows (``question``, ``answer`` ending in ``#### N``).
+
+    ``extra_info`` holds ``split``, ``index``, ``answer``, ``question`` in that order, as verl's
+    own GSM8K preprocessing writes them, so the files concatenate with verl-prepared ones.
+    """
+
+    def convert(i: int, row: Mapping[str, Any]) -> dict:
         question = str(_field(row, ["question"], i, "gsm8k"))
         solution = str(_field(row, ["answer"], i, "gsm8k"))
         if "####" not in solution:
@@ -111,26 +140,23 @@ def gsm8k_rows(
         final = solution.rsplit("####", 1)[1].strip().replace(",", "").replace("$", "").strip()
         if not final:
             raise RawFormatError(f"gsm8k row {i}: nothing after '####' in 'answer'")
-        extra = {"split": split, "index": i, "question": question, "answer": solution}
-        out.append(
-            _row(
-                "openai/gsm8k",
-                question,
-                GSM8K_INSTRUCTION if instruction is None else instruction,
-                final,
-                "math",
-                extra,
-            )
-        )
-    return out
+        extra = {"split": str(split), "index": i, "answer": solution, "question": question}
+        text = GSM8K_INSTRUCTION if instruction is None else instruction
+        return _row("openai/gsm8k", question, text, final, "math", extra)
+
+    return _convert_all(raw, "gsm8k", convert)
 
 
 def math_rows(
     raw: Sequence[Mapping[str, Any]], split: str = "train", instruction: str | None = None
 ) -> list[dict]:
-    """verl rows from MATH rows (``problem``, ``solution`` with ``\\boxed{}``, ``level``, ``type``)."""
-    out = []
-    for i, row in enumerate(raw):
+    """verl rows from MATH rows (``problem``, ``solution`` with ``\\boxed{}``, ``level``, ``type``).
+
+    As verl's MATH preprocessing leaves them: ``level`` and ``type`` (strings) as the first
+    columns, ``extra_info`` with ``split`` and ``index``.
+    """
+
+    def convert(i: int, row: Mapping[str, Any]) -> dict:
         problem = str(_field(row, ["problem"], i, "math"))
         answer = row.get("answer")
         solution = row.get("solution")
@@ -140,51 +166,35 @@ def math_rows(
             answer = _extract_last_boxed(str(solution))
             if answer is None:
                 raise RawFormatError(f"math row {i}: 'solution' has no \\boxed{{...}} answer")
-        extra = {
-            "split": split,
-            "index": i,
-            "level": str(row.get("level", "")),
-            "type": str(row.get("type", row.get("subject", ""))),
-        }
-        out.append(
-            _row(
-                "lighteval/MATH",
-                problem,
-                MATH_INSTRUCTION if instruction is None else instruction,
-                str(answer),
-                "math",
-                extra,
-            )
+        text = MATH_INSTRUCTION if instruction is None else instruction
+        converted = _row(
+            "lighteval/MATH", problem, text, str(answer), "math", {"split": str(split), "index": i}
         )
-    return out
+        kind = row.get("type", row.get("subject", ""))
+        return {"level": str(row.get("level", "")), "type": str(kind), **converted}
+
+    return _convert_all(raw, "math", convert)
 
 
 def aime_rows(
     raw: Sequence[Mapping[str, Any]], split: str = "test", instruction: str | None = None
 ) -> list[dict]:
     """verl rows from AIME rows (``Problem``/``Answer`` or ``problem``/``answer``, integer answers)."""
-    out = []
-    for i, row in enumerate(raw):
+
+    def convert(i: int, row: Mapping[str, Any]) -> dict:
         problem = str(_field(row, ["Problem", "problem", "question"], i, "aime"))
         answer = _field(row, ["Answer", "answer"], i, "aime")
         value = _as_integer(answer)
         if value is None:
             raise RawFormatError(f"aime row {i}: answer {answer!r} is not an integer")
-        extra = {"split": split, "index": i}
+        extra: dict[str, Any] = {"split": str(split), "index": i}
         for key in ("ID", "id", "Year", "year"):
             if key in row and row[key] is not None:
                 extra[key.lower()] = str(row[key])
-        out.append(
-            _row(
-                "aime",
-                problem,
-                AIME_INSTRUCTION if instruction is None else instruction,
-                str(value),
-                "math",
-                extra,
-            )
-        )
-    return out
+        text = AIME_INSTRUCTION if instruction is None else instruction
+        return _row("aime", problem, text, str(value), "math", extra)
+
+    return _convert_all(raw, "aime", convert)
 
 
 CONVERTERS: dict[str, Callable[..., list[dict]]] = {"gsm8k": gsm8k_rows, "math": math_rows, "aime": aime_rows}

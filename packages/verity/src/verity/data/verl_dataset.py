@@ -44,6 +44,10 @@ class MalformedDatasetError(ValueError):
     """Rows that do not follow the verl schema; the message lists them by row number."""
 
 
+class DataFileError(MalformedDatasetError):
+    """A dataset file that cannot be read as its suffix says (not parquet, truncated, empty)."""
+
+
 class PromptTooLongError(ValueError):
     """Prompts longer than ``max_prompt_length`` under the ``"error"`` policy."""
 
@@ -70,19 +74,38 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         raise FileNotFoundError(f"dataset file: {str(path)!r} does not exist")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
+        try:
+            return pq.read_table(path).to_pylist()
+        except (pa.ArrowException, OSError) as error:
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise DataFileError(f"{path}: not a readable parquet file ({reason})") from None
     if suffix in (".jsonl", ".ndjson"):
-        return _read_jsonl(path)
+        try:
+            return _read_jsonl(path)
+        except UnicodeDecodeError as error:
+            raise DataFileError(f"{path}: not a readable JSONL file (not UTF-8 text: {error})") from None
     if suffix == ".json":
-        data = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise DataFileError(f"{path}: not a readable JSON file ({error})") from None
         if not isinstance(data, list):
             raise MalformedDatasetError(
                 f"{path}: a .json dataset must hold a list of rows, got {type(data).__name__}"
             )
         return data
     raise ValueError(f"dataset file: {str(path)!r} has suffix {suffix!r}; expected .parquet, .jsonl or .json")
+
+
+def read_nonempty_rows(path: str | Path) -> list[dict[str, Any]]:
+    """:func:`read_rows`, refusing a file without rows (:class:`DataFileError` naming it)."""
+    rows = read_rows(path)
+    if not rows:
+        raise DataFileError(f"{path}: the file holds no rows (an empty dataset file)")
+    return rows
 
 
 def row_problems(row: Any) -> list[str]:
@@ -225,14 +248,14 @@ class PromptDataset:
         if max_samples is not None and max_samples >= 0:
             self.records = self.records[:max_samples]
         if not self.records:
-            raise ValueError(
+            raise MalformedDatasetError(
                 f"{origin}: no prompts left (rows={len(rows)}, skipped={len(bad)}, filtered={len(self.filtered_rows)})"
             )
 
     @staticmethod
     def _load(source: Any) -> tuple[list[Any], str]:
         if isinstance(source, str | Path):
-            return read_rows(source), str(source)
+            return read_nonempty_rows(source), str(source)
         if hasattr(source, "to_list") and callable(source.to_list):  # datasets.Dataset
             return list(source.to_list()), type(source).__name__
         if isinstance(source, Iterable):
@@ -240,7 +263,7 @@ class PromptDataset:
             if items and all(isinstance(item, str | Path) for item in items):
                 rows: list[Any] = []
                 for path in items:
-                    rows.extend(read_rows(path))
+                    rows.extend(read_nonempty_rows(path))
                 return rows, " + ".join(str(p) for p in items)
             return items, "rows"
         raise TypeError(

@@ -18,6 +18,7 @@ from typing import Any
 _EXPORTS = {
     "RewardManager": "verity.rewards.manager",
     "RewardManagerConfig": "verity.rewards.manager",
+    "RewardFailureError": "verity.rewards.failures",
     "token_rewards_from_scores": "verity.rewards.manager",
     "maj_at_k": "verity.rewards.metrics",
     "pass_at_k": "verity.rewards.metrics",

@@ -176,10 +176,14 @@ def code_sandbox(
     case_timeout_s: float = 4.0,
     total_timeout_s: float = 8.0,
     memory_mb: int = 1024,
+    disk_mb: int = 64,
     max_cases: int | None = None,
     **_: Any,
 ) -> dict[str, Any]:
     """Score = fraction of test cases the response's program passes (see the module docstring).
+
+    ``disk_mb``: the most one case's program may write in all (its folder and temporary
+    folders; nothing it writes survives the case).
 
     Returns ``{"score", "acc" (1.0 when all pass), "passed", "total", "pred": None}``.
     """
@@ -193,7 +197,7 @@ def code_sandbox(
     if code is None:
         return {"score": 0.0, "acc": 0.0, "passed": 0, "total": len(cases), "pred": None}
     limits = SandboxLimits(
-        wall_s=case_timeout_s, cpu_s=max(1, math.ceil(case_timeout_s)), memory_mb=memory_mb
+        wall_s=case_timeout_s, cpu_s=max(1, math.ceil(case_timeout_s)), memory_mb=memory_mb, disk_mb=disk_mb
     )
     passed = run_cases(code, cases, limits, total_timeout_s)
     count = sum(passed)

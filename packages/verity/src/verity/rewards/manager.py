@@ -5,9 +5,12 @@ For every sample the manager picks a reward function by ``data_source``
 :class:`~verity.rewards.process_pool.TimeoutPool`. A sample whose function
 times out, raises, returns a non-score or kills its worker gets
 ``failure_score`` (default 0.0); it is counted in ``reward/timeouts`` or
-``reward/errors``, logged with its data source, response and ground truth
-(logger ``verity.rewards``), and marked in ``extra["reward_status"]``. The step
-goes on: a hung worker is killed at the timeout and replaced.
+``reward/errors`` and marked in ``extra["reward_status"]``; the call logs one
+summary of its failures (logger ``verity.rewards``, :mod:`verity.rewards.failures`).
+A hung worker is killed at the timeout and replaced, and hung samples time out in
+parallel (the pool widens to ``max_workers``). When more than ``max_failure_rate``
+of a call's samples fail, :meth:`RewardManager.score` raises
+:class:`~verity.rewards.failures.RewardFailureError` with the first traceback.
 
 ``num_workers=0`` scores in the calling process instead (no timeouts: only for
 trusted, fast functions, e.g. in a debugger).
@@ -20,18 +23,17 @@ without its pool, so it can be shipped to an actor and starts its own there.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
+from verity.rewards.failures import report_failures
 from verity.rewards.process_pool import TaskOutcome, TimeoutPool
 from verity.rewards.registry import call_reward, custom_spec_from, preload_reward_functions, resolve_spec
-
-logger = logging.getLogger("verity.rewards")
 
 _PRELOAD = (
     "verity.rewards.process_pool",
@@ -40,6 +42,15 @@ _PRELOAD = (
     "verity.rewards.code",
     "math_verify",
 )
+
+
+INLINE_SPECS: frozenset[str] = frozenset({"gsm8k_strict", "gsm8k_flexible", "math_boxed", "dapo", "aime"})
+"""Built-in verifiers that are bounded string checks of our own: safe to run without a timeout."""
+
+
+def runs_inline(spec: str) -> bool:
+    """Whether ``spec`` is a built-in string verifier or an embedded task (scored in-process when allowed)."""
+    return spec in INLINE_SPECS or spec.startswith("task:")
 
 
 @dataclass
@@ -53,7 +64,14 @@ class RewardManagerConfig:
     the function name) used for every data source; ``custom_kwargs``: extra keyword
     arguments passed to it; ``overrides``: ``{data_source: spec}`` replacing the default table;
     ``start_method``: multiprocessing start method of the pool; ``skip_special_tokens``:
-    when decoding response ids; ``log_chars``: how much of a failing response to log.
+    when decoding response ids; ``log_chars``: how much of a failing response to log;
+    ``max_failure_rate``: the largest share of a call's samples that may fail (error or
+    timeout) before scoring raises (1.0: never); ``max_workers``: processes the pool may
+    widen to while samples hang (None: ``max(num_workers, 16)``); ``inline_builtin``: score
+    the specs in :data:`INLINE_SPECS` and the embedded tasks (``task:*``) in the calling
+    process — bounded string checks that take microseconds, where a pool round trip
+    costs milliseconds — while user functions, ``math_verify`` and code still go to the pool
+    with their timeouts.
     """
 
     num_workers: int = 1
@@ -67,6 +85,9 @@ class RewardManagerConfig:
     start_method: str = "forkserver"
     skip_special_tokens: bool = True
     log_chars: int = 400
+    max_failure_rate: float = 0.5
+    max_workers: int | None = None
+    inline_builtin: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_workers, int) or self.num_workers < 0:
@@ -78,6 +99,17 @@ class RewardManagerConfig:
                 raise ValueError(
                     f"reward timeout_overrides[{source!r}]: expected > 0 seconds, got {seconds!r}"
                 )
+        if not 0.0 <= float(self.max_failure_rate) <= 1.0:
+            raise ValueError(
+                f"reward max_failure_rate: expected a share in [0, 1], got {self.max_failure_rate!r}"
+            )
+        if self.max_workers is not None and (
+            not isinstance(self.max_workers, int) or self.max_workers < max(1, self.num_workers)
+        ):
+            raise ValueError(
+                f"reward max_workers: expected null or an int >= num_workers ({self.num_workers}), "
+                f"got {self.max_workers!r}"
+            )
         if not math.isfinite(float(self.failure_score)):
             raise ValueError(f"reward failure_score: expected a finite number, got {self.failure_score!r}")
 
@@ -150,6 +182,7 @@ class RewardManager:
                 preload=_PRELOAD,
                 on_worker_killed=_cleanup_after_killed_worker,
                 initializer=(preload_reward_functions, (self._warm_specs(),)),
+                max_workers=self.config.max_workers,
             )
         return self._pool
 
@@ -277,15 +310,32 @@ class RewardManager:
         if self.config.num_workers == 0:
             outcomes = [self._run_inline(task) for task in tasks]
         else:
-            outcomes = self._get_pool().map(call_reward, tasks, timeouts) if tasks else []
+            outcomes = self._score_split(tasks, timeouts, specs)
         return self._collect(rows, specs, outcomes)
+
+    def _score_split(self, tasks: list[tuple], timeouts: list[float], specs: list[str]) -> list[TaskOutcome]:
+        """Inline-safe specs in this process, every other one in the pool; outcomes in input order."""
+        inline = [self.config.inline_builtin and runs_inline(spec) for spec in specs]
+        outcomes: list[TaskOutcome | None] = [
+            self._run_inline(task) if here else None for task, here in zip(tasks, inline, strict=True)
+        ]
+        pooled = [i for i, here in enumerate(inline) if not here]
+        if pooled:
+            results = self._get_pool().map(
+                call_reward, [tasks[i] for i in pooled], [timeouts[i] for i in pooled]
+            )
+            for i, outcome in zip(pooled, results, strict=True):
+                outcomes[i] = outcome
+        return outcomes  # type: ignore[return-value]
 
     @staticmethod
     def _run_inline(task: tuple) -> TaskOutcome:
         try:
             return TaskOutcome("ok", value=call_reward(*task))
         except Exception as error:  # any failure of a reward function is scored, not raised
-            return TaskOutcome("error", error=f"{type(error).__name__}: {error}")
+            return TaskOutcome(
+                "error", error=f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=8)}"
+            )
 
     def _collect(
         self, rows: list[dict[str, Any]], specs: list[str], outcomes: list[TaskOutcome]
@@ -293,7 +343,7 @@ class RewardManager:
         n = len(rows)
         scores = torch.full((n,), float(self.config.failure_score), dtype=torch.float32)
         extra: dict[str, list] = {"reward_status": [o.status for o in outcomes], "reward_error": [None] * n}
-        for i, (row, spec, outcome) in enumerate(zip(rows, specs, outcomes, strict=True)):
+        for i, outcome in enumerate(outcomes):
             if outcome.status == "ok":
                 score, extras = outcome.value
                 scores[i] = score
@@ -301,17 +351,14 @@ class RewardManager:
                     extra.setdefault(key, [None] * n)[i] = value
             else:
                 extra["reward_error"][i] = outcome.error
-                logger.warning(
-                    "reward %s for sample %d (data_source=%r, reward=%r), scored %s: %s | response=%r | ground_truth=%r",
-                    outcome.status,
-                    i,
-                    row["data_source"],
-                    spec,
-                    self.config.failure_score,
-                    (outcome.error or "").strip().splitlines()[-1] if outcome.error else "",
-                    row["solution_str"][: self.config.log_chars],
-                    row["ground_truth"],
-                )
+        report_failures(
+            rows,
+            specs,
+            outcomes,
+            failure_score=self.config.failure_score,
+            max_failure_rate=self.config.max_failure_rate,
+            log_chars=self.config.log_chars,
+        )
         metrics: dict[str, float] = {
             "reward/mean": float(scores.mean()) if n else 0.0,
             "reward/timeouts": float(sum(o.status == "timeout" for o in outcomes)),

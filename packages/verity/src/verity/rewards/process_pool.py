@@ -10,10 +10,15 @@ per worker, waits on all workers' pipes at once, and
   and starts a fresh worker;
 - when the task raises, records ``"error"`` with the traceback (the worker lives on).
 
-So :meth:`TimeoutPool.map` always returns, in at most about
-``ceil(len(tasks) / num_workers) * timeout`` seconds. Tasks are a picklable
-module-level function plus picklable arguments. The pool can be used from any
-thread of the driver or of a Ray actor; calls to :meth:`map` are serialised by a lock.
+Hung tasks time out in parallel, not one after another: a task still running after
+``stall_s`` (default: a quarter of its timeout, at most 1 s) no longer holds the queue —
+the pool widens to ``max_workers`` processes for the rest of the call, so the tasks
+behind it start at once, and the extra workers are stopped when the call ends. With
+``H`` hung tasks a call therefore takes about ``stall_s + ceil(H / max_workers) *
+timeout`` beyond the honest work, instead of ``H * timeout / num_workers``.
+Tasks are a picklable module-level function plus picklable arguments. The pool can be
+used from any thread of the driver or of a Ray actor; calls to :meth:`map` are
+serialised by a lock.
 """
 
 from __future__ import annotations
@@ -111,6 +116,7 @@ class _Worker:
         self.task_index: int | None = None
         self.started = 0.0
         self.deadline = 0.0
+        self.stall_at = 0.0
 
     def kill(self) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -141,6 +147,9 @@ class TimeoutPool:
             deadline, after the kill (to clean up what the worker may have left behind).
         initializer: ``(func, args)`` each worker runs once before it takes tasks (e.g. to
             import a slow reward module); its time is not charged to any task.
+        max_workers: processes the pool may widen to while tasks stall (default:
+            ``max(num_workers, 16)``); ``stall_s``: seconds after which a running task counts
+            as stalled (default: ``min(1, timeout / 4)`` per task).
     """
 
     def __init__(
@@ -150,9 +159,18 @@ class TimeoutPool:
         preload: Sequence[str] = (),
         on_worker_killed: Callable[[int], None] | None = None,
         initializer: tuple[Callable[..., Any], tuple] | None = None,
+        max_workers: int | None = None,
+        stall_s: float | None = None,
     ) -> None:
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers: expected an int >= 1, got {num_workers!r}")
+        max_workers = max(num_workers, 16) if max_workers is None else max_workers
+        if not isinstance(max_workers, int) or max_workers < num_workers:
+            raise ValueError(
+                f"max_workers: expected an int >= num_workers ({num_workers}), got {max_workers!r}"
+            )
+        if stall_s is not None and not stall_s > 0:
+            raise ValueError(f"stall_s: expected > 0 seconds, got {stall_s!r}")
         if start_method not in mp.get_all_start_methods():
             raise ValueError(
                 f"start_method: {start_method!r} is not available here; choose from {mp.get_all_start_methods()}"
@@ -161,6 +179,10 @@ class TimeoutPool:
         if start_method == "forkserver" and preload:
             self._context.set_forkserver_preload(list(preload))
         self._num_workers = num_workers
+        self._max_workers = max_workers
+        self._stall_s = stall_s
+        self._wide = False  # widened to max_workers because a task stalled (reset per map call)
+        self.peak_workers = 0  # most worker processes alive at once (for tests and logs)
         self._on_worker_killed = on_worker_killed
         self._initializer = initializer
         self._workers: list[_Worker] = []
@@ -187,6 +209,7 @@ class TimeoutPool:
         self._workers = [w for w in self._workers if w.process.is_alive()]
         while len(self._workers) < self._num_workers:
             self._workers.append(_Worker(self._context, self._initializer))
+        self.peak_workers = max(self.peak_workers, len(self._workers))
 
     def _replace(self, worker: _Worker, killed: bool) -> _Worker:
         pid = worker.process.pid
@@ -221,23 +244,71 @@ class TimeoutPool:
         outcomes: list[TaskOutcome | None] = [None] * len(args_list)
         with self._lock:
             self._ensure_workers()
+            self._wide = False
             pending = deque(range(len(args_list)))
-            while pending or any(w.task_index is not None for w in self._workers):
-                for worker in self._workers:
-                    if worker.ready and worker.task_index is None and pending:
-                        index = pending.popleft()
-                        worker.task_index = index
-                        worker.started = time.monotonic()
-                        worker.deadline = worker.started + timeouts[index]
-                        with contextlib.suppress(OSError):  # a dead worker shows up below
-                            worker.conn.send((func, args_list[index]))
-                self._wait_and_collect(outcomes, timeouts)
+            try:
+                while pending or any(w.task_index is not None for w in self._workers):
+                    self._widen_if_stalled(pending, timeouts)
+                    for worker in self._workers:
+                        if worker.ready and worker.task_index is None and pending:
+                            index = pending.popleft()
+                            worker.task_index = index
+                            worker.started = time.monotonic()
+                            worker.deadline = worker.started + timeouts[index]
+                            worker.stall_at = worker.started + self._stall_after(timeouts[index])
+                            with contextlib.suppress(OSError):  # a dead worker shows up below
+                                worker.conn.send((func, args_list[index]))
+                    self._wait_and_collect(outcomes, timeouts, watch_stalls=bool(pending) and not self._wide)
+            except BaseException:  # e.g. the stage time limit interrupting the driver
+                self._abandon_busy()
+                raise
+            finally:
+                self._shrink()
         return [o if o is not None else TaskOutcome("error", error="lost task") for o in outcomes]
 
-    def _wait_and_collect(self, outcomes: list[TaskOutcome | None], timeouts: list[float]) -> None:
-        """Wait for the next result, worker start, death or deadline, and record what happened."""
+    def _stall_after(self, timeout: float) -> float:
+        return self._stall_s if self._stall_s is not None else min(1.0, timeout / 4)
+
+    def _widen_if_stalled(self, pending: deque, timeouts: list[float]) -> None:
+        """When a running task has stalled and tasks wait, start workers up to ``max_workers``."""
+        if not pending:
+            return
+        now = time.monotonic()
+        if not self._wide and any(w.task_index is not None and now >= w.stall_at for w in self._workers):
+            self._wide = True
+        if not self._wide:
+            return
+        idle = sum(1 for w in self._workers if w.task_index is None)
+        wanted = min(self._max_workers - len(self._workers), len(pending) - idle)
+        for _ in range(max(0, wanted)):
+            self._workers.append(_Worker(self._context, self._initializer))
+        self.peak_workers = max(self.peak_workers, len(self._workers))
+
+    def _abandon_busy(self) -> None:
+        """Kill the workers still running a task of an interrupted call (their answers would be stale)."""
+        for worker in [w for w in self._workers if w.task_index is not None]:
+            pid = worker.process.pid
+            self._workers.remove(worker)
+            worker.kill()
+            if self._on_worker_killed is not None and pid is not None:
+                with contextlib.suppress(Exception):
+                    self._on_worker_killed(pid)
+
+    def _shrink(self) -> None:
+        """Stop the idle workers beyond ``num_workers`` (those a stalled call added)."""
+        extra = len(self._workers) - self._num_workers
+        for worker in [w for w in self._workers if w.task_index is None][: max(0, extra)]:
+            self._workers.remove(worker)
+            worker.kill()
+
+    def _wait_and_collect(
+        self, outcomes: list[TaskOutcome | None], timeouts: list[float], watch_stalls: bool = False
+    ) -> None:
+        """Wait for the next result, worker start, death, deadline or stall, and record what happened."""
         now = time.monotonic()
         deadlines = [w.deadline for w in self._workers if w.task_index is not None]
+        if watch_stalls:
+            deadlines += [w.stall_at for w in self._workers if w.task_index is not None and w.stall_at > now]
         deadlines += [w.spawned + self.startup_timeout_s for w in self._workers if not w.ready]
         watched = [w.conn for w in self._workers] + [w.process.sentinel for w in self._workers]
         ready = set(wait(watched, timeout=max(0.0, min(deadlines) - now) if deadlines else None))

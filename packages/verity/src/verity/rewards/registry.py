@@ -115,8 +115,9 @@ def resolve_spec(
     known = sorted(set(DEFAULT_REWARD_TABLE) | set(tasks) | set(overrides or {}))
     raise UnknownDataSourceError(
         f"data_source {data_source!r}: no reward function for it; known sources: {known}, "
-        f"prefixes: {[p for p, _ in PREFIX_RULES]}. Map it with reward overrides "
-        "({data_source: spec}) or set a custom reward function (path + name)."
+        f"prefixes: {[p for p, _ in PREFIX_RULES]}. Map it with '+reward.overrides={{{data_source}: SPEC}}' "
+        "(SPEC: a built-in name, module:function or file.py:function), or score every source with "
+        "reward.custom_path=FILE.py reward.custom_name=FUNCTION."
     )
 
 
@@ -192,6 +193,12 @@ def load_reward_function(spec: str) -> RewardFunction:
     if not callable(function):
         raise AttributeError(f"reward spec {spec!r}: module {target!r} has no function {name!r}")
     return function
+
+
+def check_loads(spec: str) -> bool:
+    """Load the function ``spec`` names; True when it loads (raises what loading raised)."""
+    load_reward_function(spec)
+    return True
 
 
 def preload_reward_functions(specs: tuple[str, ...]) -> None:

@@ -6,16 +6,24 @@ whole session at the wall-clock timeout. The boot script confines itself before
 the candidate runs (see :mod:`verity.rewards.sandbox_boot`). What holds, by case:
 
 ============================  =====================================================================
-root (tests, containers)      network namespace (no network at all), private tmpfs ``/tmp``,
-                              ``/var/tmp``, ``/dev/shm``; runs as an unprivileged uid of its own
-                              (``uid_base + pid of the calling process``), so ``RLIMIT_NPROC``
-                              caps its process count (a fork bomb stalls at ``nproc``) and it can
-                              write only to its folder and world-writable places (which are
-                              private tmpfs). Leftover processes are killed by uid afterwards.
+root (tests, containers)      network and IPC namespaces (no network at all, no shared memory
+                              that outlives it); a mount namespace where everything it may write
+                              is private: one tmpfs of ``disk_mb`` over ``/tmp`` holds its working
+                              folder, with folders of it over ``/var/tmp``, ``/dev/shm``,
+                              ``/run/lock``, and every other mount is read-only — so nothing it
+                              writes survives the run and the total it writes is capped; runs as
+                              an unprivileged uid of its own (``uid_base + pid of the calling
+                              process``), so ``RLIMIT_NPROC`` caps its process count (a fork bomb
+                              stalls at ``nproc``) and root-owned files are out of reach. Leftover
+                              processes are killed by uid afterwards, from this process (nothing
+                              is executed as that uid, so an interpreter in a folder the uid cannot
+                              enter, e.g. a venv under ``/root``, works).
 not root, user namespaces     network namespace; same user as the caller; ``RLIMIT_NPROC``
-                              counts all the user's processes.
+                              counts all the user's processes; working folder on disk, its size
+                              polled against ``disk_mb`` (the run is killed above it).
 not root, none of that        Python-level socket block only (a program using ``ctypes`` or a
-                              subprocess can get round it); files the user can write are writable.
+                              subprocess can get round it); files the user can write are
+                              writable; the working folder polled against ``disk_mb``.
 always                        ``RLIMIT_CPU``, ``RLIMIT_AS``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, no
                               core dumps, wall timeout killing the session, output read back
                               capped at ``max_output_bytes``, the child dies if its parent dies.
@@ -58,7 +66,9 @@ class SandboxLimits:
     ``max_output_bytes``: how much stdout/stderr is read back; ``site_packages``: let the
     program import installed packages (off: standard library only, faster start);
     ``drop_privileges``: when root, run as a per-slot unprivileged uid; ``uid_base``:
-    first uid of that range; ``private_tmp``: when root, private tmpfs over /tmp and co.
+    first uid of that range; ``private_tmp``: when root, make every writable place private
+    (see the module docstring); ``disk_mb``: the most it may write in all, its working folder
+    and temporary folders together (MiB).
     """
 
     wall_s: float = 5.0
@@ -72,9 +82,11 @@ class SandboxLimits:
     drop_privileges: bool = True
     uid_base: int = 200_000
     private_tmp: bool = True
+    disk_mb: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("wall_s", "cpu_s", "memory_mb", "fsize_mb", "nproc", "nofile", "max_output_bytes"):
+        names = ("wall_s", "cpu_s", "memory_mb", "fsize_mb", "nproc", "nofile", "max_output_bytes", "disk_mb")
+        for name in names:
             if not getattr(self, name) > 0:
                 raise ValueError(f"sandbox {name}: expected > 0, got {getattr(self, name)!r}")
 
@@ -145,23 +157,39 @@ def _processes() -> list[tuple[int, int, str, int, int]]:
     return out
 
 
+def _alive_of_uid(uid: int) -> list[int]:
+    return [pid for pid, p_uid, state, _, _ in _processes() if p_uid == uid and state != "Z"]
+
+
+def _kill_all_of_uid(uid: int) -> None:
+    """In a forked child (never exec'd): become ``uid`` and ``kill(-1, SIGKILL)``, which signals
+    every process of that uid in one sweep of the kernel's task list (a fork bomb cannot outrun it)."""
+    pid = os.fork()
+    if pid == 0:  # the child calls only async-signal-safe system calls, then _exit
+        code = 0
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            os.kill(-1, signal.SIGKILL)
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.waitpid(pid, 0)
+
+
 def _kill_uid(uid: int) -> None:
-    """SIGKILL every process of ``uid`` at once: a helper running as that uid calls ``kill(-1)``."""
-    if not any(p_uid == uid and state != "Z" for _, p_uid, state, _, _ in _processes()):
-        return
-    for _ in range(3):
-        subprocess.run(
-            [sys.executable, "-I", "-S", "-c", "import os, signal; os.kill(-1, signal.SIGKILL)"],
-            user=uid,
-            group=uid,
-            extra_groups=[],
-            env={},
-            check=False,
-            timeout=10,
-        )
-        time.sleep(0.01)
-        if not any(p_uid == uid and state != "Z" for _, p_uid, state, _, _ in _processes()):
+    """SIGKILL every process of ``uid``, from this process: nothing is executed as ``uid``."""
+    for _ in range(5):
+        if not _alive_of_uid(uid):
             break
+        try:
+            _kill_all_of_uid(uid)
+        except OSError:  # no fork possible: kill them one by one from here (root may signal any)
+            for pid in _alive_of_uid(uid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
     _reap_orphans(lambda proc: proc[1] == uid)
 
 
@@ -212,6 +240,54 @@ def cleanup_after_worker(pid: int, limits: SandboxLimits | None = None) -> None:
         _kill_uid(uid)
 
 
+def _read_report(path: Path) -> dict[str, bool]:
+    """What the boot script said held (empty when it died before saying)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _folder_bytes(folder: Path) -> int:
+    """Bytes allocated under ``folder`` (files and folders, not following links)."""
+    total = 0
+    stack = [str(folder)]
+    while stack:
+        with contextlib.suppress(OSError), os.scandir(stack.pop()) as entries:
+            for entry in entries:
+                with contextlib.suppress(OSError):
+                    info = entry.stat(follow_symlinks=False)
+                    total += info.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+    return total
+
+
+def _wait(
+    process: subprocess.Popen, limits: SandboxLimits, report: Path, workdir: Path
+) -> tuple[int, bool, bool]:
+    """Wait for the run: ``(returncode, timed_out, over_disk)``.
+
+    Without a private filesystem (the boot script's report says so) the working folder is
+    on the real disk: its size is polled and the run killed above ``disk_mb``.
+    """
+    deadline = time.monotonic() + limits.wall_s
+    polled: bool | None = None
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return process.wait(timeout=max(0.0, min(left, 0.1))), False, False
+        except subprocess.TimeoutExpired:
+            pass
+        if polled is None and report.is_file():
+            polled = not _read_report(report).get("private_filesystem", False)
+        over = bool(polled) and _folder_bytes(workdir) > limits.disk_mb * _MIB
+        if over or time.monotonic() >= deadline:
+            with contextlib.suppress(OSError):
+                os.killpg(process.pid, signal.SIGKILL)
+            return process.wait(), not over, over
+
+
 def _read_capped(path: Path, limit: int) -> str:
     with open(path, "rb") as handle:
         data = handle.read(limit)
@@ -235,8 +311,9 @@ def run_python(
     uid = sandbox_uid_for(os.getpid(), limits)
     private = Path(tempfile.mkdtemp(prefix="verity-sbx-ctl-"))  # root-only (0700): config, code, output
     # The working folder sits inside a root-only (0700) folder, so that "../" from it leads
-    # nowhere the sandboxed uid may write (its parent is not world-writable /tmp).
-    jail = Path(tempfile.mkdtemp(prefix="verity-sbx-"))
+    # nowhere the sandboxed uid may write (its parent is not world-writable /tmp). Under /tmp:
+    # with a private filesystem the boot script recreates it there, on the run's own tmpfs.
+    jail = Path(tempfile.mkdtemp(prefix="verity-sbx-", dir="/tmp" if os.path.isdir("/tmp") else None))
     workdir = jail / "work"
     workdir.mkdir()
     marker = "verity-sandbox-done-" + secrets.token_hex(16) if test_code is not None else None
@@ -256,6 +333,8 @@ def run_python(
             "uid": uid,
             "gid": uid,
             "private_tmp": limits.private_tmp,
+            "disk_bytes": int(limits.disk_mb) * _MIB,
+            "report_path": str(private / "isolation.json"),
             "limits": {
                 "cpu_s": int(limits.cpu_s),
                 "memory_bytes": int(limits.memory_mb) * _MIB,
@@ -283,20 +362,16 @@ def run_python(
                 start_new_session=True,
                 close_fds=True,
             )
-        timed_out = False
-        try:
-            returncode = process.wait(timeout=limits.wall_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            with contextlib.suppress(OSError):
-                os.killpg(process.pid, signal.SIGKILL)
-            returncode = process.wait()
+        returncode, timed_out, over_disk = _wait(process, limits, private / "isolation.json", workdir)
         wall = time.monotonic() - started
         _kill_session(process.pid)
         if uid is not None:
             _kill_uid(uid)
         stdout = _read_capped(private / "stdout.txt", limits.max_output_bytes)
         stderr = _read_capped(private / "stderr.txt", limits.max_output_bytes)
+        if over_disk:
+            stderr += f"\nsandbox: killed after writing more than disk_mb = {limits.disk_mb} MiB\n"
+        held = _read_report(private / "isolation.json")
     finally:
         shutil.rmtree(jail, ignore_errors=True)
         shutil.rmtree(private, ignore_errors=True)
@@ -316,7 +391,9 @@ def run_python(
             stdout = tail[: -len(marker)].rstrip("\n") + "\n"
     isolation = {
         "unprivileged_uid": uid is not None,
-        "network_namespace": _network_namespace_possible(),
+        "network_namespace": bool(held.get("network_namespace")),
+        "private_filesystem": bool(held.get("private_filesystem")),
+        "read_only_elsewhere": bool(held.get("read_only_elsewhere")),
     }
     return SandboxResult(status, returncode, stdout, stderr, wall, isolation), completed
 

@@ -142,7 +142,9 @@ def build_rollout_output(
     prompt_ids = rows.prompt_ids.to(device)
     span = response_mask if response_attention is None else response_attention.to(device).long()
     if span.shape != response_mask.shape or bool((response_mask.bool() & ~span.bool()).any()):
-        raise ValueError("response_attention must cover every response_mask token, with the same [B, R] shape")
+        raise ValueError(
+            "response_attention must cover every response_mask token, with the same [B, R] shape"
+        )
     attention_mask = torch.cat([rows.prompt_mask.to(device).long(), span], dim=1)
     out = {
         key: value

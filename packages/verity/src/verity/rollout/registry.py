@@ -109,7 +109,9 @@ def build_rollout_engine(name: str, ctx: RolloutBuildContext) -> RolloutEngine:
     for wrapper_name, wrap in ROLLOUT_WRAPPERS.items():
         engine = wrap(engine, ctx)
         if not isinstance(engine, RolloutEngine):
-            raise TypeError(f"rollout wrapper {wrapper_name!r} returned a {type(engine).__name__}, not a RolloutEngine")
+            raise TypeError(
+                f"rollout wrapper {wrapper_name!r} returned a {type(engine).__name__}, not a RolloutEngine"
+            )
     return engine
 
 

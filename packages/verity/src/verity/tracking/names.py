@@ -20,11 +20,17 @@ Per-step training metrics (one value per RL step):
 | ``timing/<stage>_s`` | wall seconds spent in one stage of the step | s |
 | ``perf/tokens_per_s`` | tokens (prompt + response) processed per second of step time | tokens/s |
 | ``perf/generated_tokens_per_s`` | response tokens sampled per second of the generate stage | tokens/s |
+| ``perf/generated_tokens`` | response tokens sampled in the step, when a stage generated more than the batch keeps (dynamic sampling); else the batch's | tokens |
 | ``perf/total_tokens`` | prompt + response tokens in the step's batch | tokens |
+| ``perf/driver_bytes_sent`` | tensor bytes the driver sent to workers in the step's group calls | bytes |
+| ``perf/driver_bytes_received`` | tensor bytes the driver got back from workers in the step | bytes |
 | ``perf/mfu`` | model-FLOPs utilisation of the actor update (see verity.hardware.mfu) | 0..1 |
 | ``perf/max_memory_gb`` | peak device memory on the driver's device | GiB |
 | ``val/acc``, ``val/reward`` | held-out (validation) accuracy / mean reward | 0..1 / reward |
 | ``val/response_length`` | mean response tokens on the validation set | tokens |
+| ``val/avg_at_k``, ``val/pass_at_k`` | with ``rollout.val_n = k > 1``: mean correctness of k sampled responses per held-out prompt (avg@k) and share of prompts with a correct one among them (pass@k) | 0..1 |
+| ``val/k`` | the k of ``val/avg_at_k`` and ``val/pass_at_k`` (MLflow names cannot hold ``@``) | samples |
+| ``val/sampled_response_length``, ``val/sampled_clip_ratio`` | mean tokens of the k samples, share of them that used the whole response budget | tokens / 0..1 |
 """
 
 from __future__ import annotations
@@ -57,6 +63,9 @@ PERF_MAX_MEMORY_GB = "perf/max_memory_gb"
 VAL_ACC = "val/acc"
 VAL_REWARD = "val/reward"
 VAL_RESPONSE_LENGTH = "val/response_length"
+VAL_AVG_AT_K = "val/avg_at_k"
+VAL_PASS_AT_K = "val/pass_at_k"
+VAL_K = "val/k"
 
 # Stages of one RL step, in order; plug-ins may time further stages with timing().
 STAGES: tuple[str, ...] = (
@@ -92,7 +101,14 @@ SHORT_LABELS: dict[str, str] = {
 PROGRESS_KEYS: tuple[str, ...] = (REWARD_MEAN, ACC_MEAN, RESPONSE_LENGTH_MEAN, ACTOR_KL, PERF_TOKENS_PER_S)
 
 # Which direction is "better" when a run records its best value of a metric.
-BEST_GOALS: dict[str, str] = {REWARD_MEAN: "max", ACC_MEAN: "max", VAL_ACC: "max", VAL_REWARD: "max"}
+BEST_GOALS: dict[str, str] = {
+    REWARD_MEAN: "max",
+    ACC_MEAN: "max",
+    VAL_ACC: "max",
+    VAL_REWARD: "max",
+    VAL_AVG_AT_K: "max",
+    VAL_PASS_AT_K: "max",
+}
 
 
 def timing(stage: str) -> str:

@@ -10,9 +10,12 @@ user had pointed at a real checkpoint and real verl parquet files::
         base/                the untrained model and tokenizer (HF format)
         model/               the SFT warm-started model and tokenizer (HF format)
 
-``<key>`` is a hash of every setting that changes the result (task knobs, split
-sizes, seeds, model shape, SFT steps/lr/batch) and of ``EMBEDDED_FORMAT``, so a
-change of settings builds a new entry and an unchanged one is reused. Building
+``settings`` is an :class:`~verity.data.embedded_presets.EmbeddedSettings`; a run picks
+one by name with ``model.embedded_preset`` (``default``, the one described below, or one a
+plug-in registered: :mod:`verity.data.embedded_presets`). ``<key>`` is a hash of every
+setting that changes the result (task knobs, row format, teacher, split sizes, seeds,
+model shape, SFT steps/lr/batch) and of ``EMBEDDED_FORMAT``, so a change of settings
+builds a new entry and an unchanged one is reused. Building
 happens in a temporary folder renamed into place at the end, under a file lock,
 so concurrent callers neither duplicate the work nor see a half-written entry.
 
@@ -48,63 +51,23 @@ step 80; from slip-0 checkpoints the same probe gained 3-5 points in 500 steps.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import random
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-EMBEDDED_FORMAT = 4
-"""Bump when the layout or the build procedure changes: old cache entries are then ignored."""
-
-
-@dataclass(frozen=True)
-class EmbeddedSettings:
-    """Everything that determines the embedded default (all of it goes into the cache key)."""
-
-    task: str = "arithmetic"
-    task_config: dict[str, Any] = field(
-        default_factory=lambda: {"digits": 2, "operations": "+-", "operands": 2, "style": "expr"}
-    )
-    num_train: int = 6000
-    num_test: int = 500
-    data_seed: int = 0
-    model: dict[str, int] = field(
-        default_factory=lambda: {
-            "hidden": 128,
-            "layers": 2,
-            "heads": 4,
-            "kv_heads": 2,
-            "intermediate": 512,
-            "max_pos": 256,
-        }
-    )
-    model_seed: int = 0
-    sft_steps: int = 3200
-    sft_lr: float = 3e-3
-    sft_batch_size: int = 64
-    sft_seed: int = 0
-    sft_slip_rate: float = 0.7
-    sft_slip_operations: str = "-"
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.sft_slip_rate <= 1.0:
-            raise ValueError(f"sft_slip_rate: expected a fraction in [0, 1], got {self.sft_slip_rate}")
-        if self.sft_steps < 0:
-            raise ValueError(f"sft_steps: expected >= 0 (0 skips the warm-start), got {self.sft_steps}")
-        if self.num_train < 1 or self.num_test < 1:
-            raise ValueError(f"num_train/num_test: expected >= 1, got {self.num_train}/{self.num_test}")
-
-    def key(self) -> str:
-        """16 hex digits identifying these settings and ``EMBEDDED_FORMAT``."""
-        text = json.dumps({"format": EMBEDDED_FORMAT, **asdict(self)}, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
+from verity.data.embedded_presets import (  # noqa: F401  (EmbeddedSettings and teacher_rows are re-exported)
+    EMBEDDED_FORMAT,
+    SFT_TEACHERS,
+    EmbeddedSettings,
+    format_rows,
+    teacher_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -189,6 +152,7 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
     from verity.data.tasks import TASKS
     from verity.data.tasks.arithmetic import extract_answer
     from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity.rollout.sampling import SamplingParams
     from verity.trainer.evaluate import evaluate
     from verity.trainer.sft import run_sft
 
@@ -199,6 +163,8 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
     train_rows, test_rows = task.generate_splits(
         settings.num_train, settings.num_test, settings.data_seed, config
     )
+    train_rows, test_rows = format_rows(train_rows, settings), format_rows(test_rows, settings)
+    teacher = SFT_TEACHERS.get(settings.teacher)  # an unknown teacher fails before any training
     _write_rows(train_rows, paths.train_file)
     _write_rows(test_rows, paths.test_file)
 
@@ -221,10 +187,9 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
     started = time.perf_counter()
     if settings.sft_steps > 0:
         say(f"verity: SFT warm-start, {settings.sft_steps} steps of {settings.sft_batch_size} rows")
-        sft_rows = teacher_rows(
-            train_rows, settings.sft_slip_rate, settings.sft_slip_operations, seed=settings.sft_seed
-        )
-        record["sft_slipped_rows"] = sum(row["response"].endswith(".") for row in sft_rows)
+        sft_rows = teacher(train_rows, settings)
+        if settings.teacher == "answer":
+            record["sft_slipped_rows"] = sum(row["response"].endswith(".") for row in sft_rows)
         result = run_sft(
             model,
             tokenizer,
@@ -241,12 +206,17 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
             "final_loss_mean_last_50": sum(tail) / len(tail),
             "tokens": result.tokens,
         }
-    evaluation = evaluate(model, tokenizer, test_rows)
+    sampling = SamplingParams(do_sample=False, max_new_tokens=settings.eval_max_new_tokens)
+    if settings.data_source is None:  # the task's own verifier; clean = the bare integer
+        evaluation = evaluate(model, tokenizer, test_rows, sampling=sampling)
+        clean = [extract_answer(text) is not None for text in evaluation.responses]
+    else:  # the relabelled source's reward function; clean = it found an answer
+        found: list[bool] = []
+        evaluation = evaluate(model, tokenizer, test_rows, sampling=sampling, score_fn=_reward_scorer(found))
+        clean = found
     accuracy = evaluation.accuracy
     record["test_greedy_accuracy"] = accuracy
-    record["test_greedy_clean_rate"] = sum(
-        extract_answer(text) is not None for text in evaluation.responses
-    ) / len(evaluation.responses)
+    record["test_greedy_clean_rate"] = sum(clean) / len(clean)
     record["build_seconds"] = round(time.perf_counter() - started, 2)
     say(
         f"verity: warm-start done in {record['build_seconds']:.0f} s, held-out greedy accuracy {accuracy:.1%}"
@@ -256,23 +226,21 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
     paths.manifest_file.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
-def teacher_rows(
-    rows: list[dict[str, Any]], slip_rate: float, slip_operations: str, seed: int = 0
-) -> list[dict[str, Any]]:
-    """Copies of ``rows`` with the imperfect teacher's ``response`` (see the module docstring).
+def _reward_scorer(found: list[bool]) -> Callable[[str, str, str], float]:
+    """A ``score_fn`` for :func:`verity.trainer.evaluate.evaluate` using the reward of each row's
+    ``data_source``: 1.0 when the verifier says correct (its ``acc``, else ``score >= 1``).
 
-    A row whose ``extra_info.expression`` uses one of ``slip_operations`` gets
-    ``answer + "."`` with probability ``slip_rate`` (seeded); every other row
-    the bare answer.
+    Appends to ``found`` whether the verifier extracted an answer (its ``pred``, when it reports one).
     """
-    rng = random.Random(seed)
-    out = []
-    for row in rows:
-        answer = str(row["reward_model"]["ground_truth"])
-        expression = str(row.get("extra_info", {}).get("expression", ""))
-        slips = any(op in expression for op in slip_operations) and rng.random() < slip_rate
-        out.append({**row, "response": answer + "." if slips else answer})
-    return out
+    from verity.rewards.registry import call_reward, resolve_spec
+
+    def score(data_source: str, text: str, truth: str) -> float:
+        value, extra = call_reward(resolve_spec(data_source), data_source, text, truth)
+        found.append(extra["pred"] is not None if "pred" in extra else value >= 1.0)
+        acc = extra.get("acc")
+        return float(acc) if acc is not None else float(value >= 1.0)
+
+    return score
 
 
 def _task_config_class(task: Any) -> type:

@@ -5,6 +5,10 @@ config (:func:`verity.trainer.stages.default_stages`) carry that. It evaluates
 held-out accuracy (greedy) before training, every ``trainer.val_every`` steps and
 at the end, logs everything to MLflow, and writes ``summary.json``.
 
+A stage may leave no rows (a filter that kept no prompt group): the step then ends
+there, without the remaining stages (no update), and logs ``train/step_skipped = 1``
+with the metrics the stages reported so far.
+
 Resuming: a run restored from a checkpoint sets ``start_step`` (steps already done)
 and ``result`` (their metrics) before :meth:`RLTrainer.fit`. ``on_step_end(step,
 result)`` runs after each step (checkpoints, SIGTERM; see ``verity.checkpoint.hooks``)
@@ -20,14 +24,20 @@ from typing import Any
 
 from verity.batch import Batch
 from verity.config.schema import VerityConfig
+from verity.controller.transfer_meter import DRIVER_TRANSFERS
 from verity.trainer.agent_metrics import merge_validation_counts, validation_agent_metrics
 from verity.trainer.metrics import StageTimer, batch_metrics
 from verity.trainer.stages import Stage, StepContext
 
 
 def validation_sampling(cfg: VerityConfig) -> dict[str, Any]:
-    """Sampling for held-out evaluation: greedy at ``rollout.val_temperature == 0``, else sampled at it."""
-    temperature = cfg.rollout.val_temperature
+    """Sampling of the one-response held-out pass (``val/acc``).
+
+    Greedy at ``rollout.val_temperature == 0``, else one sample at it; greedy whenever
+    ``rollout.val_n > 1`` (the ``k`` samples then go to avg@k and pass@k,
+    :mod:`verity.trainer.sampled_validation`).
+    """
+    temperature = cfg.rollout.val_temperature if cfg.rollout.val_n == 1 else 0.0
     sampled = temperature > 0
     return {
         "do_sample": sampled,
@@ -116,7 +126,9 @@ class RLTrainer:
     def validate(self, step: int) -> dict[str, float]:
         """Accuracy and mean score on the held-out prompts: ``val/acc``, ``val/reward``.
 
-        One response per prompt: greedy, or sampled at ``rollout.val_temperature`` when it is > 0.
+        One response per prompt: greedy, or sampled at ``rollout.val_temperature`` when it is > 0
+        and ``rollout.val_n`` is 1. With ``rollout.val_n = k > 1`` also ``k`` samples per prompt:
+        ``val/avg_at_k``, ``val/pass_at_k`` (:mod:`verity.trainer.sampled_validation`).
         """
         started = time.perf_counter()
         if self.note is not None:
@@ -154,6 +166,10 @@ class RLTrainer:
         for source, accs in per_source.items():
             metrics[f"val/{source}/acc"] = sum(accs) / len(accs)
         metrics.update(validation_agent_metrics(agent_totals))
+        if self.cfg.rollout.val_n > 1:
+            from verity.trainer.sampled_validation import sampled_validation
+
+            metrics.update(sampled_validation(self.cfg, self.actor, self.rewards, self.val_batches, step))
         if self.note is not None:
             seconds = time.perf_counter() - started
             self.note(
@@ -177,19 +193,27 @@ class RLTrainer:
             loader=self.train_batches,
         )
         timer = StageTimer()
+        DRIVER_TRANSFERS.take()  # what validation or start-up moved is not this step's
         batch = prompts
         for stage in self.stages:
             with timer.stage(stage.name), self._guard(stage.name, step):
                 batch = stage.run(ctx, batch)
-        metrics = batch_metrics(batch)
+            if len(batch) == 0:
+                # a stage (a filter) left no rows: nothing for the remaining stages to score or train on
+                ctx.metrics["train/step_skipped"] = 1.0
+                break
+        metrics = batch_metrics(batch) if len(batch) else {}
         metrics.update(ctx.metrics)
         metrics.update(timer.metrics())
         tokens = float(batch["attention_mask"].sum())
         metrics["perf/total_tokens"] = tokens
         metrics["perf/tokens_per_s"] = tokens / max(metrics["timing/step_s"], 1e-9)
-        metrics["perf/generated_tokens_per_s"] = float(batch["response_mask"].sum()) / max(
-            metrics.get("timing/generate_s", 0.0), 1e-9
-        )
+        # a stage that generated more than it kept (e.g. dynamic sampling) reports perf/generated_tokens
+        generated = metrics.get("perf/generated_tokens", float(batch["response_mask"].sum()))
+        metrics["perf/generated_tokens_per_s"] = generated / max(metrics.get("timing/generate_s", 0.0), 1e-9)
+        sent, received = DRIVER_TRANSFERS.take()
+        metrics["perf/driver_bytes_sent"] = float(sent)
+        metrics["perf/driver_bytes_received"] = float(received)
         return metrics
 
     def fit(self) -> TrainResult:

@@ -1,7 +1,9 @@
 """What a finished run leaves in its output directory.
 
 - ``summary.json``: final and best metrics, ``accuracy_before``/``accuracy_after``
-  (held-out greedy accuracy before and after training), ``steps``, ``wall_seconds``,
+  (held-out greedy accuracy before and after training), with ``rollout.val_n = k > 1``
+  also ``avg_at_k_before``/``avg_at_k_after``, ``pass_at_k_before``/``pass_at_k_after``
+  and ``val_k`` (the sampled evaluation, :mod:`verity.trainer.sampled_validation`), ``steps``, ``wall_seconds``,
   the config hash, the MLflow run id, ``ran`` (the engines the workers reported
   running: ``{"actor": "fsdp2", "rollout": "hf", "device": "cpu", ...}``) and
   ``stage_plan``;
@@ -18,7 +20,7 @@ from typing import Any
 
 from verity.trainer.loop import TrainResult
 
-BEST_KEYS = ("val/acc", "reward/mean", "acc/mean")
+BEST_KEYS = ("val/acc", "val/avg_at_k", "reward/mean", "acc/mean")
 
 
 def _write_jsonl(rows: list[dict[str, Any]], path: Path) -> None:
@@ -35,6 +37,23 @@ def best_metrics(result: TrainResult) -> dict[str, dict[str, float]]:
             if key in metrics and (key not in best or metrics[key] > best[key]["value"]):
                 best[key] = {"value": float(metrics[key]), "step": step}
     return best
+
+
+def sampled_before_after(result: TrainResult) -> dict[str, float]:
+    """``avg_at_k_before/after``, ``pass_at_k_before/after`` and ``val_k`` from the evaluations that have them.
+
+    "before" is the evaluation at step 0 (absent when the run did not evaluate before
+    training); "after" the last evaluation. Empty when the run sampled no avg@k.
+    """
+    rows = [v for v in result.validation if "val/avg_at_k" in v]
+    if not rows:
+        return {}
+    out: dict[str, float] = {"val_k": float(rows[-1]["val/k"])}
+    for name in ("avg_at_k", "pass_at_k"):
+        if rows[0]["step"] == 0:
+            out[f"{name}_before"] = float(rows[0][f"val/{name}"])
+        out[f"{name}_after"] = float(rows[-1][f"val/{name}"])
+    return out
 
 
 def plot_curves(result: TrainResult, path: Path) -> None:
@@ -90,12 +109,14 @@ def write_run_outputs(
         result.validation[0]["val/acc"] if result.validation and result.validation[0]["step"] == 0 else None
     )
     after = result.validation[-1]["val/acc"] if result.validation else None
+    sampled = sampled_before_after(result)
     final = dict(result.history[-1]) if result.history else {}
     if result.validation:
         final.update({k: v for k, v in result.validation[-1].items() if k != "step"})
     extra = {
         "accuracy_before": before,
         "accuracy_after": after,
+        **sampled,
         "steps": len(result.history),
         "run_id": getattr(tracker, "run_id", None),
         "tracking_uri": getattr(tracker, "tracking_uri", None),

@@ -36,13 +36,17 @@ class ResolvedInputs:
 
 
 def resolve_inputs(cfg: VerityConfig) -> ResolvedInputs:
-    """Resolve ``model.path=embedded`` (build or reuse the warm-started tiny model and task files)."""
+    """Resolve ``model.path=embedded`` (build or reuse the warm-started tiny model and task files
+    of the preset ``model.embedded_preset``)."""
     d = cfg.data
     if cfg.model.path == "embedded":
+        from verity.data.embedded_presets import EMBEDDED_PRESETS
         from verity.trainer.embedded import ensure_embedded_default
 
         paths = ensure_embedded_default(
-            Path(cfg.model.embedded_cache_dir).expanduser(), sft_steps=cfg.model.embedded_sft_steps
+            Path(cfg.model.embedded_cache_dir).expanduser(),
+            sft_steps=cfg.model.embedded_sft_steps,
+            settings=EMBEDDED_PRESETS.get(cfg.model.embedded_preset),
         )
         model_path = str(paths.model_dir)
         train = list(d.train_files) or [str(paths.train_file)]
@@ -102,6 +106,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
     from verity.data.verl_dataset import PromptDataset
     from verity.hardware import get_backend
     from verity.rewards.manager import RewardManager
+    from verity.rewards.preflight import check_rewards
     from verity.rollout.agent.tools import prompt_chat_template_kwargs
     from verity.tracking import ProgressLine, config_hash
     from verity.trainer.loop import RLTrainer
@@ -135,6 +140,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
         max_samples=None if d.val_max_samples < 0 else d.val_max_samples,
         chat_template_kwargs=template_kwargs,
     )
+    check_rewards(cfg.reward, {"train": (inputs.train_files, train_set), "val": (inputs.val_files, val_set)})
     if len(train_set) < d.train_batch_size:
         raise ConfigError(
             f"data.train_batch_size = {d.train_batch_size} prompts but the training files hold only {len(train_set)}"

@@ -83,7 +83,9 @@ def multi_turn_target(
         if role == "tool":
             if not ids:
                 raise ValueError(f"response[{index}]: a tool answer must follow an assistant turn")
-            pending.append({"role": "tool", "name": message.get("name", ""), "content": str(message["content"])})
+            pending.append(
+                {"role": "tool", "name": message.get("name", ""), "content": str(message["content"])}
+            )
             continue
         if pending:
             rendered = renderer.encode(pending, stop_text)

@@ -5,8 +5,8 @@
         batch = ctx.actor.generate(rows)
 
 When a stage runs longer than ``timeout_s`` a watchdog thread interrupts the driver's
-main thread (``_thread.interrupt_main``; Ray's blocking waits return to Python to take
-it), and the stage raises :class:`StageTimeoutError` naming the stage, the step, the
+main thread (``_thread.interrupt_main`` with a signal of its own, SIGUSR2, so that Ctrl-C
+keeps its meaning; Ray's blocking waits return to Python to take it), and the stage raises :class:`StageTimeoutError` naming the stage, the step, the
 worker ranks still running a group method (with how long and their Python stacks,
 fetched through each worker's diagnostics concurrency group) and the driver's own stack.
 A run that hangs in a collective, a deadlocked reward function or a stuck generation
@@ -18,6 +18,7 @@ overrunning stage returns.)
 from __future__ import annotations
 
 import _thread
+import signal
 import sys
 import threading
 import time
@@ -27,6 +28,15 @@ from types import TracebackType
 from typing import Any
 
 STACK_TIMEOUT_S = 10.0
+WATCHDOG_SIGNAL = signal.SIGUSR2
+
+
+class StageInterrupt(KeyboardInterrupt):
+    """Raised in the driver's main thread when the watchdog fires (becomes StageTimeoutError)."""
+
+
+def _raise_stage_interrupt(signum: int, frame: Any) -> None:
+    raise StageInterrupt()
 
 
 class StageTimeoutError(RuntimeError):
@@ -64,6 +74,7 @@ class _StageWatch:
         self._timer: threading.Timer | None = None
         self._thread_id = 0
         self._interruptible = True
+        self._previous_handler: Any = None
 
     def _fire(self) -> None:
         with self._lock:
@@ -73,13 +84,15 @@ class _StageWatch:
             frame = sys._current_frames().get(self._thread_id)
             self._driver_stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
         if self._interruptible:
-            _thread.interrupt_main()
+            _thread.interrupt_main(WATCHDOG_SIGNAL)
 
     def __enter__(self) -> _StageWatch:
         if self.guard.timeout_s > 0:
             self._thread_id = threading.get_ident()
             # only the main thread can be interrupted; elsewhere the overrun is reported when the stage ends
             self._interruptible = threading.current_thread() is threading.main_thread()
+            if self._interruptible:
+                self._previous_handler = signal.signal(WATCHDOG_SIGNAL, _raise_stage_interrupt)
             self._active = True
             self._timer = threading.Timer(self.guard.timeout_s, self._fire)
             self._timer.daemon = True
@@ -97,14 +110,17 @@ class _StageWatch:
                 self._active = False
                 fired = self._fired
             self._timer.cancel()
-            if fired and self._interruptible and exc_type is not KeyboardInterrupt:
+            if fired and self._interruptible and exc_type is not StageInterrupt:
                 # the interrupt was sent but has not landed yet: let it land here, not later
                 for _ in range(200):
                     time.sleep(0.005)
-        except KeyboardInterrupt:
+        except StageInterrupt:
             fired = True
+        finally:
+            if self._interruptible:
+                signal.signal(WATCHDOG_SIGNAL, self._previous_handler or signal.SIG_DFL)
         if fired:
-            cause = None if isinstance(exc, KeyboardInterrupt) else exc
+            cause = None if isinstance(exc, StageInterrupt) else exc
             raise self.guard.timeout_error(self.name, self.step, self._driver_stack) from cause
         return False
 

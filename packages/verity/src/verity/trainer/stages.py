@@ -31,7 +31,7 @@ import torch
 from verity.algorithms.advantages import compute_advantages
 from verity.algorithms.kl_control import apply_kl_penalty
 from verity.batch import Batch, register_key
-from verity.config.derived import needs_baseline, needs_critic, needs_reference
+from verity.config.derived import needs_baseline, needs_critic, needs_reference, old_logprobs_source
 from verity.config.schema import VerityConfig
 from verity.rewards.manager import response_span, token_rewards_from_scores
 from verity.trainer.agent_metrics import agent_metrics
@@ -160,7 +160,21 @@ SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 
 def old_log_prob(ctx: StepContext, batch: Batch) -> Batch:
-    """Log-probs of the responses under the policy before this step's update."""
+    """The behaviour log-probs ``old_logprobs [B, R]`` of the PPO ratio (``actor.old_logprobs``).
+
+    ``recompute``: the actor's forward before this step's update (also ``entropy``);
+    ``rollout``: the sampler's ``rollout_logprobs``; ``policy`` (on-policy runs): nothing
+    here, the update uses its own forward's log-probs, detached (see
+    :func:`verity.config.derived.old_logprobs_source`).
+    """
+    source = old_logprobs_source(ctx.cfg)
+    if source == "rollout":
+        if "rollout_logprobs" not in batch:
+            raise RuntimeError("actor.old_logprobs=rollout: the rollout returned no rollout_logprobs")
+        batch["old_logprobs"] = batch["rollout_logprobs"].float()
+        return batch
+    if source == "policy":
+        return batch
     return batch.union(ctx.actor.compute_log_prob(batch.select(*SEQUENCE_KEYS)))
 
 

@@ -31,17 +31,23 @@ ActorLossFn = Callable[[Any, torch.Tensor, torch.Tensor, Any], tuple[torch.Tenso
 def make_actor_loss(policy: PolicyLossConfig, kl: KLConfig, entropy_coeff: float) -> ActorLossFn:
     """Build ``loss_fn(micro_batch, logprobs [b,R], entropy [b,R], agg) -> (loss, metrics)``.
 
-    ``micro_batch`` must hold ``old_logprobs``, ``advantages`` and ``response_mask``
-    (``[b, R]``), and ``ref_logprobs`` when ``kl.use_kl_loss``. Metrics are
+    ``micro_batch`` must hold ``advantages`` and ``response_mask`` (``[b, R]``), and
+    ``ref_logprobs`` when ``kl.use_kl_loss``. Its ``old_logprobs`` are the behaviour
+    log-probs; without them (an on-policy run that skipped the recomputation) the
+    forward's own log-probs, detached, stand in: ratio 1, and the same gradient a
+    recomputation gives. ``actor/behaviour_logprob_gap`` is the token mean of
+    ``|log pi - log pi_old|`` (0 without ``old_logprobs``; with ``rollout_logprobs``
+    as the behaviour, the sampler-vs-trainer mismatch plus any update since). Metrics are
     micro-batch token means (the engine averages them over micro-batches and ranks).
     """
     policy_loss = get_policy_loss(policy.name)
 
     def loss_fn(micro: Any, logprobs: torch.Tensor, entropy: torch.Tensor, agg: Any):
         mask = micro["response_mask"].to(logprobs.dtype)
+        old = micro["old_logprobs"].to(logprobs.dtype) if "old_logprobs" in micro else logprobs.detach()
         loss, metrics = policy_loss(
             logprobs=logprobs,
-            old_logprobs=micro["old_logprobs"].to(logprobs.dtype),
+            old_logprobs=old,
             advantages=micro["advantages"].to(logprobs.dtype),
             response_mask=mask,
             agg=agg,
@@ -49,6 +55,8 @@ def make_actor_loss(policy: PolicyLossConfig, kl: KLConfig, entropy_coeff: float
         )
         metrics = {f"actor/{k}": float(v) for k, v in metrics.items()}
         metrics["actor/pg_loss"] = float(loss.detach())
+        gap = ((logprobs.detach() - old).abs() * mask).sum() / mask.sum().clamp(min=1.0)
+        metrics["actor/behaviour_logprob_gap"] = float(gap)
         if kl.use_kl_loss:
             kl_term, kl_metrics = kl_loss(
                 logprobs=logprobs,

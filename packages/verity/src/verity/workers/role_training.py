@@ -82,14 +82,23 @@ def minibatch_epochs(
     """``epochs`` passes over ``batch`` in consecutive mini-batches of ``rows_per_mini`` rows (the last
     may be shorter), calling ``step(mini)`` (one optimizer step) on each.
 
+    The trailing ``batch.pad_rows`` rows (padding that ``Batch.split`` added so that the
+    rows divide over the ranks) stay marked as padding in the mini-batches that hold
+    them, so the engine leaves them out of the loss and its counts.
+
     Returns the per-key sums, as floats, of the metrics the steps returned, and
     the number of steps taken.
     """
     sums: dict[str, float] = {}
     steps = 0
+    size = len(batch)
+    real = size - int(getattr(batch, "pad_rows", 0) or 0)
     for _ in range(epochs):
-        for start in range(0, len(batch), rows_per_mini):
-            metrics = step(batch.index(slice(start, start + rows_per_mini)))
+        for start in range(0, size, rows_per_mini):
+            stop = min(start + rows_per_mini, size)
+            mini = batch.index(slice(start, stop))
+            mini.pad_rows = max(0, stop - max(start, real))
+            metrics = step(mini)
             for key, value in metrics.items():
                 sums[key] = sums.get(key, 0.0) + float(value)
             steps += 1

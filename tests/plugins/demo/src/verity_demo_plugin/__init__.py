@@ -2,7 +2,8 @@
 
 ``register()`` (the entry point in group ``verity.plugins``) adds:
 
-- the config section ``demo:`` (:class:`DemoConfig`);
+- the config section ``demo:`` (:class:`DemoConfig`), with a check of its own
+  (``validate``) and one that reads the rest of the run config (``validate_run``);
 - the advantage estimator ``demo_centered`` (score minus the batch mean, no groups);
 - the role ``demo_probe``, colocated with the actor when ``demo.enabled``: each rank
   reports its process id and whether this plug-in's estimator is registered *in that
@@ -38,6 +39,10 @@ class DemoConfig:
     def validate(self) -> None:
         if self.bonus < 0:
             raise ValueError(f"bonus must be >= 0, got {self.bonus}")
+
+    def validate_run(self, cfg) -> None:
+        if self.enabled and cfg.rollout.n < 2:
+            raise ValueError(f"enabled needs rollout.n >= 2 (a check that reads another section), got {cfg.rollout.n}")
 
 
 def demo_centered(*, token_rewards, response_mask, config, **_):

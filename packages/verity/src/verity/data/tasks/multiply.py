@@ -85,7 +85,9 @@ def tool_call_text(expression: str, tool: str = "calculator") -> str:
     return f"<tool_call>{payload}</tool_call>"
 
 
-def demonstration(row: dict[str, Any], use_tool: bool, tool: str = "calculator") -> str | list[dict[str, str]]:
+def demonstration(
+    row: dict[str, Any], use_tool: bool, tool: str = "calculator"
+) -> str | list[dict[str, str]]:
     """A correct answer to ``row``: with the tool, the messages call -> tool answer -> answer; else the product."""
     answer = str(row["reward_model"]["ground_truth"])
     if not use_tool:

@@ -52,7 +52,14 @@ _FUNCTIONS: dict[str, tuple[Callable[..., Any], int, int]] = {  # name -> (funct
     "ceil": (math.ceil, 1, 1),
 }
 _CONSTANTS: dict[str, float] = {"pi": math.pi, "e": math.e}
-_OPERATOR_TEXT = {ast.BitXor: "^", ast.BitAnd: "&", ast.BitOr: "|", ast.LShift: "<<", ast.RShift: ">>", ast.MatMult: "@"}
+_OPERATOR_TEXT = {
+    ast.BitXor: "^",
+    ast.BitAnd: "&",
+    ast.BitOr: "|",
+    ast.LShift: "<<",
+    ast.RShift: ">>",
+    ast.MatMult: "@",
+}
 
 
 class _Evaluator:
@@ -135,7 +142,9 @@ class _Evaluator:
             raise ToolError(f"{node.func.id}(): {err}") from None
 
 
-def evaluate_expression(text: str, *, max_length: int = 256, max_nodes: int = 128, max_digits: int = 100) -> Number:
+def evaluate_expression(
+    text: str, *, max_length: int = 256, max_nodes: int = 128, max_digits: int = 100
+) -> Number:
     """The value of the arithmetic expression ``text`` (see the module docstring); ToolError otherwise."""
     if not isinstance(text, str):
         raise ToolError(f"expression must be a string, got {type(text).__name__}")

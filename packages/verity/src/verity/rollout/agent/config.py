@@ -44,7 +44,9 @@ class ToolConfig:
 
     # a built-in tool (calculator | python) or an import path: pkg.module.Class, pkg.module:Class, pkg.module:function
     class_name: str = ""
-    config: dict[str, Any] = field(default_factory=dict)  # the tool's own settings (its constructor's argument)
+    config: dict[str, Any] = field(
+        default_factory=dict
+    )  # the tool's own settings (its constructor's argument)
     # the OpenAI function schema {type: function, function: {name, description, parameters}}; {}: a built-in's own
     tool_schema: dict[str, Any] = field(default_factory=dict)
     timeout_s: float | None = None  # seconds one call may take; null: rollout.agent.tool_timeout_s
@@ -58,14 +60,22 @@ class AgentConfig:
     max_turns: int = 4  # model turns per response; tool calls written in the last turn are not run
     max_turn_tokens: int = 0  # tokens one model turn may write; 0: a turn ends at EOS or the response budget
     max_parallel_calls: int = 1  # tool calls run per model turn; further calls get an error message
-    tool_parser: str = "hermes"  # how tool calls are read from the model's text (verity.rollout.agent.parsers)
+    tool_parser: str = (
+        "hermes"  # how tool calls are read from the model's text (verity.rollout.agent.parsers)
+    )
     tools: list[ToolConfig] = field(default_factory=list)  # the tools the model may call
     tool_config_path: str | None = None  # a YAML file with a verl-style `tools:` list, added to `tools`
-    tool_timeout_s: float = 10.0  # seconds one tool call may take before it is killed and answered with an error
+    tool_timeout_s: float = (
+        10.0  # seconds one tool call may take before it is killed and answered with an error
+    )
     tool_workers: int = 1  # processes per rollout worker that run tool calls; 0: in-process, no time limit
     max_tool_response_tokens: int = 256  # a longer tool answer is cut to this many tokens
-    tool_response_truncate_side: str = "middle"  # which part of a long tool answer is dropped: left | right | middle
-    tools_in_prompt: bool = True  # give the tool schemas to the chat template (tools=...) when prompts are rendered
+    tool_response_truncate_side: str = (
+        "middle"  # which part of a long tool answer is dropped: left | right | middle
+    )
+    tools_in_prompt: bool = (
+        True  # give the tool schemas to the chat template (tools=...) when prompts are rendered
+    )
 
     def tool_configs(self) -> list[ToolConfig]:
         """``tools`` plus the tools of ``tool_config_path`` (in that order)."""
@@ -97,8 +107,8 @@ class AgentConfig:
                 f"tool_response_truncate_side: expected one of {'|'.join(TRUNCATE_SIDES)}, "
                 f"got {self.tool_response_truncate_side!r}"
             )
-        from verity.rollout.agent.parsers import TOOL_PARSERS
         from verity.registry import UnknownNameError
+        from verity.rollout.agent.parsers import TOOL_PARSERS
 
         try:
             TOOL_PARSERS.get(self.tool_parser)
@@ -110,7 +120,9 @@ class AgentConfig:
 
         specs = resolve_tools(self)
         if not specs:
-            raise ValueError("tools: the agent loop is enabled but no tool is declared (tools or tool_config_path)")
+            raise ValueError(
+                "tools: the agent loop is enabled but no tool is declared (tools or tool_config_path)"
+            )
 
 
 def read_tool_config_file(path: str) -> list[ToolConfig]:

@@ -79,7 +79,9 @@ def error_answer(message: str) -> str:
     return f"Error: {message}"
 
 
-def run_call(spec: ToolSpec, arguments: dict[str, Any], row_kwargs: dict[str, Any], max_chars: int) -> tuple[str, str]:
+def run_call(
+    spec: ToolSpec, arguments: dict[str, Any], row_kwargs: dict[str, Any], max_chars: int
+) -> tuple[str, str]:
     """Run one call here (in a pool worker); ``(kind, text)`` with kind ``ok`` or an error kind.
 
     The answer text is cut to ``max_chars`` characters (the loop cuts it further, to

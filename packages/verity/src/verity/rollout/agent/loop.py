@@ -83,7 +83,9 @@ class AgentRollout(RolloutEngine):
         eos = getattr(engine, "eos_token_ids", None) or [tokenizer.eos_token_id]
         self.eos_token_ids = {int(i) for i in eos if i is not None}
         pad = getattr(engine, "pad_token_id", None)
-        self.pad_token_id = int(pad if pad is not None else (tokenizer.pad_token_id or min(self.eos_token_ids)))
+        self.pad_token_id = int(
+            pad if pad is not None else (tokenizer.pad_token_id or min(self.eos_token_ids))
+        )
 
     # ------------------------------------------------------------------ delegation
     @property
@@ -129,7 +131,8 @@ class AgentRollout(RolloutEngine):
         ids = rows.prompt_ids.cpu()
         extras = rows.non_tensors.get("extra_info") or [None] * ids.shape[0]
         states = [
-            TrajectoryState(prompt=ids[i][mask[i]].tolist(), extra_info=extras[i]) for i in range(ids.shape[0])
+            TrajectoryState(prompt=ids[i][mask[i]].tolist(), extra_info=extras[i])
+            for i in range(ids.shape[0])
         ]
         while any(not s.done for s in states):
             active = [s for s in states if not s.done]
@@ -223,7 +226,9 @@ class AgentRollout(RolloutEngine):
                     answers.append((call.name, CallOutcome(text, "too_many_calls")))
                     continue
                 answers.append((call.name, len(requests)))
-                requests.append(CallRequest(call.name, call.arguments, row_tool_kwargs(state.extra_info, call.name)))
+                requests.append(
+                    CallRequest(call.name, call.arguments, row_tool_kwargs(state.extra_info, call.name))
+                )
             for problem in parsed.errors:
                 answers.append(("parse", CallOutcome(error_answer(problem), "parse")))
             plans.append((state, answers))

@@ -27,7 +27,14 @@ from typing import Any
 
 from verity.registry import Registry
 
-__all__ = ["TOOL_PARSERS", "ParsedTurn", "ToolCall", "get_tool_parser", "parse_hermes", "register_tool_parser"]
+__all__ = [
+    "TOOL_PARSERS",
+    "ParsedTurn",
+    "ToolCall",
+    "get_tool_parser",
+    "parse_hermes",
+    "register_tool_parser",
+]
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,9 @@ class ToolSchema:
             )
         description = function.get("description", "")
         if not isinstance(description, str):
-            raise ValueError(f"{where}.function.description: expected a str, got {type(description).__name__}")
+            raise ValueError(
+                f"{where}.function.description: expected a str, got {type(description).__name__}"
+            )
         parameters = function.get("parameters", {"type": "object", "properties": {}})
         _check_parameters(parameters, f"{where}.function.parameters")
         return cls(name=name, description=description, parameters=dict(parameters))
@@ -86,7 +88,9 @@ def _check_parameters(parameters: Any, where: str) -> None:
     if not isinstance(parameters, dict):
         raise ValueError(f"{where}: expected a JSON-schema mapping, got {type(parameters).__name__}")
     if parameters.get("type", "object") != "object":
-        raise ValueError(f"{where}.type: a function's parameters must be an 'object', got {parameters.get('type')!r}")
+        raise ValueError(
+            f"{where}.type: a function's parameters must be an 'object', got {parameters.get('type')!r}"
+        )
     properties = parameters.get("properties", {})
     if not isinstance(properties, dict) or not all(isinstance(v, dict) for v in properties.values()):
         raise ValueError(f"{where}.properties: expected a mapping of name -> schema")

@@ -145,7 +145,9 @@ def resolve_tools(agent: Any) -> list[ToolSpec]:
         try:
             impl = import_target(target)
         except (ImportError, AttributeError) as err:
-            raise ValueError(f"{where}.class_name {tool.class_name!r}: cannot import {target}: {err}") from None
+            raise ValueError(
+                f"{where}.class_name {tool.class_name!r}: cannot import {target}: {err}"
+            ) from None
         if inspect.isclass(impl):
             if not callable(getattr(impl, "execute", None)):
                 raise ValueError(f"{where}.class_name {tool.class_name!r}: the class has no execute() method")
@@ -155,7 +157,9 @@ def resolve_tools(agent: Any) -> list[ToolSpec]:
                 raise ValueError(f"{where}.config: {target} is a function, it takes no settings")
             default = None
         else:
-            raise ValueError(f"{where}.class_name {tool.class_name!r}: {target} is neither a class nor a function")
+            raise ValueError(
+                f"{where}.class_name {tool.class_name!r}: {target} is neither a class nor a function"
+            )
         raw_schema = tool.tool_schema or default
         if not raw_schema:
             raise ValueError(f"{where}.tool_schema: required for {target} (it declares no default_schema)")

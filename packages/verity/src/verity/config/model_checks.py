@@ -1,0 +1,71 @@
+"""Checks of the model folders a config names, before any worker starts.
+
+A folder given as ``model.path`` (or ``critic.model_path``) must be a Hugging Face
+checkpoint folder whose ``config.json`` is a JSON object naming a ``model_type`` this
+installation of ``transformers`` can build as a causal language model. Each problem
+raises :class:`~verity.config.loader.ConfigError` naming the key, the file and what was
+found, so that it never surfaces later as a worker error after Ray has started.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from verity.config.errors import ConfigError
+
+
+def _config_error(message: str) -> ConfigError:
+    return ConfigError(message)
+
+
+def causal_lm_model_types() -> set[str]:
+    """``model_type`` values ``AutoModelForCausalLM`` can build in this installation of transformers."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def check_model_folder(key: str, path: str) -> dict[str, Any]:
+    """Check one HF checkpoint folder; return its parsed ``config.json``.
+
+    Raises ConfigError naming ``key`` (e.g. ``model.path``) when the folder or its
+    ``config.json`` is missing, the file is not a JSON object, or its ``model_type`` is
+    absent or unknown to transformers as a causal LM.
+    """
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise _config_error(f"{key} {path!r} is not a local HF checkpoint folder")
+    file = folder / "config.json"
+    if not file.is_file():
+        raise _config_error(f"{key} {path!r} has no config.json: not an HF checkpoint folder")
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise _config_error(f"{key}: {file} is not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise _config_error(f"{key}: {file} must hold a JSON object, got {type(config).__name__}")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise _config_error(f"{key}: {file} has no 'model_type' (an HF config names its architecture there)")
+    known = causal_lm_model_types()
+    if model_type not in known:
+        import transformers
+
+        near = sorted(k for k in known if k[:3] == model_type[:3])[:8] or sorted(known)[:8]
+        raise _config_error(
+            f"{key}: {file} has model_type {model_type!r}, which transformers {transformers.__version__} "
+            f"cannot build as a causal language model (similar known types: {near}); "
+            "a newer transformers, or a model folder of a supported architecture, is needed"
+        )
+    return config
+
+
+def check_model_folders(cfg: Any) -> None:
+    """Check ``model.path`` (unless ``embedded``) and ``critic.model_path`` (when set)."""
+    if cfg.model.path != "embedded":
+        check_model_folder("model.path", cfg.model.path)
+    critic_path = getattr(getattr(cfg, "critic", None), "model_path", None)
+    if critic_path:
+        check_model_folder("critic.model_path", critic_path)

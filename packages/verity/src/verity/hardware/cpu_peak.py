@@ -1,0 +1,68 @@
+"""A CPU's matmul peak, measured: the denominator of CPU MFU.
+
+CPUs have no spec-sheet peak in :mod:`verity.hardware.flops` (it depends on the
+cores a run is given, their vector units and clocks), so the harness measures
+one: dense float32 matmuls of ``size x size`` on the threads the actor's workers
+use, timed until ``min_seconds`` have passed, the best of ``repeats`` rounds.
+That is the achieved matmul rate of this machine at that moment — an upper
+bound a training step can approach, not the silicon's theoretical peak — so a CPU
+MFU reads "share of what this machine's matmuls reach".
+
+FLOPs of one ``[n, n] @ [n, n]`` matmul: ``2 n^3`` (a multiply and an add per
+term).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def measure_matmul_flops(
+    threads: int,
+    *,
+    size: int = 512,
+    min_seconds: float = 0.25,
+    repeats: int = 3,
+    dtype: torch.dtype = torch.float32,
+) -> float:
+    """Best achieved FLOP/s of ``[size, size] @ [size, size]`` matmuls on ``threads`` CPU threads.
+
+    Args:
+        threads: torch intra-op threads to measure with (restored afterwards), >= 1.
+        size: matrix side (elements).
+        min_seconds: seconds each round runs at least.
+        repeats: rounds; the fastest one is returned.
+        dtype: element type (float32: what verity trains with on CPU).
+
+    Returns:
+        FLOP/s (``2 size^3`` per matmul), a float > 0.
+    """
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    if size < 1 or repeats < 1 or min_seconds <= 0:
+        raise ValueError(
+            f"size, repeats >= 1 and min_seconds > 0 expected, got {size}, {repeats}, {min_seconds}"
+        )
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        a = torch.randn(size, size, generator=generator, dtype=dtype)
+        b = torch.randn(size, size, generator=generator, dtype=dtype)
+        out = torch.empty(size, size, dtype=dtype)
+        torch.matmul(a, b, out=out)  # warm-up: thread pool and caches
+        best = 0.0
+        for _ in range(repeats):
+            count, started = 0, time.perf_counter()
+            while True:
+                torch.matmul(a, b, out=out)
+                count += 1
+                elapsed = time.perf_counter() - started
+                if elapsed >= min_seconds:
+                    break
+            best = max(best, 2.0 * size**3 * count / elapsed)
+        return best
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,114 @@
+"""Bad inputs end in one sentence naming the input and the documented exit code (docs/failures.md).
+
+The commands run in this process (every case fails before any worker or Ray starts, so an
+uncaught exception would fail the test with its traceback).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from verity.cli import data as data_cli
+from verity.cli import export as export_cli
+from verity.cli import train as train_cli
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    from verity.data.char_tokenizer import CharTokenizer
+    from verity.data.tiny_model import build_tiny_qwen2_for
+
+    root = tmp_path_factory.mktemp("inputs")
+    tokenizer = CharTokenizer()
+    model = build_tiny_qwen2_for(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=32)
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    for name, edit in (
+        ("corrupt", lambda text: "{not json"),
+        ("unknown", lambda text: text.replace("qwen2", "qwen99")),
+    ):
+        shutil.copytree(root / "model", root / f"model_{name}")
+        config = root / f"model_{name}" / "config.json"
+        config.write_text(edit(config.read_text()))
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"{i}+1="}],
+            "data_source": "verity/arithmetic",
+            "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+        }
+        for i in range(8)
+    ]
+    table = pa.Table.from_pylist(rows)
+    pq.write_table(table, root / "good.parquet")
+    pq.write_table(table.slice(0, 0), root / "empty.parquet")
+    (root / "text.parquet").write_text("these are not parquet bytes\n")
+    pq.write_table(pa.Table.from_pylist([{**rows[0], "data_source": "my/dataset"}]), root / "mystery.parquet")
+    (root / "reward_text.py").write_text("def compute_score(**kwargs):\n    return 'correct'\n")
+    (root / "a_file").write_text("x")
+    return root
+
+
+def train(root, *overrides: str, model: str = "model", train_file: str = "good.parquet") -> list[str]:
+    return [
+        f"model.path={root / model}",
+        f"data.train_files=[{root / train_file}]",
+        f"data.val_files=[{root / 'good.parquet'}]",
+        "data.train_batch_size=8",
+        "actor.ppo_mini_batch_size=8",
+        f"trainer.output_dir={root / 'out'}",
+        *overrides,
+    ]
+
+
+CASES = {
+    "empty parquet": ({"train_file": "empty.parquet"}, "empty.parquet: the file holds no rows"),
+    "not parquet": ({"train_file": "text.parquet"}, "text.parquet: not a readable parquet file"),
+    "corrupt config.json": ({"model": "model_corrupt"}, "model_corrupt/config.json is not valid JSON"),
+    "unknown model_type": ({"model": "model_unknown"}, "has model_type 'qwen99', which transformers"),
+    "unknown data_source": ({"train_file": "mystery.parquet"}, "'my/dataset': 1 rows of data.train_files"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_train_refuses_bad_input_with_one_sentence_and_exit_2(inputs, capsys, case):
+    where, sentence = CASES[case]
+    code = train_cli.main(train(inputs, **where))
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert sentence in err and "Traceback" not in err
+    assert "checkpoint" not in err  # no misleading resume hint for an input error
+
+
+def test_train_refuses_a_reward_function_returning_text(inputs, capsys):
+    code = train_cli.main(train(inputs, f"reward.custom_path={inputs / 'reward_text.py'}"))
+    err = capsys.readouterr().err
+    assert code == 2 and "reward_text.py" in err and "reward.custom_name='compute_score'" in err
+    assert "returned str; expected a float or a dict with 'score'" in err
+
+
+def test_too_many_failed_reward_samples_exit_1_with_the_reason(inputs, capsys, monkeypatch):
+    from verity.rewards.failures import RewardFailureError
+
+    def failing_run(cfg):
+        raise RewardFailureError("reward: 6 of 8 samples failed (6 errors, 0 timeouts), more than ...")
+
+    monkeypatch.setattr("verity.trainer.run.run_training", failing_run)
+    assert train_cli.main(train(inputs)) == 1
+    err = capsys.readouterr().err
+    assert "RewardFailureError: reward: 6 of 8 samples failed" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["empty.parquet", "text.parquet"])
+def test_data_check_does_not_call_an_empty_or_unreadable_file_fine(inputs, capsys, name):
+    assert data_cli.main(["check", str(inputs / name)]) == 1
+    captured = capsys.readouterr()
+    assert name in captured.out + captured.err and "Traceback" not in captured.err
+
+
+def test_export_onto_an_existing_file_is_refused(inputs, capsys):
+    assert export_cli.main([str(inputs / "out"), str(inputs / "a_file")]) == 2
+    err = capsys.readouterr().err
+    assert "a_file: exists and is not a folder" in err
