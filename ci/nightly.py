@@ -2,6 +2,7 @@
 
     python ci/nightly.py                          # all recipes under recipes/, then bench, report, leaderboard
     python ci/nightly.py --recipes grpo --skip-bench
+    python ci/nightly.py --skip-trl               # the bench without the TRL side-by-side (needs `trl`)
     python ci/nightly.py --recipes grpo --configs cpu   # one row
     python ci/nightly.py --override actor.optim.lr=0   # a planted regression: must exit 1 naming the metric
     python ci/nightly.py --accept                 # after a good night: make its figures the new baseline
@@ -13,7 +14,9 @@ Steps:
    one after the other in its own process (each checks its expected file). A row is named
    ``<recipe>`` for the ``cpu`` config and ``<recipe>/<config>`` for the others;
 2. ``ci/bench.py`` (generation, training and weight-sync ratios against baselines
-   measured in the same process);
+   measured in the same process), then ``ci/bench_trl.py`` (verity's GRPO step beside TRL's
+   ``GRPOTrainer`` on the same work: ``trl s/step / verity s/step`` per shape, its ratios merged
+   into the bench's as ``grpo_step_vs_trl_<shape>``);
 3. comparison with ``ci/baseline.json`` — ratios only, never absolute times:
 
    - ``bench.<ratio>``: this night's ratio / the accepted one must stay above
@@ -139,6 +142,24 @@ def run_bench(out: Path) -> dict[str, Any]:
     return {**json.loads(path.read_text()), "exit_code": code}
 
 
+def run_bench_trl(out: Path) -> dict[str, Any]:
+    """``ci/bench_trl.py`` in a child process; its document plus ``exit_code``."""
+    path = out / "bench_trl.json"
+    print("\n=== bench-trl", flush=True)
+    code = subprocess.call([sys.executable, str(ROOT / "ci" / "bench_trl.py"), "--out", str(path)], cwd=ROOT)
+    if code != 0 or not path.is_file():
+        return {"exit_code": code}
+    return {**json.loads(path.read_text()), "exit_code": code}
+
+
+def merge_trl(bench: Mapping[str, Any], trl: Mapping[str, Any]) -> dict[str, Any]:
+    """``bench`` with the TRL document under ``trl`` and its ratios added to ``bench["ratios"]``."""
+    merged = dict(bench)
+    merged["ratios"] = {**(bench.get("ratios") or {}), **(trl.get("ratios") or {})}
+    merged["trl"] = dict(trl)
+    return merged
+
+
 def _compare(metric: str, value: float | None, spec: Mapping[str, Any] | None) -> Finding:
     """``value`` against ``spec = {"value": accepted, "min_ratio"|"max_ratio": threshold}``."""
     if spec is None:
@@ -206,6 +227,11 @@ def compare_with_baseline(
     if bench.get("exit_code", 0) != 0:
         findings.append(
             Finding("bench.run", None, None, None, "-", False, f"bench exited {bench['exit_code']}")
+        )
+    trl_code = (bench.get("trl") or {}).get("exit_code", 0)
+    if trl_code != 0:
+        findings.append(
+            Finding("bench_trl.run", None, None, None, "-", False, f"ci/bench_trl.py exited {trl_code}")
         )
     specs = baseline.get("figures") or {}
     for metric, value in tonight_figures(recipes, bench).items():
@@ -314,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         "--leaderboard-dir", type=Path, help="default: leaderboards (<out>/leaderboard with --override)"
     )
     parser.add_argument("--skip-bench", action="store_true")
+    parser.add_argument("--skip-trl", action="store_true", help="run ci/bench.py but not ci/bench_trl.py")
     parser.add_argument("--accept", action="store_true", help="write tonight's figures as the new baseline")
     args = parser.parse_args(argv)
 
@@ -332,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, config in rows
     }
     bench = {} if args.skip_bench else run_bench(args.out)
+    if not args.skip_bench and not args.skip_trl:
+        bench = merge_trl(bench, run_bench_trl(args.out))
     baseline = json.loads(args.baseline.read_text()) if args.baseline.is_file() else {}
     findings = compare_with_baseline(recipes, bench, baseline)
     print("\n=== leaderboard", flush=True)

@@ -1,0 +1,348 @@
+"""verity's GRPO step beside TRL's ``GRPOTrainer`` on the same work, in one run.
+
+    python ci/bench_trl.py [--out outputs/bench/bench_trl.json] [--shapes quickstart,512x8]
+                           [--steps-quickstart 40] [--steps-512x8 10] [--rounds 1] [--trl-threads 2]
+
+Needs TRL (``pip install -c constraints.txt -e 'packages/verity[bench-trl]'``; ``nox -s bench``
+and ``nox -s nightly`` install it). Two shapes, each trained by both frameworks from the same
+model folder, on the same prompts rendered by the same chat template, with the same batch
+(32 prompts x 8 samples), learning rate (3e-5, constant, AdamW, grad clip 1.0), no KL and one
+optimizer step per step, rewarded by the same exact-match verifier of the arithmetic task:
+
+| shape | model | new tokens | figures |
+|---|---|---|---|
+| ``quickstart`` | the embedded default (warm-started tiny Qwen2, character tokenizer) | 8 | s/step, held-out greedy accuracy before -> after |
+| ``512x8`` | a random-init Qwen2, hidden 512 x 8 layers, same tokenizer | 64 | s/step |
+
+verity runs through its public API (:func:`verity.config.load_config` with the quickstart
+preset, then :func:`verity.trainer.run.run_training`: 2 Ray workers, one torch thread each);
+its s/step is the median of ``timing/step_s`` in ``metrics.jsonl`` over every step after the
+first. TRL runs ``GRPOTrainer`` on 2 torch threads (gradient checkpointing off, float32, no
+vLLM); its s/step is the median, over every step after the first, of the time between a
+callback's ``on_step_begin`` and ``on_step_end`` (generation, reward, loss and optimizer step).
+Each side runs in its own process; with ``--rounds R`` the sides alternate (TRL, verity, verity,
+TRL, ...) and each side's figure is the median over its rounds. Held-out accuracy of both is
+scored by :func:`verity.trainer.evaluate.evaluate` rules (greedy, the task's verifier), on the
+whole test split.
+
+The ratio reported per shape is ``trl_s_per_step / verity_s_per_step`` (> 1: verity is
+faster); the nightly compares it with ``ci/baseline.json`` as ``bench.grpo_step_vs_trl_<shape>``.
+Absolute seconds on a shared machine swing with its load (recorded in the JSON); the ratio,
+taken from runs made one after the other in the same invocation, is the figure to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SIDES = ("trl", "verity")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmarked workload: the model, the response length, the default step count."""
+
+    name: str
+    response_len: int  # new tokens per sample (max_response_length / max_completion_length)
+    steps: int  # default RL steps per side
+    model: dict[str, int] | None = None  # build_tiny_qwen2_for sizes; None: the embedded default
+    held_out: bool = True  # measure held-out greedy accuracy before and after
+    prompts: int = 32  # prompts per step
+    samples: int = 8  # samples per prompt
+    lr: float = 3e-5
+
+
+SHAPES: dict[str, Shape] = {
+    "quickstart": Shape("quickstart", response_len=8, steps=40),
+    "512x8": Shape(
+        "512x8",
+        response_len=64,
+        steps=10,
+        model={"hidden": 512, "layers": 8, "heads": 8, "kv_heads": 4, "intermediate": 1536},
+        held_out=False,
+    ),
+}
+
+
+def ratio_name(shape: str) -> str:
+    """The key of a shape's ratio in ``ratios`` (the nightly's ``bench.<key>``)."""
+    return f"grpo_step_vs_trl_{shape}"
+
+
+def steady_median(step_seconds: Sequence[float]) -> float:
+    """Median seconds of the steps after the first (the first pays warm-up); needs >= 2 steps."""
+    if len(step_seconds) < 2:
+        raise ValueError(
+            f"step_seconds: expected at least 2 steps (the first is dropped), got {len(step_seconds)}"
+        )
+    return statistics.median(step_seconds[1:])
+
+
+def side_figure(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One side's figures over its rounds: median s/step of the runs' steady medians, accuracies of the first run.
+
+    Each run: ``{"step_seconds": [...], "accuracy_before": float|None, "accuracy_after": float|None, ...}``.
+    """
+    if not runs:
+        raise ValueError("runs: expected at least one run")
+    per_run = [steady_median(run["step_seconds"]) for run in runs]
+    first = runs[0]
+    return {
+        "s_per_step": statistics.median(per_run),
+        "s_per_step_per_round": per_run,
+        "steps": len(first["step_seconds"]),
+        "accuracy_before": first.get("accuracy_before"),
+        "accuracy_after": first.get("accuracy_after"),
+        "stage_seconds": first.get("stage_seconds", {}),
+        "n_params": first.get("n_params"),
+        "wall_seconds": [run.get("wall_seconds") for run in runs],
+        "load_average": [run.get("load_average") for run in runs],  # (1, 5, 15 min) before and after each run
+        "torch_threads": first.get("torch_threads"),
+    }
+
+
+def build_result(
+    runs: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], settings: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The bench document: per shape each side's figures and ``ratio = trl s/step / verity s/step``.
+
+    ``runs[shape][side]`` is the list of that side's runs (one per round).
+    """
+    shapes: dict[str, Any] = {}
+    ratios: dict[str, float] = {}
+    for shape, sides in runs.items():
+        missing = [s for s in SIDES if not sides.get(s)]
+        if missing:
+            raise ValueError(f"runs[{shape!r}]: no runs for {missing}")
+        figures = {side: side_figure(sides[side]) for side in SIDES}
+        ratio = figures["trl"]["s_per_step"] / figures["verity"]["s_per_step"]
+        shapes[shape] = {**figures, "ratio": ratio}
+        ratios[ratio_name(shape)] = ratio
+    return {"ratios": ratios, "shapes": shapes, "settings": dict(settings)}
+
+
+def format_table(result: Mapping[str, Any]) -> str:
+    """A Markdown table: per shape and side, s/step and held-out accuracy; then the ratios."""
+
+    def acc(fig: Mapping[str, Any]) -> str:
+        before, after = fig.get("accuracy_before"), fig.get("accuracy_after")
+        return "—" if before is None or after is None else f"{before:.3f} → {after:.3f}"
+
+    lines = [
+        "| shape | framework | steps | s/step (median) | held-out greedy acc. |",
+        "|---|---|---|---|---|",
+    ]
+    for shape, figures in result["shapes"].items():
+        for side, label in (("trl", "TRL GRPOTrainer"), ("verity", "verity (quickstart preset)")):
+            fig = figures[side]
+            lines.append(f"| {shape} | {label} | {fig['steps']} | {fig['s_per_step']:.3f} | {acc(fig)} |")
+    lines.append("")
+    for shape, figures in result["shapes"].items():
+        r = figures["ratio"]
+        verdict = "faster" if r > 1 else "slower"
+        lines.append(
+            f"{ratio_name(shape)} = TRL s/step / verity s/step = {r:.3f} (verity {r:.2f}x TRL's speed: {verdict})"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# the two sides (each in its own process: ``--side``)
+
+
+@dataclass
+class SideJob:
+    """What one child process runs: a side, a shape, a step count, where to work and write."""
+
+    side: str
+    shape: str
+    steps: int
+    workdir: str
+    model_dir: str
+    train_file: str
+    test_file: str
+    seed: int = 0
+    trl_threads: int = 2  # torch threads of the TRL process
+    response_len: int | None = None  # new tokens per sample; None: the shape's own
+
+
+def prepare_inputs(shape: Shape, workdir: Path, cache_dir: str) -> dict[str, str]:
+    """The model folder and data files of ``shape`` (the embedded default's data for both shapes)."""
+    from verity.trainer.embedded import ensure_embedded_default
+
+    paths = ensure_embedded_default(Path(cache_dir).expanduser(), log=None)
+    model_dir = str(paths.model_dir)
+    if shape.model is not None:
+        from verity.data.char_tokenizer import CharTokenizer
+        from verity.data.tiny_model import build_tiny_qwen2_for
+
+        folder = workdir / f"model_{shape.name}"
+        if not (folder / "config.json").is_file():
+            tokenizer = CharTokenizer()
+            model = build_tiny_qwen2_for(tokenizer, seed=0, max_pos=256, **shape.model)
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+        model_dir = str(folder)
+    return {"model_dir": model_dir, "train_file": str(paths.train_file), "test_file": str(paths.test_file)}
+
+
+def run_side_process(job: SideJob, out_file: Path) -> dict[str, Any]:
+    """Run one side in a child ``python ci/bench_trl.py --side-job FILE``; its result document."""
+    job_file = out_file.with_suffix(".job.json")
+    job_file.write_text(json.dumps(asdict(job)))
+    out_file.unlink(missing_ok=True)
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--side-job",
+        str(job_file),
+        "--side-out",
+        str(out_file),
+    ]
+    print(f"--- {job.shape}: {job.side}, {job.steps} steps", flush=True)
+    load_before = os.getloadavg()
+    code = subprocess.call(cmd, cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": "0"})
+    if code != 0 or not out_file.is_file():
+        raise RuntimeError(f"{job.side} on {job.shape} exited {code} (command: {' '.join(cmd)})")
+    return {**json.loads(out_file.read_text()), "load_average": [load_before, os.getloadavg()]}
+
+
+def run_bench(
+    shapes: Sequence[str],
+    steps: Mapping[str, int],
+    rounds: int,
+    workdir: Path,
+    cache_dir: str,
+    trl_threads: int = 2,
+    response_lens: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """Every shape, both sides alternating over ``rounds``; the :func:`build_result` document.
+
+    ``trl_threads``: torch threads of the TRL process (verity's workers take
+    ``trainer.cpus_per_worker`` each, 1 in the preset). ``response_lens``: new tokens per
+    sample for some shapes instead of their own.
+    """
+    response_lens = dict(response_lens or {})
+    unknown = sorted(set(shapes) - set(SHAPES))
+    if unknown:
+        raise ValueError(f"shapes: unknown {unknown}; expected names from {sorted(SHAPES)}")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if trl_threads < 1:
+        raise ValueError(f"trl_threads must be >= 1, got {trl_threads}")
+    for name, count in steps.items():
+        if count < 2:
+            raise ValueError(f"steps for {name}: expected >= 2 (the first step is not counted), got {count}")
+    started, load_before = time.perf_counter(), os.getloadavg()
+    runs: dict[str, dict[str, list]] = {}
+    for name in shapes:
+        shape = SHAPES[name]
+        inputs = prepare_inputs(shape, workdir, cache_dir)
+        runs[name] = {side: [] for side in SIDES}
+        for r in range(rounds):
+            order = SIDES if r % 2 == 0 else SIDES[::-1]
+            for side in order:
+                job = SideJob(
+                    side,
+                    name,
+                    steps.get(name, shape.steps),
+                    str(workdir / f"{name}-{side}-{r}"),
+                    **inputs,
+                    trl_threads=trl_threads,
+                    response_len=response_lens.get(name),
+                )
+                runs[name][side].append(run_side_process(job, workdir / f"{name}-{side}-{r}.json"))
+    settings = {
+        "shapes": {
+            name: asdict(_with_response_len(SHAPES[name], response_lens.get(name))) for name in shapes
+        },
+        "steps": {name: steps.get(name, SHAPES[name].steps) for name in shapes},
+        "rounds": rounds,
+        "trl_threads": trl_threads,
+        "cpus": os.cpu_count(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "seconds": time.perf_counter() - started,
+        **_versions(),
+    }
+    return build_result(runs, settings)
+
+
+def _with_response_len(shape: Shape, response_len: int | None) -> Shape:
+    return shape if response_len is None else replace(shape, response_len=response_len)
+
+
+def _versions() -> dict[str, str]:
+    from importlib import metadata
+
+    found = {}
+    for dist in ("torch", "transformers", "trl", "accelerate", "verity"):
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            found[dist] = "not installed"
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "bench" / "bench_trl.json")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, from {list(SHAPES)}")
+    for name, shape in SHAPES.items():
+        parser.add_argument(f"--steps-{name}", type=int, default=shape.steps, dest=f"steps_{name}")
+        parser.add_argument(
+            f"--new-tokens-{name}",
+            type=int,
+            dest=f"new_tokens_{name}",
+            help=f"new tokens per sample (default {shape.response_len})",
+        )
+    parser.add_argument("--rounds", type=int, default=1, help="runs per side, alternating (median over them)")
+    parser.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
+    parser.add_argument(
+        "--cache-dir", default="~/.cache/verity/embedded", help="the embedded default's cache"
+    )
+    parser.add_argument("--workdir", type=Path, help="default: a temporary folder, removed afterwards")
+    parser.add_argument("--side-job", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--side-out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.side_job is not None:
+        from bench_trl_sides import run_side  # ci/ is on sys.path: this file's folder
+
+        job = SideJob(**json.loads(args.side_job.read_text()))
+        args.side_out.write_text(
+            json.dumps(run_side(job, _with_response_len(SHAPES[job.shape], job.response_len)), indent=1)
+            + "\n"
+        )
+        return 0
+    shapes = [s for s in args.shapes.split(",") if s]
+    steps = {name: getattr(args, f"steps_{name}") for name in shapes if name in SHAPES}
+    with tempfile.TemporaryDirectory(prefix="verity-bench-trl-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        lens = {n: getattr(args, f"new_tokens_{n}") for n in shapes if getattr(args, f"new_tokens_{n}", None)}
+        result = run_bench(shapes, steps, args.rounds, workdir, args.cache_dir, args.trl_threads, lens)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(format_table(result))
+    st = result["settings"]
+    print(
+        f"load average {st['load_average_before'][0]:.1f} before, {st['load_average_after'][0]:.1f} after, "
+        f"{st['cpus']} CPUs; {st['seconds']:.0f} s; wrote {args.out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

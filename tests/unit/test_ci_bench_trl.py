@@ -1,0 +1,173 @@
+"""ci/bench_trl.py: s/step medians, the TRL/verity ratios, the table, the overrides, and the nightly's use of them.
+
+Fake timings only: no training runs and no timed assertion here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"ci_{name}", ROOT / "ci" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench_trl = _load("bench_trl")
+sides = _load("bench_trl_sides")
+nightly = _load("nightly")
+
+
+def _run(seconds: list[float], before: float | None = None, after: float | None = None) -> dict:
+    return {
+        "step_seconds": seconds,
+        "accuracy_before": before,
+        "accuracy_after": after,
+        "wall_seconds": sum(seconds),
+    }
+
+
+def test_steady_median_drops_the_first_step() -> None:
+    # the 9.0 s warm-up step would move the median of all four; without it the median is 1.0
+    assert bench_trl.steady_median([9.0, 1.0, 0.5, 3.0]) == 1.0
+    with pytest.raises(ValueError, match="at least 2 steps"):
+        bench_trl.steady_median([1.0])
+
+
+def test_ratio_is_trl_seconds_over_verity_seconds_per_shape() -> None:
+    runs = {
+        "quickstart": {
+            "trl": [_run([5.0, 0.30, 0.30, 0.30], 0.5, 0.9)],
+            "verity": [_run([7.0, 0.10, 0.20, 0.15], 0.5, 0.95)],
+        },
+        "512x8": {"trl": [_run([1.0, 2.0, 2.0])], "verity": [_run([1.0, 4.0, 4.0])]},
+    }
+    result = bench_trl.build_result(runs, {"rounds": 1})
+    assert result["ratios"] == {
+        "grpo_step_vs_trl_quickstart": pytest.approx(0.30 / 0.15),
+        "grpo_step_vs_trl_512x8": pytest.approx(0.5),
+    }
+    quick = result["shapes"]["quickstart"]
+    assert quick["trl"]["s_per_step"] == pytest.approx(0.30)
+    assert quick["verity"]["accuracy_after"] == 0.95
+    assert quick["verity"]["steps"] == 4
+    json.dumps(result)  # the document is plain JSON
+
+
+def test_rounds_take_the_median_of_each_runs_steady_median() -> None:
+    runs = {
+        "quickstart": {
+            "trl": [_run([9.0, 1.0, 1.0]), _run([9.0, 3.0, 3.0]), _run([9.0, 2.0, 2.0])],
+            "verity": [_run([9.0, 1.0, 1.0]), _run([9.0, 1.0, 1.0]), _run([9.0, 8.0, 8.0])],
+        }
+    }
+    result = bench_trl.build_result(runs, {})
+    assert result["shapes"]["quickstart"]["trl"]["s_per_step_per_round"] == [1.0, 3.0, 2.0]
+    assert result["ratios"]["grpo_step_vs_trl_quickstart"] == pytest.approx(2.0)
+
+
+def test_a_shape_missing_a_side_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no runs for \\['verity'\\]"):
+        bench_trl.build_result({"quickstart": {"trl": [_run([1.0, 1.0])], "verity": []}}, {})
+
+
+def test_table_shows_both_sides_accuracy_and_verdict() -> None:
+    runs = {
+        "quickstart": {
+            "trl": [_run([1.0, 0.149], 0.516, 0.94)],
+            "verity": [_run([1.0, 0.278], 0.516, 0.932)],
+        },
+        "512x8": {"trl": [_run([1.0, 2.0])], "verity": [_run([1.0, 1.0])]},
+    }
+    table = bench_trl.format_table(bench_trl.build_result(runs, {}))
+    assert "| quickstart | TRL GRPOTrainer | 2 | 0.149 | 0.516 → 0.940 |" in table
+    assert "| 512x8 | verity (quickstart preset) | 2 | 1.000 | — |" in table
+    assert "grpo_step_vs_trl_quickstart = TRL s/step / verity s/step = 0.536" in table
+    assert "slower" in table and "faster" in table
+
+
+def test_run_bench_rejects_bad_arguments_before_running(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown \\['nope'\\]"):
+        bench_trl.run_bench(["nope"], {}, 1, tmp_path, str(tmp_path))
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        bench_trl.run_bench(["quickstart"], {}, 0, tmp_path, str(tmp_path))
+    with pytest.raises(ValueError, match="expected >= 2"):
+        bench_trl.run_bench(["quickstart"], {"quickstart": 1}, 1, tmp_path, str(tmp_path))
+    with pytest.raises(ValueError, match="trl_threads must be >= 1"):
+        bench_trl.run_bench(["quickstart"], {}, 1, tmp_path, str(tmp_path), trl_threads=0)
+
+
+@pytest.mark.parametrize("shape", list(bench_trl.SHAPES))
+def test_verity_overrides_are_keys_the_quickstart_preset_accepts(shape: str, tmp_path: Path) -> None:
+    from verity.cli.quickstart import preset_path
+    from verity.config import load_config
+
+    for name in ("train.parquet", "test.parquet"):
+        (tmp_path / name).write_bytes(b"")
+    model_dir = tmp_path / "cache" / "key" / "model"
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.json").write_text(
+        json.dumps({"model_type": "qwen2"})
+    )  # the validation looks for it; nothing is loaded
+    job = bench_trl.SideJob(
+        "verity",
+        shape,
+        7,
+        str(tmp_path / "w"),
+        str(model_dir),
+        str(tmp_path / "train.parquet"),
+        str(tmp_path / "test.parquet"),
+    )
+    spec = bench_trl.SHAPES[shape]
+    cfg = load_config(sides.verity_overrides(job, spec, tmp_path / "out"), config_file=preset_path())
+    assert cfg.trainer.total_steps == 7
+    assert cfg.data.train_batch_size * cfg.rollout.n == spec.prompts * spec.samples
+    assert cfg.data.max_response_length == spec.response_len
+    assert cfg.actor.optim.lr == spec.lr
+    assert cfg.trainer.val_before_train is spec.held_out
+    if spec.model is None:
+        assert cfg.model.path == "embedded"
+        assert Path(cfg.model.embedded_cache_dir) == tmp_path / "cache"
+    else:
+        assert cfg.model.path == str(model_dir)
+
+
+def test_nightly_compares_the_trl_ratios_and_names_a_regression() -> None:
+    baseline = {"figures": {"bench.grpo_step_vs_trl_quickstart": {"value": 2.0, "min_ratio": 0.7}}}
+    bench = nightly.merge_trl(
+        {"ratios": {"train_vs_plain_torch": 1.0}, "exit_code": 0},
+        {"ratios": {"grpo_step_vs_trl_quickstart": 1.2}, "exit_code": 0},
+    )
+    assert bench["ratios"] == {"train_vs_plain_torch": 1.0, "grpo_step_vs_trl_quickstart": 1.2}
+    findings = {f.metric: f for f in nightly.compare_with_baseline({}, bench, baseline)}
+    failed = findings["bench.grpo_step_vs_trl_quickstart"]
+    assert not failed.ok and failed.ratio == pytest.approx(0.6)
+
+    ok = nightly.merge_trl({"ratios": {}}, {"ratios": {"grpo_step_vs_trl_quickstart": 1.9}, "exit_code": 0})
+    assert all(f.ok for f in nightly.compare_with_baseline({}, ok, baseline))
+
+
+def test_nightly_fails_when_the_trl_bench_fails() -> None:
+    bench = nightly.merge_trl({"ratios": {}, "exit_code": 0}, {"exit_code": 1})
+    findings = {f.metric: f for f in nightly.compare_with_baseline({}, bench, {})}
+    assert not findings["bench_trl.run"].ok
+    assert "exited 1" in findings["bench_trl.run"].note
+
+
+def test_new_tokens_override_replaces_only_the_response_length() -> None:
+    shape = bench_trl.SHAPES["512x8"]
+    assert bench_trl._with_response_len(shape, None) is shape
+    changed = bench_trl._with_response_len(shape, 8)
+    assert changed.response_len == 8 and changed.model == shape.model and shape.response_len == 64
