@@ -6,11 +6,11 @@ import json
 import pickle
 
 import pytest
-from verity.data.tasks import TASKS, countdown, digit_sequence, gsm8k_style
+from verity.data.tasks import TASKS, countdown, digit_sequence, gsm8k_style, multiply
 from verity.data.tasks._common import draw_rows
 from verity.data.verl_dataset import check_rows
 
-MY_TASKS = [gsm8k_style, countdown, digit_sequence]
+MY_TASKS = [gsm8k_style, countdown, digit_sequence, multiply]
 
 
 @pytest.mark.parametrize("task", MY_TASKS)
@@ -131,3 +131,28 @@ def test_task_generators_look_defined_in_the_task_module(task):
     splits = draw({"test": 4, "train": 6})
     assert task.generate_splits(6, 4, seed=7) == (splits["train"], splits["test"])
     assert task.generate(6, seed=7, split="val") == draw({"val": 6})["val"]
+
+
+@pytest.mark.parametrize(
+    ("response", "score"),
+    [
+        ("15846", 1.0),
+        ("15846<eos>garbage", 1.0),
+        ('<tool_call>{"name": "calculator"}</tool_call><tool_response>15846</tool_response>15846', 1.0),
+        ("<tool_call>{}</tool_call><eos><tool_response>15846</tool_response>15846<eos>", 1.0),
+        ("<tool_call>{}</tool_call><tool_response>15846</tool_response>", 0.0),  # no answer of its own
+        ("<tool_call>{}</tool_call><tool_response>15846</tool_response>15847", 0.0),
+        ('<tool_call>{"expression": "417*38"}</tool_call>', 0.0),  # a call nobody answered
+        ("15846.", 0.0),
+    ],
+)
+def test_multiply_verifier_reads_the_final_answer_after_the_tool(response, score):
+    assert multiply.score(response, "15846") == score
+
+
+def test_multiply_factors_have_the_configured_digits():
+    for row in multiply.generate(50, seed=3, digits_a=4, digits_b=1):
+        a, b = row["extra_info"]["expression"].split("*")
+        assert len(a) == 4 and len(b) == 1
+        assert row["reward_model"]["ground_truth"] == str(int(a) * int(b))
+        assert row["prompt"][0]["content"] == f"{a}*{b}="

@@ -66,3 +66,15 @@ def test_gpu_lora_config_pins_verls_published_lora_settings() -> None:
     expected = yaml.safe_load((PACKAGE / "expected" / "cuda-hf.yaml").read_text())
     lora = expected["configs"]["gsm8k-qwen2.5-0.5b-lora"]
     assert lora["source"] == "published" and lora["metrics"]["accuracy_after"]["target"] == 0.543
+
+
+def test_cpu_tools_config_runs_the_agent_loop_with_the_calculator_on_the_multiply_preset() -> None:
+    cfg = load_config([], config_file=PACKAGE / "configs" / "cpu-tools.yaml")
+    assert cfg.model.path == "embedded" and cfg.model.embedded_preset == "multiply-tools"
+    agent = cfg.rollout.agent
+    assert agent.enabled and agent.max_turns == 2
+    assert [t.class_name for t in agent.tools] == ["calculator"]
+    # a response holds the call (~80 tokens), the calculator's answer and the final answer
+    assert cfg.data.max_response_length >= 120
+    without = load_config(["rollout.agent.enabled=false"], config_file=PACKAGE / "configs" / "cpu-tools.yaml")
+    assert not without.rollout.agent.enabled

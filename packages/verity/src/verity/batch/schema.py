@@ -361,6 +361,17 @@ _CORE_KEYS = [
     ("response_text", ("B",), "object", "decoded response text"),
     ("uid", ("B",), "object", "unique id of the prompt a sample was generated from"),
     ("reward_extra", ("B",), "object", "dict of extra per-sample outputs of the reward function"),
+    # multi-turn rollouts (the agent loop): responses interleave model turns and tool answers;
+    # response_mask is 1 on model tokens only, attention_mask[:, P:] on both
+    ("num_turns", ("B",), "int", "model turns in the response (agent loop)"),
+    ("tool_calls", ("B",), "int", "tool calls the response made and got answered (agent loop)"),
+    ("tool_errors", ("B",), "int", "tool calls answered with an error message (agent loop)"),
+    (
+        "trajectory",
+        ("B",),
+        "object",
+        "dict: the response's turns as chat messages with tool calls and answers, counters, stop reason",
+    ),
 ]
 
 for _name, _dims, _dtype, _meaning in _CORE_KEYS:

@@ -15,6 +15,7 @@ from verity.algorithms.configs import AdvantageConfig, KLConfig, PolicyLossConfi
 from verity.engines.lora import LoRAConfig
 from verity.engines.optim import OptimConfig
 from verity.engines.options import FSDP2Options, MegatronOptions
+from verity.rollout.agent.config import AgentConfig
 from verity.rollout.options import SGLangOptions, VLLMOptions
 
 
@@ -66,6 +67,8 @@ class RolloutConfig:
     # (docs/rollout-engines.md)
     vllm: VLLMOptions = field(default_factory=VLLMOptions)
     sglang: SGLangOptions = field(default_factory=SGLangOptions)
+    # multi-turn generation with tool calls around whichever engine runs (docs/agent-loop.md)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
 
 @dataclass

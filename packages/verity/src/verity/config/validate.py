@@ -92,6 +92,7 @@ def validate_config(cfg: VerityConfig) -> None:
             f"data.truncation must be one of error|filter|truncate_left|truncate_right, got {d.truncation!r}"
         )
     _validate_algorithm_choices(cfg)
+    _validate_agent(cfg)
     _validate_critic(cfg)
     _validate_reward_model(cfg)
     _validate_plugin_sections(cfg)
@@ -121,7 +122,9 @@ def _validate_embedded_preset(cfg: VerityConfig) -> None:
 
     m = cfg.model
     if m.embedded_sft_steps is not None and m.embedded_sft_steps < 0:
-        raise ConfigError(f"model.embedded_sft_steps must be >= 0 (0: no warm-start), got {m.embedded_sft_steps}")
+        raise ConfigError(
+            f"model.embedded_sft_steps must be >= 0 (0: no warm-start), got {m.embedded_sft_steps}"
+        )
     if m.path != "embedded":
         if m.embedded_preset != "default":
             raise ConfigError(
@@ -360,6 +363,14 @@ def _validate_reward_model(cfg: VerityConfig) -> None:
         if getattr(rm, key) < 1:
             raise ConfigError(f"reward_model.{key} must be >= 1, got {getattr(rm, key)}")
     _validate_placement("reward_model", rm.placement, rm.n_workers)
+
+
+def _validate_agent(cfg: VerityConfig) -> None:
+    """``rollout.agent``: its own ranges and, when enabled, every tool resolved (schema parsed, code imported)."""
+    try:
+        cfg.rollout.agent.validate()
+    except ValueError as err:
+        raise ConfigError(f"rollout.agent.{err}") from None
 
 
 def _validate_plugin_sections(cfg: VerityConfig) -> None:

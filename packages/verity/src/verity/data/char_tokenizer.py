@@ -18,8 +18,9 @@ holding only the tokenizer (loaded as ``PreTrainedTokenizerFast``).
 
 Like Qwen's tokenizers it adds no special tokens when encoding; the chat
 template puts ``<bos>`` in front of the rendered conversation and renders each
-message's content verbatim (no role markers), which keeps prompts short for a
-character model::
+message's content verbatim (no role markers; a tool's answer is wrapped in
+``<tool_response>...</tool_response>`` as Hermes-style templates do), which keeps
+prompts short for a character model::
 
     apply_chat_template([{"role": "user", "content": "2+3="}], tokenize=False,
                         add_generation_prompt=True) == "<bos>2+3="
@@ -41,8 +42,13 @@ EOS_TOKEN = "<eos>"
 UNK_TOKEN = "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 
-CHAT_TEMPLATE = "{{ bos_token }}{% for message in messages %}{{ message['content'] }}{% endfor %}"
-"""Renders ``<bos>`` followed by every message's content, verbatim."""
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}<tool_response>{{ message['content'] }}</tool_response>"
+    "{% else %}{{ message['content'] }}{% endif %}{% endfor %}"
+)
+"""Renders ``<bos>`` followed by every message's content, verbatim; a tool's answer (role ``tool``,
+multi-turn rollouts) inside ``<tool_response>...</tool_response>``, so the model can tell it apart."""
 
 # The GPT-2/Qwen2 split (contractions, letter runs, single digits, punctuation
 # runs, newlines, spaces). With no merges it does not change the ids; it is

@@ -4,7 +4,8 @@
 on a synthetic task (:mod:`verity.trainer.embedded`). What it builds is an
 :class:`EmbeddedSettings`; ``model.embedded_preset`` picks one by name from
 :data:`EMBEDDED_PRESETS`. The runtime ships ``default`` (the quickstart's 2-digit
-arithmetic); a recipe or a user's plug-in registers its own, e.g. a harder task with its
+arithmetic) and ``multiply-tools`` (multiplication with a calculator tool, for the agent
+loop: ``docs/agent-loop.md``); a recipe or a user's plug-in registers its own, e.g. a harder task with its
 own answer format and teacher::
 
     register_embedded_preset("my-task", EmbeddedSettings(
@@ -192,5 +193,32 @@ def _answer_teacher(rows: list[dict[str, Any]], settings: EmbeddedSettings) -> l
     return teacher_rows(rows, settings.sft_slip_rate, settings.sft_slip_operations, seed=settings.sft_seed)
 
 
+def _multiply_tools_teacher(rows: list[dict[str, Any]], settings: EmbeddedSettings) -> list[dict[str, Any]]:
+    """Tool demonstrations on ``teacher_config["tool_rate"]`` of the rows, the bare product on the others
+    (:func:`verity.data.tasks.multiply.tool_teacher_rows`)."""
+    from verity.data.tasks.multiply import tool_teacher_rows
+
+    return tool_teacher_rows(rows, float(settings.teacher_config["tool_rate"]), seed=settings.sft_seed)
+
+
 register_sft_teacher("answer", _answer_teacher)
+register_sft_teacher("multiply_tools", _multiply_tools_teacher)
 register_embedded_preset("default", EmbeddedSettings())
+# 3-digit x 2-digit products, which the tiny model cannot compute but can copy from a calculator: the
+# warm-start calls the calculator on a third of the problems and guesses the product on the others
+# (the multi-turn task of docs/agent-loop.md and of the grpo recipe's cpu-tools config)
+register_embedded_preset(
+    "multiply-tools",
+    EmbeddedSettings(
+        task="multiply",
+        task_config={"digits_a": 3, "digits_b": 2},
+        num_train=4000,
+        num_test=256,
+        sft_steps=600,
+        sft_batch_size=32,
+        sft_slip_rate=0.0,
+        teacher="multiply_tools",
+        teacher_config={"tool_rate": 0.3},
+        eval_max_new_tokens=96,
+    ),
+)

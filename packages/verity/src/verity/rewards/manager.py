@@ -215,11 +215,11 @@ class RewardManager:
     # -- inputs ----------------------------------------------------------------------------------
     def _decode(self, batch: Any) -> list[str]:
         responses = _column(batch, "responses")
-        mask = _column(batch, "response_mask")
         if responses is None:
             raise ValueError("batch: needs 'response_text' (list of str) or 'responses' token ids [B, R]")
         if self.tokenizer is None:
             raise ValueError("RewardManager: decoding 'responses' needs a tokenizer (pass tokenizer=...)")
+        mask = response_span(batch)
         if mask is None:
             mask = torch.ones_like(responses)
         ids = [row[m.bool()].tolist() for row, m in zip(responses, mask, strict=True)]
@@ -236,6 +236,14 @@ class RewardManager:
         extras = _column(batch, "extra_info")
         if extras is None:
             extras = [None] * len(texts)
+        trajectories = _column(batch, "trajectory")
+        if trajectories is not None:
+            # multi-turn rollouts: the reward function reads the turns as extra_info["trajectory"]
+            # (a copy per row: the n samples of a prompt share one extra_info dict)
+            extras = [
+                {**(e if isinstance(e, Mapping) else {}), "trajectory": t}
+                for e, t in zip(extras, trajectories, strict=True)
+            ]
         if not len(texts) == len(sources) == len(truths) == len(extras):
             raise ValueError(
                 f"batch: response_text/data_source/ground_truth/extra_info lengths differ: "
@@ -274,9 +282,12 @@ class RewardManager:
 
         Input: a ``Batch``/mapping with non-tensors ``data_source``, ``ground_truth``,
         optional ``extra_info``, and either ``response_text`` (list of str) or
-        ``responses`` [B, R] + ``response_mask`` [B, R] (decoded with the tokenizer);
-        or a list of row dicts with ``data_source``, ``solution_str``, ``ground_truth``,
-        optional ``extra_info``.
+        ``responses`` [B, R] with ``attention_mask`` [B, P+R] or ``response_mask`` [B, R]
+        (decoded with the tokenizer over :func:`response_span`: in multi-turn rollouts
+        the tool answers are part of the text, as in verl); or a list of row dicts with
+        ``data_source``, ``solution_str``, ``ground_truth``, optional ``extra_info``. A
+        per-row ``trajectory`` (the agent loop's) reaches each reward function as
+        ``extra_info["trajectory"]``.
 
         Returns ``(scores [B] float32, extra, metrics)``: ``extra`` maps every extra key a
         reward function returned (e.g. ``acc``, ``pred``) plus ``reward_status``
@@ -364,6 +375,20 @@ class RewardManager:
             if numbers and key not in ("reward_status", "reward_error"):
                 metrics[f"reward/{key}"] = sum(numbers) / len(numbers)
         return scores, extra, metrics
+
+
+def response_span(batch: Any) -> torch.Tensor | None:
+    """``[B, R]`` 1 on every real response token: ``attention_mask[:, -R:]`` when the batch has it.
+
+    It equals ``response_mask`` for single-turn rollouts; in multi-turn rollouts it also
+    covers the tool answers between the model's turns, so the decoded response is the
+    whole exchange (as verl decodes it). None when the batch has neither mask.
+    """
+    responses = _column(batch, "responses")
+    attention = _column(batch, "attention_mask")
+    if responses is not None and attention is not None and attention.shape[1] >= responses.shape[1]:
+        return attention[:, -responses.shape[1] :]
+    return _column(batch, "response_mask")
 
 
 def token_rewards_from_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

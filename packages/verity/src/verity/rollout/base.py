@@ -14,7 +14,9 @@ is repeated ``n`` times consecutively):
 - ``response_mask``    [B, R]   int64, 1 on response tokens up to and including EOS, 0 after;
 - ``rollout_logprobs`` [B, R]   float32, the sampler's log-prob of each response token (0 where masked);
 - ``input_ids``        [B, P+R] cat(prompts, responses);
-- ``attention_mask``   [B, P+R] cat(prompt mask, response_mask);
+- ``attention_mask``   [B, P+R] cat(prompt mask, response attention): the response part equals
+  ``response_mask`` for single-turn engines; in multi-turn rollouts (the agent loop,
+  ``verity.rollout.agent``) it is 1 on tool tokens too, which ``response_mask`` leaves out;
 - ``position_ids``     [B, P+R] cumsum(attention_mask) - 1, clipped at 0.
 """
 
@@ -34,6 +36,8 @@ class RolloutEngine(abc.ABC):
 
     #: the engine's registered name (``hf``, ``vllm``, ...): what a run records as the rollout backend
     name: str = "rollout"
+    #: wrappers around the engine that named it, innermost first (e.g. ``("agent",)``); recorded by runs
+    wrappers: tuple[str, ...] = ()
     sampling: SamplingParams
 
     @abc.abstractmethod

@@ -124,17 +124,28 @@ def read_prompt_rows(batch: Batch | Mapping[str, Any], n: int) -> PromptRows:
 
 
 def build_rollout_output(
-    rows: PromptRows, responses: torch.Tensor, response_mask: torch.Tensor, logprobs: torch.Tensor
+    rows: PromptRows,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    logprobs: torch.Tensor,
+    response_attention: torch.Tensor | None = None,
 ) -> Batch:
     """The rollout's output batch (keys and shapes in ``verity.rollout.base``).
 
     ``responses`` [B*n, R] int64 right-padded, ``response_mask`` [B*n, R] int64,
     ``logprobs`` [B*n, R] float32; every input key other than ``input_ids``,
-    ``attention_mask`` and ``position_ids`` passes through.
+    ``attention_mask`` and ``position_ids`` passes through. ``response_attention``
+    [B*n, R]: 1 on every real response token (None: ``response_mask``); it differs from
+    ``response_mask`` in multi-turn rollouts, whose tool tokens are context but not trained.
     """
     device = responses.device
     prompt_ids = rows.prompt_ids.to(device)
-    attention_mask = torch.cat([rows.prompt_mask.to(device).long(), response_mask], dim=1)
+    span = response_mask if response_attention is None else response_attention.to(device).long()
+    if span.shape != response_mask.shape or bool((response_mask.bool() & ~span.bool()).any()):
+        raise ValueError(
+            "response_attention must cover every response_mask token, with the same [B, R] shape"
+        )
+    attention_mask = torch.cat([rows.prompt_mask.to(device).long(), span], dim=1)
     out = {
         key: value
         for key, value in rows.tensors.items()

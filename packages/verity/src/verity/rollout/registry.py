@@ -10,6 +10,11 @@ into a :class:`~verity.rollout.base.RolloutEngine`::
 
 The actor worker builds its rollout through :func:`build_rollout_engine`; the built
 engine's ``name`` is what the run records as the rollout backend that ran.
+
+A *rollout wrapper* turns the built engine into another engine around it, whatever
+its name (:func:`register_rollout_wrapper`); every registered wrapper is applied, in
+name order, and returns the engine unchanged when its config leaves it off. The agent
+loop (``rollout.agent``, :mod:`verity.rollout.agent`) is the built-in one.
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ from verity.rollout.base import RolloutEngine
 
 __all__ = [
     "ROLLOUT_ENGINES",
+    "ROLLOUT_WRAPPERS",
     "RolloutBuildContext",
     "RolloutSpec",
     "build_rollout_engine",
     "register_rollout_engine",
+    "register_rollout_wrapper",
 ]
 
 
@@ -81,11 +88,30 @@ def register_rollout_engine(name: str, build: Callable[[RolloutBuildContext], Ro
     ROLLOUT_ENGINES.add(name, RolloutSpec(name, build))
 
 
+RolloutWrapper = Callable[[RolloutEngine, RolloutBuildContext], RolloutEngine]
+ROLLOUT_WRAPPERS: Registry[RolloutWrapper] = Registry("rollout wrapper")
+
+
+def register_rollout_wrapper(name: str, wrap: RolloutWrapper) -> None:
+    """Add ``wrap(engine, ctx) -> engine``, applied to every built rollout engine (see the module docstring)."""
+    ROLLOUT_WRAPPERS.add(name, wrap)
+
+
 def build_rollout_engine(name: str, ctx: RolloutBuildContext) -> RolloutEngine:
-    """Build the rollout engine called ``name`` (``UnknownNameError`` lists the known ones)."""
+    """Build the rollout engine called ``name``, then apply the rollout wrappers.
+
+    ``UnknownNameError`` lists the known engines; a build or wrapper that does not return
+    a ``RolloutEngine`` raises TypeError.
+    """
     engine = ROLLOUT_ENGINES.get(name).build(ctx)
     if not isinstance(engine, RolloutEngine):
         raise TypeError(f"rollout engine {name!r} built a {type(engine).__name__}, not a RolloutEngine")
+    for wrapper_name, wrap in ROLLOUT_WRAPPERS.items():
+        engine = wrap(engine, ctx)
+        if not isinstance(engine, RolloutEngine):
+            raise TypeError(
+                f"rollout wrapper {wrapper_name!r} returned a {type(engine).__name__}, not a RolloutEngine"
+            )
     return engine
 
 
@@ -151,3 +177,16 @@ def _build_sglang(ctx: RolloutBuildContext) -> RolloutEngine:
 # package only when built, so a run that does not use them does not need them installed
 register_rollout_engine("vllm", _build_vllm)
 register_rollout_engine("sglang", _build_sglang)
+
+
+def _wrap_agent(engine: RolloutEngine, ctx: RolloutBuildContext) -> RolloutEngine:
+    """The agent loop around ``engine`` when ``rollout.agent.enabled`` (``verity.rollout.agent``)."""
+    agent = getattr(getattr(ctx.cfg, "rollout", None), "agent", None)
+    if agent is None or not agent.enabled:
+        return engine
+    from verity.rollout.agent.loop import AgentRollout
+
+    return AgentRollout(engine, ctx.tokenizer, agent, max_model_len=ctx.max_model_len)
+
+
+register_rollout_wrapper("agent", _wrap_agent)

@@ -25,6 +25,7 @@ from typing import Any
 from verity.batch import Batch
 from verity.config.schema import VerityConfig
 from verity.controller.transfer_meter import DRIVER_TRANSFERS
+from verity.trainer.agent_metrics import merge_validation_counts, validation_agent_metrics
 from verity.trainer.metrics import StageTimer, batch_metrics
 from verity.trainer.stages import Stage, StepContext
 
@@ -136,6 +137,7 @@ class RLTrainer:
         score_sum = 0.0
         per_source: dict[str, list[float]] = {}
         lengths = 0.0
+        agent_totals: dict[str, float] = {}
         for prompts in self.val_batches():
             prompts.meta["sampling"] = validation_sampling(self.cfg)
             prompts.meta["seed"] = self.cfg.trainer.seed * 1_000_003 + 999_983 + step
@@ -150,6 +152,7 @@ class RLTrainer:
             score_sum += float(scores.sum())
             total += len(accs)
             lengths += float(out["response_mask"].float().sum())
+            merge_validation_counts(agent_totals, out)
             for source, a in zip(out["data_source"], accs, strict=True):
                 per_source.setdefault(source, []).append(a)
         if total == 0:
@@ -162,6 +165,7 @@ class RLTrainer:
         }
         for source, accs in per_source.items():
             metrics[f"val/{source}/acc"] = sum(accs) / len(accs)
+        metrics.update(validation_agent_metrics(agent_totals))
         if self.cfg.rollout.val_n > 1:
             from verity.trainer.sampled_validation import sampled_validation
 

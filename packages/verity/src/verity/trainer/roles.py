@@ -44,6 +44,8 @@ class RoleGroups:
                 out["rollout"] = str(facts["rollout_engine"])
             if facts.get("adapter"):
                 out[f"{name}_adapter"] = str(facts["adapter"])
+            if facts.get("rollout_wrappers"):
+                out["rollout_wrappers"] = "+".join(str(w) for w in facts["rollout_wrappers"])
         return out
 
     def close(self) -> None:

@@ -123,6 +123,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
     from verity.hardware import get_backend
     from verity.rewards.manager import RewardManager
     from verity.rewards.preflight import check_rewards
+    from verity.rollout.agent.tools import prompt_chat_template_kwargs
     from verity.tracking import ProgressLine, config_hash
     from verity.trainer.loop import RLTrainer
     from verity.trainer.outputs import write_run_outputs
@@ -137,12 +138,14 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
     plan = plan_resume(cfg, cfg_dict)  # trainer.resume (same config for auto), before any worker starts
     tokenizer = AutoTokenizer.from_pretrained(inputs.tokenizer_path)
     d = cfg.data
+    template_kwargs = prompt_chat_template_kwargs(cfg.rollout.agent)  # the tools, listed in prompts
     train_set = PromptDataset(
         inputs.train_files,
         tokenizer,
         max_prompt_length=d.max_prompt_length,
         truncation=d.truncation,
         on_malformed=d.on_malformed,
+        chat_template_kwargs=template_kwargs,
     )
     val_set = PromptDataset(
         inputs.val_files,
@@ -151,6 +154,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
         truncation=d.truncation,
         on_malformed=d.on_malformed,
         max_samples=None if d.val_max_samples < 0 else d.val_max_samples,
+        chat_template_kwargs=template_kwargs,
     )
     check_rewards(cfg.reward, {"train": (inputs.train_files, train_set), "val": (inputs.val_files, val_set)})
     if len(train_set) < d.train_batch_size:

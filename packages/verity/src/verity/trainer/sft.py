@@ -14,6 +14,14 @@ gradients clipped to ``grad_clip`` (global L2 norm).
 
 The answer of a row is its ``response`` field when present, otherwise its
 ``reward_model.ground_truth`` (the synthetic tasks' rows answer with exactly that).
+
+A multi-turn answer (a demonstration of tool use) is a ``response`` that is a list of
+chat messages, ``assistant`` turns and the ``tool`` answers between them. It is laid out
+token for token as the agent loop (:mod:`verity.rollout.agent`) lays out a rollout:
+each assistant turn is its text + EOS (trained), each group of tool answers is what the
+chat template puts after such a turn (:class:`~verity.rollout.agent.render.ToolMessageRenderer`;
+in the context, with label -100, never trained). The loss is the token mean over the
+trained tokens only.
 """
 
 from __future__ import annotations
@@ -53,37 +61,92 @@ def sft_answer(row: dict[str, Any]) -> str:
         raise KeyError("row: expected a 'response' or a 'reward_model.ground_truth' field for SFT") from error
 
 
+def multi_turn_target(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, Any]], renderer: Any = None
+) -> tuple[list[int], list[int]]:
+    """``(ids, trained)`` of a multi-turn answer (see the module docstring); ``trained[i]`` is 1 or 0.
+
+    ``renderer``: a :class:`~verity.rollout.agent.render.ToolMessageRenderer` (built when None).
+    Raises ValueError for a role other than ``assistant``/``tool`` or answers that do not
+    follow an assistant turn.
+    """
+    from verity.rollout.agent.render import ToolMessageRenderer
+
+    renderer = renderer or ToolMessageRenderer(tokenizer)
+    eos = tokenizer.eos_token_id
+    stop_text = tokenizer.decode([eos], skip_special_tokens=False)
+    ids: list[int] = []
+    trained: list[int] = []
+    pending: list[dict[str, Any]] = []
+    for index, message in enumerate(list(messages) + [{"role": "end"}]):
+        role = message.get("role")
+        if role == "tool":
+            if not ids:
+                raise ValueError(f"response[{index}]: a tool answer must follow an assistant turn")
+            pending.append(
+                {"role": "tool", "name": message.get("name", ""), "content": str(message["content"])}
+            )
+            continue
+        if pending:
+            rendered = renderer.encode(pending, stop_text)
+            ids += rendered
+            trained += [0] * len(rendered)
+            pending = []
+        if role == "assistant":
+            turn = list(tokenizer(str(message["content"]), add_special_tokens=False)["input_ids"]) + [eos]
+            ids += turn
+            trained += [1] * len(turn)
+        elif role != "end":
+            raise ValueError(f"response[{index}]: expected role 'assistant' or 'tool', got {role!r}")
+    return ids, trained
+
+
 def tokenize_examples(
     tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]]
-) -> list[tuple[list[int], list[int]]]:
-    """``(prompt_ids, answer_ids + [eos])`` per row (no extra special tokens added by the tokenizer)."""
+) -> list[tuple[list[int], ...]]:
+    """``(prompt_ids, answer_ids + [eos])`` per row (no extra special tokens added by the tokenizer).
+
+    A row whose ``response`` is a list of messages gives ``(prompt_ids, answer_ids, trained)``
+    instead (:func:`multi_turn_target`).
+    """
     if tokenizer.eos_token_id is None:
         raise ValueError("tokenizer: expected an EOS token (tokenizer.eos_token_id is None)")
-    examples = []
+    examples: list[tuple[list[int], ...]] = []
+    renderer = None
     for prompt, row in zip(prompts_of_rows(rows), rows, strict=True):
         prompt_ids = tokenizer(render_chat(tokenizer, prompt), add_special_tokens=False)["input_ids"]
+        if isinstance(row.get("response"), list):
+            if renderer is None:
+                from verity.rollout.agent.render import ToolMessageRenderer
+
+                renderer = ToolMessageRenderer(tokenizer)
+            examples.append((list(prompt_ids), *multi_turn_target(tokenizer, row["response"], renderer)))
+            continue
         answer_ids = tokenizer(sft_answer(row), add_special_tokens=False)["input_ids"]
         examples.append((list(prompt_ids), list(answer_ids) + [tokenizer.eos_token_id]))
     return examples
 
 
-def collate_examples(
-    examples: Sequence[tuple[list[int], list[int]]], pad_token_id: int
-) -> dict[str, torch.Tensor]:
+def collate_examples(examples: Sequence[tuple[list[int], ...]], pad_token_id: int) -> dict[str, torch.Tensor]:
     """Right-pad ``prompt ++ answer`` into ``input_ids``, ``attention_mask``, ``labels`` [B, L] int64.
 
     ``labels`` equal ``input_ids`` on answer tokens and -100 elsewhere (the
-    model shifts them by one internally).
+    model shifts them by one internally); an example ``(prompt, answer, trained)``
+    also has -100 where ``trained`` is 0 (a multi-turn answer's tool tokens).
     """
-    width = max(len(p) + len(a) for p, a in examples)
+    width = max(len(e[0]) + len(e[1]) for e in examples)
     input_ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
     labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
-    for row, (prompt, answer) in enumerate(examples):
+    for row, example in enumerate(examples):
+        prompt, answer = example[0], example[1]
         ids = prompt + answer
         input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
         attention_mask[row, : len(ids)] = 1
-        labels[row, len(prompt) : len(ids)] = torch.tensor(answer, dtype=torch.long)
+        target = torch.tensor(answer, dtype=torch.long)
+        if len(example) > 2:
+            target = torch.where(torch.tensor(example[2], dtype=torch.bool), target, IGNORE_INDEX)
+        labels[row, len(prompt) : len(ids)] = target
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 

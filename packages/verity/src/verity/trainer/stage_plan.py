@@ -134,6 +134,7 @@ def build_stage_plan(cfg: Any) -> StagePlan:
 for _name, _fn in (
     ("generate_baseline", builtin.generate_baseline),
     ("generate", builtin.generate),
+    ("agent_metrics", builtin.agent_metrics),
     ("reward", builtin.reward),
     ("reward_model", builtin.reward_model_score),
     ("old_log_prob", builtin.old_log_prob),

@@ -3,7 +3,7 @@
 The one RL loop (:mod:`verity.trainer.loop`) runs a list of :class:`Stage` in
 order and times each. The full list is::
 
-    [generate_baseline] -> generate -> reward -> [reward_model] -> old_log_prob
+    [generate_baseline] -> generate -> [agent_metrics] -> reward -> [reward_model] -> old_log_prob
         -> [ref_log_prob] -> [values] -> advantage -> [update_critic] -> update_actor
 
 (the weight sync to the rollout happens inside ``update_actor``, timed as
@@ -13,7 +13,9 @@ them: ``ref_log_prob`` when a KL term needs the reference; ``values`` and
 ``gae`` for PPO, or ``critic.enabled=true``); ``generate_baseline`` when the
 estimator needs ``baseline_scores`` (ReMax: the score of a greedy response to each
 prompt); ``reward_model`` when ``reward_model.enabled`` (a learned reward model's
-score added to the rule reward). An algorithm that needs another step (a process
+score added to the rule reward); ``agent_metrics`` when ``rollout.agent.enabled``
+(tool-call and tool-error rates of the multi-turn rollouts,
+:mod:`verity.trainer.agent_metrics`). An algorithm that needs another step (a process
 reward, dynamic sampling) adds or replaces stages through a stage planner
 (:mod:`verity.trainer.stage_plan`); it never copies the loop.
 """
@@ -31,7 +33,8 @@ from verity.algorithms.kl_control import apply_kl_penalty
 from verity.batch import Batch, register_key
 from verity.config.derived import needs_baseline, needs_critic, needs_reference, old_logprobs_source
 from verity.config.schema import VerityConfig
-from verity.rewards.manager import token_rewards_from_scores
+from verity.rewards.manager import response_span, token_rewards_from_scores
+from verity.trainer.agent_metrics import agent_metrics
 
 
 @dataclass
@@ -260,7 +263,7 @@ def reward_model_score(ctx: StepContext, batch: Batch) -> Batch:
         raise RuntimeError(
             "the reward_model stage decodes responses with the policy tokenizer; the reward manager has none"
         )
-    mask = batch["response_mask"].bool()
+    mask = response_span(batch).bool()  # the whole response, tool answers of multi-turn rollouts included
     texts = tokenizer.batch_decode(
         [row[m].tolist() for row, m in zip(batch["responses"], mask, strict=True)], skip_special_tokens=True
     )
@@ -279,7 +282,10 @@ def default_stages(cfg: VerityConfig) -> list[Stage]:
     Plug-ins edit it through stage planners (:mod:`verity.trainer.stage_plan`).
     """
     stages = [Stage("generate_baseline", generate_baseline)] if needs_baseline(cfg) else []
-    stages += [Stage("generate", generate), Stage("reward", reward)]
+    stages += [Stage("generate", generate)]
+    if cfg.rollout.agent.enabled:
+        stages.append(Stage("agent_metrics", agent_metrics))
+    stages.append(Stage("reward", reward))
     if cfg.reward_model.enabled:
         stages.append(Stage("reward_model", reward_model_score))
     stages.append(Stage("old_log_prob", old_log_prob))

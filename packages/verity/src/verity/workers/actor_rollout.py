@@ -59,7 +59,8 @@ class ActorRolloutRefWorker(Worker):
         """Form the process group, build actor / rollout / reference; returns this rank's facts.
 
         The facts name what actually runs here — ``train_engine`` and ``rollout_engine``
-        are the built engines' own names, not the config's strings — plus ``device``
+        are the built engines' own names, not the config's strings; ``rollout_wrappers``
+        what wraps the rollout engine (``["agent"]`` with the agent loop) — plus ``device``
         and ``n_params``.
         """
         from transformers import AutoTokenizer
@@ -125,6 +126,7 @@ class ActorRolloutRefWorker(Worker):
             "n_trainable_params": _trainable_parameters(self.actor, n_params),
             "train_engine": self.actor.name,
             "rollout_engine": self.rollout.name,
+            "rollout_wrappers": list(self.rollout.wrappers),
             "reference_engine": self.ref.name if self.ref is not None else None,
         }
         if cfg.actor.lora.enabled:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from verity.data.tasks import arithmetic, countdown, digit_sequence, gsm8k_style
+from verity.data.tasks import arithmetic, countdown, digit_sequence, gsm8k_style, multiply
 
 TASKS: dict[str, ModuleType] = {
     "arithmetic": arithmetic,
     "gsm8k_style": gsm8k_style,
     "countdown": countdown,
     "digit_sequence": digit_sequence,
+    "multiply": multiply,
 }
 
 

@@ -1,0 +1,87 @@
+"""Per-step metrics of multi-turn rollouts (the agent loop), from the rows ``generate`` returned.
+
+The stage ``agent_metrics`` runs right after ``generate`` when ``rollout.agent.enabled``;
+validation reports the same rates on the held-out set under ``val/agent/``:
+
+==============================  ===========================================================
+``agent/tool_call_rate``        share of responses that made at least one tool call
+``agent/tool_calls_mean``       tool calls per response
+``agent/tool_error_rate``       tool calls answered with an error / tool calls (0 with no call)
+``agent/tool_errors``           tool calls answered with an error, this step
+``agent/tool_errors/<kind>``    the same by kind (``timeout``, ``crash``, ``parse``, ...; see
+                                ``verity.rollout.agent.executor``)
+``agent/turns_mean``            model turns per response
+``agent/tool_tokens_mean``      tool-answer tokens per response (context, not trained)
+``agent/stop/<reason>``         share of responses that ended by ``answer``, ``max_turns``, ``budget``
+==============================  ===========================================================
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+
+__all__ = ["agent_batch_metrics", "agent_metrics"]
+
+
+def agent_batch_metrics(batch: Any, prefix: str = "agent/") -> dict[str, float]:
+    """The metrics of the module docstring for one batch of multi-turn rollouts (empty without them)."""
+    keys = batch.keys() if hasattr(batch, "keys") else ()
+    if "tool_calls" not in keys:
+        return {}
+    calls = batch["tool_calls"].float()
+    errors = batch["tool_errors"].float()
+    total_calls = float(calls.sum())
+    out = {
+        f"{prefix}tool_call_rate": float((calls > 0).float().mean()),
+        f"{prefix}tool_calls_mean": float(calls.mean()),
+        f"{prefix}tool_error_rate": float(errors.sum()) / total_calls if total_calls else 0.0,
+        f"{prefix}tool_errors": float(errors.sum()),
+        f"{prefix}turns_mean": float(batch["num_turns"].float().mean()),
+    }
+    if "attention_mask" in keys and "response_mask" in keys:
+        width = batch["response_mask"].shape[1]
+        tool_tokens = batch["attention_mask"][:, -width:].float() - batch["response_mask"].float()
+        out[f"{prefix}tool_tokens_mean"] = float(tool_tokens.sum(-1).mean())
+    records = batch["trajectory"] if "trajectory" in getattr(batch, "non_tensors", {}) else []
+    kinds: Counter = Counter()
+    stops: Counter = Counter()
+    for record in records:
+        kinds.update(record.get("error_kinds", {}))
+        stops[record.get("stop")] += 1
+    for kind, count in sorted(kinds.items()):
+        out[f"{prefix}tool_errors/{kind}"] = float(count)
+    for reason, count in sorted(stops.items(), key=lambda item: str(item[0])):
+        out[f"{prefix}stop/{reason}"] = count / max(len(records), 1)
+    return out
+
+
+def agent_metrics(ctx: Any, batch: Any) -> Any:
+    """Stage ``agent_metrics``: add :func:`agent_batch_metrics` of the generated rows to the step's metrics."""
+    ctx.metrics.update(agent_batch_metrics(batch))
+    return batch
+
+
+def merge_validation_counts(totals: dict[str, float], batch: Any) -> None:
+    """Accumulate the held-out counts behind ``val/agent/*`` (responses, with-call, calls, errors)."""
+    keys = batch.keys() if hasattr(batch, "keys") else ()
+    if "tool_calls" not in keys:
+        return
+    calls = batch["tool_calls"].float()
+    totals["responses"] = totals.get("responses", 0.0) + float(calls.numel())
+    totals["with_call"] = totals.get("with_call", 0.0) + float((calls > 0).sum())
+    totals["calls"] = totals.get("calls", 0.0) + float(calls.sum())
+    totals["errors"] = totals.get("errors", 0.0) + float(torch.as_tensor(batch["tool_errors"]).float().sum())
+
+
+def validation_agent_metrics(totals: dict[str, float]) -> dict[str, float]:
+    """``val/agent/tool_call_rate``, ``val/agent/tool_calls_mean``, ``val/agent/tool_error_rate``."""
+    if not totals.get("responses"):
+        return {}
+    return {
+        "val/agent/tool_call_rate": totals["with_call"] / totals["responses"],
+        "val/agent/tool_calls_mean": totals["calls"] / totals["responses"],
+        "val/agent/tool_error_rate": totals["errors"] / totals["calls"] if totals["calls"] else 0.0,
+    }
