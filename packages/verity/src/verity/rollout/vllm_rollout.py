@@ -323,7 +323,9 @@ class VLLMRollout(RolloutEngine):
         """Free the engine's device memory until :meth:`wake` (GPU sleep mode); a no-op on CPU."""
         llm = self._engine()
         if not self.sleep_mode:
-            self._warn_once("sleep", "VLLMRollout.sleep/wake: no sleep mode here (CPU); nothing is freed")
+            if "sleep" not in self._warned:  # called every step by the worker: said once, not a warning
+                self._warned.add("sleep")
+                logger.info("VLLMRollout.sleep/wake: no sleep mode here (CPU); nothing is freed")
             return
         if not self._asleep:
             llm.sleep(level=self.options.sleep_level)

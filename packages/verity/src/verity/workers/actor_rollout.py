@@ -145,6 +145,7 @@ class ActorRolloutRefWorker(Worker):
         """
         assert self.rollout is not None, "init_model() must run first"
         maybe_stall("generate")
+        self.rollout.wake()  # a no-op unless the last call put it to sleep
         params = SamplingParams(**batch.meta.get("sampling", {}))
         if "seed" in batch.meta:
             self.rollout.set_seed(int(batch.meta["seed"]) * 1009 + self.dp_rank)
@@ -153,6 +154,10 @@ class ActorRolloutRefWorker(Worker):
             self.rollout.generate(batch.index(slice(i, i + chunk)), params)
             for i in range(0, len(batch), chunk)
         ]
+        # colocated on an accelerator, the rollout gives its memory back to the training stages
+        # until the next weight sync (vLLM sleep mode at rollout.vllm.sleep_level; HF: model to
+        # host memory); on CPU every engine's sleep is a no-op
+        self.rollout.sleep()
         return parts[0] if len(parts) == 1 else Batch.concat(parts)
 
     # --------------------------------------------------------------- scoring
@@ -209,6 +214,7 @@ class ActorRolloutRefWorker(Worker):
         if hasattr(actor, "optimizer_state_bytes"):
             out["perf/optimizer_state_bytes"] = float(actor.optimizer_state_bytes())
         start = time.perf_counter()
+        self.rollout.wake()
         stats = sync_weights(self.actor, self.rollout)
         out["timing/weight_sync_s"] = time.perf_counter() - start
         out["perf/weight_sync_bytes"] = float(stats.num_bytes)
@@ -232,6 +238,7 @@ class ActorRolloutRefWorker(Worker):
         """Load the actor's state from ``path`` (any number of ranks saved it) and refresh the rollout from it."""
         assert self.actor is not None and self.rollout is not None, "init_model() must run first"
         info = load_engine(path, self.actor, rank=self.rank, world_size=self.world_size)
+        self.rollout.wake()
         sync_weights(self.actor, self.rollout)
         return info
 

@@ -1,0 +1,42 @@
+"""The actor worker wakes its rollout before generating and puts it to sleep after (memory back to training)."""
+
+from __future__ import annotations
+
+import torch
+from verity.batch import Batch
+from verity.config import load_config
+from verity.rollout.base import RolloutEngine
+from verity.workers.actor_rollout import ActorRolloutRefWorker
+
+
+class RecordingRollout(RolloutEngine):
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def generate(self, batch: Batch, params) -> Batch:  # noqa: ANN001 - the interface's SamplingParams
+        self.calls.append("generate")
+        return Batch.from_dict({"responses": torch.zeros(len(batch), 2, dtype=torch.long)})
+
+    def load_weights(self, named_tensors) -> int:  # noqa: ANN001
+        return 0
+
+    def set_seed(self, seed: int) -> None:
+        self.calls.append("seed")
+
+    def sleep(self) -> None:
+        self.calls.append("sleep")
+
+    def wake(self) -> None:
+        self.calls.append("wake")
+
+
+def test_generate_wakes_the_rollout_first_and_puts_it_to_sleep_after() -> None:
+    worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
+    worker.cfg = load_config(["rollout.micro_batch_size=2"])
+    worker.rollout = RecordingRollout()  # no seed in the batch: the rank is not read
+    prompts = Batch.from_dict({"input_ids": torch.ones(3, 4, dtype=torch.long)})
+    out = ActorRolloutRefWorker.generate(worker, prompts)
+    assert len(out) == 3
+    assert worker.rollout.calls == ["wake", "generate", "generate", "sleep"]  # 2 chunks of <= 2 rows
