@@ -7,6 +7,7 @@ import math
 import os
 import random
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -152,6 +153,23 @@ def test_stop_signal_sets_the_flag_and_the_handlers_are_restored(signum):
     err = TrainingStopped(7, "/x/step_7", signum)
     assert err.step == 7 and "trainer.resume=auto" in str(err)
     assert err.exit_code == 128 + signum
+
+
+def test_a_second_ctrl_c_interrupts_even_when_sigint_was_ignored_at_start():
+    # a run launched in the background by a non-interactive shell inherits SIGINT ignored:
+    # re-sending the signal would then do nothing, so the second Ctrl-C must raise by itself
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with GracefulStop() as stop:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert stop.requested
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(100):  # the handler runs at the next bytecode boundary
+                    time.sleep(0.01)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # restored as found
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class _RecordingTracker:

@@ -74,6 +74,10 @@ class GracefulStop:
         if self.requested:
             logger.warning("second %s: stopping now", signal_label(signum))
             self.uninstall()
+            if signum == signal.SIGINT:
+                # what Python's own Ctrl-C handler does, even when the process started with SIGINT
+                # ignored (launched in the background by a shell), where re-sending it would do nothing
+                raise KeyboardInterrupt
             os.kill(os.getpid(), signum)
             return
         self.requested = True
