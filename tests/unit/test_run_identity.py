@@ -58,7 +58,7 @@ def test_embedded_defaults_learn_and_user_keys_win(tmp_path) -> None:
     path.write_text("defaults: [verity, _self_]\ntrainer: {total_steps: 7}\n")
     assert load_config([], config_file=path).trainer.total_steps == 7
     (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "qwen2"}')
     real = load_config([f"model.path={tmp_path / 'model'}"])
     assert (real.actor.optim.lr, real.trainer.total_steps) == (1e-6, 60)  # verl-like for real checkpoints
 
