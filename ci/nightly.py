@@ -298,15 +298,21 @@ def write_report(
 def accepted_baseline(
     figures: Mapping[str, float | None], previous: Mapping[str, Any], commit: str | None
 ) -> dict:
-    """A new baseline holding tonight's figures with the previous thresholds (defaults for new ones)."""
+    """A new baseline: tonight's figures with the previous thresholds (defaults for new ones).
+
+    Figures the night did not measure (a row left out with ``--recipes``/``--configs``,
+    the bench skipped) keep their accepted value, so accepting part of a night never
+    drops the rest of the baseline.
+    """
     old = previous.get("figures") or {}
-    new: dict[str, Any] = {}
+    new: dict[str, Any] = {metric: dict(spec) for metric, spec in old.items()}
     for metric, value in sorted(figures.items()):
         if value is None:
             continue
         spec = dict(old.get(metric) or default_threshold(metric))
         spec["value"] = round(float(value), 4)
         new[metric] = spec
+    new = dict(sorted(new.items()))
     return {
         "about": previous.get("about", ""),
         "accepted": {"date": dt.date.today().isoformat(), "commit": commit},

@@ -105,6 +105,14 @@ def test_accepting_keeps_thresholds_and_adds_defaults() -> None:
     assert "y" not in new["figures"]
 
 
+def test_accepting_part_of_a_night_keeps_the_figures_it_did_not_measure() -> None:
+    new = nightly.accepted_baseline({"ppo.accuracy_gain": 0.3}, BASELINE, "abc123")
+    assert new["figures"]["ppo.accuracy_gain"]["value"] == 0.3
+    for metric, spec in BASELINE["figures"].items():
+        if metric != "ppo.accuracy_gain":
+            assert new["figures"][metric] == spec, metric
+
+
 def test_a_planted_regression_exits_1_naming_the_metric(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
