@@ -11,6 +11,14 @@ For logits ``z`` over a vocabulary of size ``V`` and sampling temperature ``tau`
     log p(y) = z'_y - logsumexp(z')
     H        = logsumexp(z') - sum_v softmax(z')_v * z'_v
 
+Padding columns are not computed: :func:`response_logprobs` drops the leading columns
+that are padding in every row of the micro-batch (left-padded prompts) and the trailing
+columns past its longest response, runs the model on what is left and pads the result
+back to ``[B, R]`` with zeros (the padded positions are outside ``response_mask``). Under
+causal attention a position sees no later column and masked columns are excluded, so the
+kept positions' log-probabilities are unchanged (up to float rounding of the shorter
+matmuls) while a micro-batch of short answers costs what its real width costs.
+
 Memory: the full log-softmax over ``[N, V]`` is never materialised; the functions
 work in float32 on chunks of at most ``chunk_tokens`` rows (without autograd) so
 that the extra memory is bounded by ``chunk_tokens * V * 4`` bytes whatever the
@@ -24,6 +32,7 @@ import inspect
 from collections.abc import Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 DEFAULT_CHUNK_TOKENS = 4096
@@ -100,6 +109,7 @@ def response_logprobs(
     temperature: float = 1.0,
     compute_entropy: bool = True,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    trim_padding: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run ``model`` on one micro-batch and score its response tokens.
 
@@ -109,29 +119,69 @@ def response_logprobs(
             ``position_ids [B, P+R]``, ``responses [B, R]`` on the model's device.
         temperature: sampling temperature the responses were drawn with.
         compute_entropy: also return per-token entropy.
+        trim_padding: run the model on the padding-free window only
+            (:func:`padding_free_window`); response positions that are padding
+            (``attention_mask`` 0) read 0, so the values do not depend on how rows
+            were grouped into micro-batches.
 
     Returns:
         ``(logprobs [B, R], entropy [B, R] or None)`` float32; autograd flows through
-        them when grad mode is on.
+        them when grad mode is on. Padding positions of the response read 0 when
+        ``trim_padding``.
     """
     input_ids = micro_batch["input_ids"]
     responses = micro_batch["responses"]
+    attention_mask = micro_batch["attention_mask"]
     response_len = responses.shape[1]
+    first, kept = padding_free_window(attention_mask, response_len) if trim_padding else (0, response_len)
+    end = input_ids.shape[1] - (response_len - kept)
     kwargs = {
-        "input_ids": input_ids,
-        "attention_mask": micro_batch["attention_mask"],
-        "position_ids": micro_batch["position_ids"],
+        "input_ids": input_ids[:, first:end],
+        "attention_mask": attention_mask[:, first:end],
+        "position_ids": micro_batch["position_ids"][:, first:end],
         "use_cache": False,
     }
     if _accepts_logits_to_keep(model):
-        # keep only positions P-1 .. P+R-1 (the last R+1), the last one is dropped below
-        kwargs["logits_to_keep"] = response_len + 1
+        # keep only positions P-1 .. P+kept-1 (the last kept+1), the last one is dropped below
+        kwargs["logits_to_keep"] = kept + 1
     logits = model(**kwargs).logits
-    logits = logits[:, -(response_len + 1) : -1, :]
-    return logprobs_and_entropy_from_logits(
+    logits = logits[:, -(kept + 1) : -1, :]
+    logprobs, entropy = logprobs_and_entropy_from_logits(
         logits,
-        responses,
+        responses[:, :kept],
         temperature=temperature,
         compute_entropy=compute_entropy,
         chunk_tokens=chunk_tokens,
     )
+    if kept < response_len:
+        logprobs = F.pad(logprobs, (0, response_len - kept))
+        entropy = None if entropy is None else F.pad(entropy, (0, response_len - kept))
+    if trim_padding:
+        # padding positions read 0 whatever the micro-batch they were computed in
+        real = attention_mask[:, -response_len:].to(logprobs.dtype)
+        logprobs = logprobs * real
+        entropy = None if entropy is None else entropy * real
+    return logprobs, entropy
+
+
+def padding_free_window(attention_mask: torch.Tensor, response_len: int) -> tuple[int, int]:
+    """The columns of a micro-batch worth computing: ``(first, kept)``.
+
+    Args:
+        attention_mask: ``[B, P+R]``, 1 on real tokens (left-padded prompt, right-padded
+            response; tool tokens of a multi-turn response count as real).
+        response_len: ``R``.
+
+    Returns:
+        ``first``: the first column holding a real token in some row (at most ``P-1``, the
+        position predicting the first response token); ``kept``: the response columns up
+        to the last one holding a real token in some row (at least 1, at most ``R``).
+        Columns ``first .. P+kept-1`` are the padding-free window.
+    """
+    prompt_len = attention_mask.shape[1] - response_len
+    real = attention_mask.bool().any(dim=0)
+    prompt_real = torch.nonzero(real[:prompt_len])
+    first = min(int(prompt_real[0]) if len(prompt_real) else 0, prompt_len - 1)
+    response_real = torch.nonzero(real[prompt_len:])
+    kept = int(response_real[-1]) + 1 if len(response_real) else 1
+    return first, kept
