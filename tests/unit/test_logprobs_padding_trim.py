@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 from verity.engines.logprobs import padding_free_window, response_logprobs
+from verity.engines.values import response_values
 
-from tests.helpers.tiny_models import tiny_qwen2
+from tests.helpers.tiny_models import tiny_qwen2, tiny_value_model
 
 P, R = 10, 9
 
@@ -67,3 +68,23 @@ def test_trimmed_logprobs_and_gradients_equal_the_full_width_ones():
 def test_a_full_width_micro_batch_is_computed_whole():
     batch = _batch([P, 2], [R, 1], seed=4)
     assert padding_free_window(batch["attention_mask"], R) == (0, R)
+
+
+def test_trimmed_critic_values_and_gradients_equal_the_full_width_ones():
+    batch = _batch([4, 8, 2], [3, 1, 2], seed=5)
+    mask = batch["response_mask"]
+    critic = tiny_value_model(seed=2)
+    results = []
+    for trim in (True, False):
+        critic.zero_grad()
+        values = response_values(critic, batch, trim_padding=trim)
+        assert values.shape == (3, R)
+        ((values * mask) ** 2).sum().backward()
+        grads = {n: p.grad.clone() for n, p in critic.named_parameters() if p.grad is not None}
+        results.append((values.detach(), grads))
+    (v_t, g_t), (v_f, g_f) = results
+    real = mask.bool()
+    assert torch.allclose(v_t[real], v_f[real], atol=1e-5)
+    assert torch.count_nonzero(v_t[~real]) == 0
+    for name in g_f:
+        assert torch.allclose(g_t[name], g_f[name], atol=1e-5), name

@@ -74,10 +74,11 @@ def test_values_are_read_at_positions_p_minus_1_to_p_plus_r_minus_2(checkpoint):
             position_ids=batch["position_ids"],
         ).last_hidden_state  # [B, P+R, H] of the same backbone
         by_position = hidden @ critic.score.weight[0] + 0.25  # [B, P+R]
-    # response token j (input position P+j) takes the value of position P-1+j
-    torch.testing.assert_close(v1, by_position[:, P - 1 : P + R - 1], rtol=1e-4, atol=1e-5)
+    # response token j (input position P+j) takes the value of position P-1+j; padding reads 0
+    real = batch["attention_mask"][:, P:].float()
+    torch.testing.assert_close(v1, by_position[:, P - 1 : P + R - 1] * real, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(v4, v1, rtol=1e-5, atol=1e-6)
-    assert not torch.allclose(v1, by_position[:, P : P + R])  # not the positions of the tokens themselves
+    assert not torch.allclose(v1, by_position[:, P : P + R] * real)  # not the positions of the tokens themselves
 
 
 def hand_value_loss(batch: dict[str, torch.Tensor], values: torch.Tensor, clip: float) -> float:

@@ -19,7 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from verity.engines.logprobs import padding_free_window
 
 
 def position_values(module: nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -49,15 +52,29 @@ def position_values(module: nn.Module, inputs: Mapping[str, torch.Tensor]) -> to
     return values
 
 
-def response_values(module: nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+def response_values(
+    module: nn.Module, inputs: Mapping[str, torch.Tensor], *, trim_padding: bool = True
+) -> torch.Tensor:
     """Values of the response tokens, ``[B, R]`` float32: positions ``P-1 .. P+R-2`` of :func:`position_values`.
 
     Args:
         module: a value model.
         inputs: ``input_ids``, ``attention_mask``, ``position_ids`` ``[B, P+R]`` and
             ``responses [B, R]`` (only its width ``R`` is used).
+        trim_padding: run the model on the micro-batch's padding-free window only
+            (:func:`verity.engines.logprobs.padding_free_window`); response padding
+            positions (``attention_mask`` 0) then read 0.
     """
     response_len = inputs["responses"].shape[1]
+    attention_mask = inputs["attention_mask"]
     total = inputs["input_ids"].shape[1]
-    values = position_values(module, inputs)
-    return values[:, total - response_len - 1 : total - 1].float()
+    if not trim_padding:
+        values = position_values(module, inputs)
+        return values[:, total - response_len - 1 : total - 1].float()
+    first, kept = padding_free_window(attention_mask, response_len)
+    end = total - (response_len - kept)
+    window = {key: inputs[key][:, first:end] for key in ("input_ids", "attention_mask", "position_ids")}
+    values = position_values(module, window)[:, -(kept + 1) : -1].float()
+    if kept < response_len:
+        values = F.pad(values, (0, response_len - kept))
+    return values * attention_mask[:, -response_len:].to(values.dtype)
