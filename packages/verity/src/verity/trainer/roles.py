@@ -16,6 +16,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from verity.trainer import async_rollout as _async_rollout  # noqa: F401 (registers the async rollout role)
 from verity.workers.registry import RoleDef, RoleInputs, enabled_roles, role_placement
 
 
@@ -102,7 +103,7 @@ def start_roles(cfg: Any, inputs: RoleInputs, backend: Any) -> RoleGroups:
             out.pools.append(own_pool)
             own = WorkerGroup(own_pool, r.worker, *r.args(cfg, inputs), name=r.name)
             out.groups.append(own)
-            out.handles[r.name] = own
+            out.handles[r.name] = r.handle(cfg, own) if r.handle is not None else own
         for r in roles:
             facts = out.handles[r.name].init_model()
             out.facts[r.name] = dict(facts[0]) if isinstance(facts, list) and facts else {}
