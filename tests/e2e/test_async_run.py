@@ -110,7 +110,7 @@ def test_async_run_trains_one_step_off_policy(uninterrupted) -> None:
     # the rollout is not the trainer's process: a stale batch differs from what the trainer would sample
     assert any(r["actor/behaviour_logprob_gap"] > 0 for r in history[1:])
     summary = json.loads((uninterrupted / "summary.json").read_text())
-    assert summary["stage_plan"][0] == "generate" and summary["stage_plan"][-1] == "weight_sync"
+    assert summary["stage_plan"][0] == "generate" and summary["stage_plan"][-1] == "rollout_sync"
     workers = json.loads((uninterrupted / "workers.json").read_text())
     assert set(workers) >= {"actor", "rollout"}
     assert workers["actor"][0]["pid"] != workers["rollout"][0]["pid"]

@@ -95,6 +95,7 @@ class ActorConfig:
     # where the PPO ratio's behaviour log-probs come from: auto (recompute, skipped when on-policy) |
     # recompute (a forward before the update) | rollout (the sampler's own log-probs); see docs/algorithms.md
     old_logprobs: str = "auto"
+    # off-policy correction of the PPO ratio against the sampler's own log-probs (docs/algorithms.md)
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
 
 

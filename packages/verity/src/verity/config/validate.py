@@ -45,7 +45,9 @@ def _validate_off_policy(cfg: VerityConfig) -> None:
                 "batch; use trainer.mode=sync"
             )
     if cfg.rollout.n_workers < 1:
-        raise ConfigError(f"rollout.n_workers must be >= 1 (the async rollout group), got {cfg.rollout.n_workers}")
+        raise ConfigError(
+            f"rollout.n_workers must be >= 1 (the async rollout group), got {cfg.rollout.n_workers}"
+        )
     if cap < 0:
         raise ConfigError(f"actor.off_policy.is_cap must be >= 0 (0: no importance weights), got {cap}")
     if cap > 0 and cfg.actor.old_logprobs == "rollout":

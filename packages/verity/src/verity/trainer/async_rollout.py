@@ -7,7 +7,7 @@ At step :math:`t` (1-based) the stage plan does::
     generate      take B_t (generated during step t-1 by policy version t-2; at step 1 generated now
                   by version 0), then submit the prompts of step t+1 to the rollout group (no wait)
     reward ... update_actor      on B_t, while the rollout group samples B_{t+1} with version t-1
-    weight_sync   the actor publishes version t in buckets through Ray's object store; the rollout
+    rollout_sync  the actor publishes version t in buckets through Ray's object store; the rollout
                   group loads them once B_{t+1} is done (a Ray actor runs one call at a time)
 
 so every batch after the first is trained one update after the policy that generated
@@ -36,7 +36,7 @@ from verity.trainer.stages import Stage, StepContext, training_rows
 from verity.workers.registry import RoleDef, register_role
 from verity.workers.rollout_worker import RolloutWorker
 
-__all__ = ["AsyncRollout", "generate_ahead", "plan_async", "weight_sync"]
+__all__ = ["AsyncRollout", "generate_ahead", "plan_async", "rollout_sync"]
 
 IN_FLIGHT_FILE = "in_flight.pt"
 
@@ -168,7 +168,7 @@ def generate_ahead(ctx: StepContext, prompts: Batch) -> Batch:
     return batch
 
 
-def weight_sync(ctx: StepContext, batch: Batch) -> Batch:
+def rollout_sync(ctx: StepContext, batch: Batch) -> Batch:
     """Send the updated actor's weights (version ``step``) to the rollout group."""
     ctx.metrics.update(ctx.role("rollout").sync_from(ctx.actor, ctx.step))
     return batch
@@ -179,7 +179,7 @@ def plan_async(cfg: Any, plan: Any) -> None:
     if cfg.trainer.mode != "async":
         return
     plan.replace("generate", Stage("generate", generate_ahead))
-    plan.insert_after("update_actor", Stage("weight_sync", weight_sync))
+    plan.insert_after("update_actor", Stage("rollout_sync", rollout_sync))
 
 
 register_role(

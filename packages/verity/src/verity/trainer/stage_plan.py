@@ -150,7 +150,7 @@ for _name, _fn in (
 def _register_async() -> None:
     from verity.trainer import async_rollout
 
-    register_stage("weight_sync", async_rollout.weight_sync)
+    register_stage("rollout_sync", async_rollout.rollout_sync)
     register_stage_planner("async", async_rollout.plan_async)
 
 
