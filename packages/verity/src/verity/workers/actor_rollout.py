@@ -245,7 +245,9 @@ class ActorRolloutRefWorker(Worker):
     def named_weights(self) -> dict[str, torch.Tensor]:
         """The actor's full weights under HF names, on CPU (collective; for checks on small models)."""
         assert self.actor is not None, "init_model() must run first"
-        return {name: t.detach().to("cpu").clone() for name, t in iter_engine_weights(self.actor, device="cpu")}
+        return {
+            name: t.detach().to("cpu").clone() for name, t in iter_engine_weights(self.actor, device="cpu")
+        }
 
     # ------------------------------------------------------------- checkpoint
     @register(Dispatch.BROADCAST)
