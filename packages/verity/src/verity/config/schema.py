@@ -63,12 +63,20 @@ class RolloutConfig:
     val_n: int = 1
     val_top_p: float | None = None  # nucleus sampling of the k held-out samples; None: top_p
     micro_batch_size: int = 256  # rows per generate call inside a worker
+    n_workers: int = 1  # trainer.mode=async: Ray workers of the rollout's own worker group
     # the vllm and sglang engines' own settings, read when rollout.engine names them
     # (docs/rollout-engines.md)
     vllm: VLLMOptions = field(default_factory=VLLMOptions)
     sglang: SGLangOptions = field(default_factory=SGLangOptions)
     # multi-turn generation with tool calls around whichever engine runs (docs/agent-loop.md)
     agent: AgentConfig = field(default_factory=AgentConfig)
+
+
+@dataclass
+class OffPolicyConfig:
+    # truncated importance weights min(pi_old / pi_rollout, is_cap) on every token's loss, against the
+    # sampler's recorded rollout_logprobs (docs/algorithms.md, "Off-policy correction"); 0: off
+    is_cap: float = 0.0
 
 
 @dataclass
@@ -87,6 +95,8 @@ class ActorConfig:
     # where the PPO ratio's behaviour log-probs come from: auto (recompute, skipped when on-policy) |
     # recompute (a forward before the update) | rollout (the sampler's own log-probs); see docs/algorithms.md
     old_logprobs: str = "auto"
+    # off-policy correction of the PPO ratio against the sampler's own log-probs (docs/algorithms.md)
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
 
 
 def _critic_optim() -> OptimConfig:
@@ -179,6 +189,11 @@ class TrainerConfig:
     resume: str = "auto"
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     stage_timeout_s: float = 3600.0  # a stage running longer fails the run, naming it; 0: no limit
+    # sync: generate, then train, in turn | async: the rollout group generates step t+1's batch while
+    # the actor trains on step t's (one-step off-policy, docs/async.md)
+    mode: str = "sync"
+    # async: how many updates old a trained sample may be (only 1 is implemented)
+    max_staleness: int = 1
 
 
 @dataclass

@@ -16,6 +16,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from verity.trainer import async_rollout as _async_rollout  # noqa: F401 (registers the async rollout role)
 from verity.workers.registry import RoleDef, RoleInputs, enabled_roles, role_placement
 
 
@@ -76,6 +77,11 @@ def _pool(cfg: Any, backend: Any, n_workers: int, name: str) -> Any:
     return ResourcePool([n_workers], cpus_per_bundle=cfg.trainer.cpus_per_worker, name=name, **resource)
 
 
+def _handle(role: RoleDef, cfg: Any, group: Any) -> Any:
+    """What the driver holds for ``role``: its ``handle`` factory's object, or the group (view) itself."""
+    return role.handle(cfg, group) if role.handle is not None else group
+
+
 def start_roles(cfg: Any, inputs: RoleInputs, backend: Any) -> RoleGroups:
     """Reserve pools, start every enabled role's worker group, call each role's ``init_model``."""
     from verity.controller import WorkerGroup, colocate, role
@@ -90,11 +96,12 @@ def start_roles(cfg: Any, inputs: RoleInputs, backend: Any) -> RoleGroups:
         if len(colocated) == 1:
             only = colocated[0]
             group = WorkerGroup(pool, only.worker, *only.args(cfg, inputs), name=only.name)
-            out.handles[only.name] = group
+            out.handles[only.name] = _handle(only, cfg, group)
         else:
             specs = {r.name: role(r.worker, *r.args(cfg, inputs)) for r in colocated}
             group = WorkerGroup(pool, colocate(specs), name="+".join(specs))
-            out.handles.update({name: getattr(group, name) for name in specs})
+            by_name = {r.name: r for r in colocated}
+            out.handles.update({name: _handle(by_name[name], cfg, getattr(group, name)) for name in specs})
         out.groups.append(group)
         for r in separate:
             _, n_workers = role_placement(r, cfg)
@@ -102,7 +109,7 @@ def start_roles(cfg: Any, inputs: RoleInputs, backend: Any) -> RoleGroups:
             out.pools.append(own_pool)
             own = WorkerGroup(own_pool, r.worker, *r.args(cfg, inputs), name=r.name)
             out.groups.append(own)
-            out.handles[r.name] = own
+            out.handles[r.name] = _handle(r, cfg, own)
         for r in roles:
             facts = out.handles[r.name].init_model()
             out.facts[r.name] = dict(facts[0]) if isinstance(facts, list) and facts else {}

@@ -145,3 +145,13 @@ for _name, _fn in (
     ("update_actor", builtin.update_actor),
 ):
     register_stage(_name, _fn)
+
+
+def _register_async() -> None:
+    from verity.trainer import async_rollout
+
+    register_stage("rollout_sync", async_rollout.rollout_sync)
+    register_stage_planner("async", async_rollout.plan_async)
+
+
+_register_async()

@@ -131,15 +131,20 @@ def generate_baseline(ctx: StepContext, prompts: Batch) -> Batch:
     return prompts
 
 
+def training_rows(cfg: VerityConfig, prompts: Batch, step: int) -> Batch:
+    """Step ``step``'s rows: each prompt repeated ``rollout.n`` times (interleaved), ``group`` ids, sampling and seed."""
+    n = cfg.rollout.n
+    rows = prompts.repeat_interleave(n)
+    base = step * len(prompts)
+    rows["group"] = torch.arange(base, base + len(prompts), dtype=torch.long).repeat_interleave(n)
+    rows.meta["sampling"] = sampling_for_training(cfg)
+    rows.meta["seed"] = cfg.trainer.seed * 1_000_003 + step
+    return rows
+
+
 def generate(ctx: StepContext, prompts: Batch) -> Batch:
     """Repeat each prompt ``rollout.n`` times (interleaved) and sample one response per row."""
-    n = ctx.cfg.rollout.n
-    rows = prompts.repeat_interleave(n)
-    base = ctx.step * len(prompts)
-    rows["group"] = torch.arange(base, base + len(prompts), dtype=torch.long).repeat_interleave(n)
-    rows.meta["sampling"] = sampling_for_training(ctx.cfg)
-    rows.meta["seed"] = ctx.cfg.trainer.seed * 1_000_003 + ctx.step
-    return ctx.actor.generate(rows)
+    return ctx.actor.generate(training_rows(ctx.cfg, prompts, ctx.step))
 
 
 def reward(ctx: StepContext, batch: Batch) -> Batch:
@@ -246,6 +251,12 @@ def update_actor(ctx: StepContext, batch: Batch) -> Batch:
         return batch
     wanted = (*SEQUENCE_KEYS, "response_mask", "old_logprobs", "advantages", "ref_logprobs")
     keys = [k for k in wanted if k in batch]
+    if ctx.cfg.actor.off_policy.is_cap > 0:
+        if "rollout_logprobs" not in batch:
+            raise RuntimeError(
+                "actor.off_policy.is_cap > 0: the rollout returned no rollout_logprobs for the importance weights"
+            )
+        keys.append("rollout_logprobs")
     ctx.metrics.update(ctx.actor.update_actor(batch.select(*keys)))
     return batch
 

@@ -23,12 +23,15 @@ import torch
 from verity.algorithms.aggregation import aggregate_loss
 from verity.algorithms.configs import KLConfig, PolicyLossConfig
 from verity.algorithms.kl import kl_loss
+from verity.algorithms.off_policy import truncated_importance_weights
 from verity.algorithms.policy_losses import get_policy_loss
 
 ActorLossFn = Callable[[Any, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, dict[str, float]]]
 
 
-def make_actor_loss(policy: PolicyLossConfig, kl: KLConfig, entropy_coeff: float) -> ActorLossFn:
+def make_actor_loss(
+    policy: PolicyLossConfig, kl: KLConfig, entropy_coeff: float, is_cap: float = 0.0
+) -> ActorLossFn:
     """Build ``loss_fn(micro_batch, logprobs [b,R], entropy [b,R], agg) -> (loss, metrics)``.
 
     ``micro_batch`` must hold ``advantages`` and ``response_mask`` (``[b, R]``), and
@@ -39,21 +42,32 @@ def make_actor_loss(policy: PolicyLossConfig, kl: KLConfig, entropy_coeff: float
     ``|log pi - log pi_old|`` (0 without ``old_logprobs``; with ``rollout_logprobs``
     as the behaviour, the sampler-vs-trainer mismatch plus any update since). Metrics are
     micro-batch token means (the engine averages them over micro-batches and ranks).
+
+    ``is_cap > 0`` (``actor.off_policy.is_cap``): every token's policy loss is weighted by the
+    truncated importance weight ``min(pi_old / pi_rollout, is_cap)`` against the micro-batch's
+    ``rollout_logprobs`` (:mod:`verity.algorithms.off_policy`), applied to the advantages.
     """
     policy_loss = get_policy_loss(policy.name)
 
     def loss_fn(micro: Any, logprobs: torch.Tensor, entropy: torch.Tensor, agg: Any):
         mask = micro["response_mask"].to(logprobs.dtype)
         old = micro["old_logprobs"].to(logprobs.dtype) if "old_logprobs" in micro else logprobs.detach()
+        advantages = micro["advantages"].to(logprobs.dtype)
+        is_metrics: dict[str, float] = {}
+        if is_cap > 0:
+            if "rollout_logprobs" not in micro:
+                raise RuntimeError("actor.off_policy.is_cap > 0 needs rollout_logprobs in the update's batch")
+            weights, is_metrics = truncated_importance_weights(old, micro["rollout_logprobs"], mask, is_cap)
+            advantages = advantages * weights
         loss, metrics = policy_loss(
             logprobs=logprobs,
             old_logprobs=old,
-            advantages=micro["advantages"].to(logprobs.dtype),
+            advantages=advantages,
             response_mask=mask,
             agg=agg,
             config=policy,
         )
-        metrics = {f"actor/{k}": float(v) for k, v in metrics.items()}
+        metrics = {f"actor/{k}": float(v) for k, v in {**metrics, **is_metrics}.items()}
         metrics["actor/pg_loss"] = float(loss.detach())
         gap = ((logprobs.detach() - old).abs() * mask).sum() / mask.sum().clamp(min=1.0)
         metrics["actor/behaviour_logprob_gap"] = float(gap)

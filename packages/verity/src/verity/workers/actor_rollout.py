@@ -33,7 +33,8 @@ from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines import EngineBuildContext, TrainingEngine, build_training_engine
 from verity.engines.fsdp2 import load_causal_lm
 from verity.hardware import get_backend
-from verity.resharding import sync_weights
+from verity.resharding import iter_engine_weights, sync_weights
+from verity.resharding.object_store import publish_weight_buckets
 from verity.rollout import RolloutBuildContext, RolloutEngine, SamplingParams, build_rollout_engine
 from verity.workers.actor_loss import make_actor_loss
 from verity.workers.role_training import build_role_engine, minibatch_epochs, role_device, role_model_dtype
@@ -118,7 +119,9 @@ class ActorRolloutRefWorker(Worker):
                     cfg=cfg,
                 ),
             )
-        self.loss_fn = make_actor_loss(cfg.actor.policy_loss, kl, cfg.actor.entropy_coeff)
+        self.loss_fn = make_actor_loss(
+            cfg.actor.policy_loss, kl, cfg.actor.entropy_coeff, cfg.actor.off_policy.is_cap
+        )
         facts = {
             "rank": self.rank,
             "device": str(device),
@@ -219,6 +222,32 @@ class ActorRolloutRefWorker(Worker):
         out["timing/weight_sync_s"] = time.perf_counter() - start
         out["perf/weight_sync_bytes"] = float(stats.num_bytes)
         return out
+
+    # --------------------------------------------------- cross-process weight sync
+    @register(Dispatch.BROADCAST, collect=Collect.RANK_ZERO)
+    def publish_weights(self) -> dict[str, Any]:
+        """Gather the actor's full weights (collective) and put them in Ray's object store in buckets.
+
+        For a rollout in another worker group (``trainer.mode=async``,
+        :mod:`verity.resharding.object_store`). Rank 0 answers ``{"refs": [one object
+        reference per bucket], "bytes": ..., "tensors": ..., "seconds": ...}``.
+        """
+        assert self.actor is not None, "init_model() must run first"
+        published = publish_weight_buckets(self.actor, publish=self.rank == 0)
+        return {
+            "refs": published.refs,
+            "bytes": float(published.num_bytes),
+            "tensors": float(published.num_tensors),
+            "seconds": published.seconds,
+        }
+
+    @register(Dispatch.BROADCAST, collect=Collect.RANK_ZERO)
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """The actor's full weights under HF names, on CPU (collective; for checks on small models)."""
+        assert self.actor is not None, "init_model() must run first"
+        return {
+            name: t.detach().to("cpu").clone() for name, t in iter_engine_weights(self.actor, device="cpu")
+        }
 
     # ------------------------------------------------------------- checkpoint
     @register(Dispatch.BROADCAST)

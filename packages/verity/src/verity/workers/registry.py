@@ -60,6 +60,12 @@ class RoleDef:
         trained: saved in every checkpoint and restored on resume.
         order: build order among colocated roles (lower first; the actor is 0 and
             forms the process group the others join).
+        placement: ``cfg -> (placement, n_workers)``, overriding ``section`` (a role whose
+            placement follows from other keys, e.g. the async rollout: always ``separate``).
+        handle: ``(cfg, worker group) -> handle``: what the driver holds for the role instead of
+            the bare group (a driver-side object with state across steps); it must offer
+            ``init_model()`` and, when ``trained``, ``save_checkpoint`` / ``load_checkpoint``,
+            and expose the group as ``.group``.
     """
 
     name: str
@@ -69,6 +75,8 @@ class RoleDef:
     section: str | None = None
     trained: bool = False
     order: int = 100
+    placement: Callable[[Any], tuple[str, int]] | None = None
+    handle: Callable[[Any, Any], Any] | None = None
 
 
 ROLES: Registry[RoleDef] = Registry("role")
@@ -85,6 +93,9 @@ def register_role(role: RoleDef) -> None:
 
 def role_placement(role: RoleDef, cfg: Any) -> tuple[str, int]:
     """``(placement, n_workers)`` of ``role`` in this run (``colocated`` roles use ``trainer.n_workers``)."""
+    if role.placement is not None:
+        placement, n_workers = role.placement(cfg)
+        return placement, int(n_workers)
     section = getattr(cfg, role.section) if role.section else None
     placement = getattr(section, "placement", "colocated") if section is not None else "colocated"
     n_workers = getattr(section, "n_workers", None) if section is not None else None

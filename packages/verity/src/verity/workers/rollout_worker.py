@@ -1,0 +1,112 @@
+"""The rollout as its own worker group (``trainer.mode=async``): generation in processes of its own.
+
+In the default ``sync`` mode the rollout lives inside each actor process
+(:class:`~verity.workers.actor_rollout.ActorRolloutRefWorker`). In ``async`` mode the
+``rollout`` role (``rollout.n_workers`` Ray actors on a resource pool of their own)
+generates the next step's batch while the actor group trains on this step's, and
+receives the trainer's weights after each update through Ray's object store
+(:mod:`verity.resharding.object_store`). Each rank holds a full copy of the policy;
+batches are split over the ranks (``DP_SPLIT``) like the actor's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from verity.batch import Batch
+from verity.checkpoint.faults import maybe_stall
+from verity.config.schema import VerityConfig
+from verity.controller import Collect, Dispatch, Worker, register
+from verity.engines.fsdp2 import load_causal_lm
+from verity.hardware import get_backend
+from verity.resharding.object_store import load_weight_buckets
+from verity.rollout import RolloutBuildContext, RolloutEngine, SamplingParams, build_rollout_engine
+from verity.workers.role_training import role_device, role_model_dtype
+
+
+class RolloutWorker(Worker):
+    """One rank of the standalone rollout group: a rollout engine over a full copy of the policy."""
+
+    def __init__(self, cfg: VerityConfig, model_path: str, tokenizer_path: str) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.model_path = model_path
+        self.tokenizer_path = tokenizer_path
+        self.rollout: RolloutEngine | None = None
+        self.policy_version = 0  # updates the weights held here have had
+
+    @register(Dispatch.BROADCAST)
+    def init_model(self) -> dict[str, Any]:
+        """Build the rollout engine from the model path; returns this rank's facts (``rollout_engine``, ...)."""
+        from transformers import AutoTokenizer
+
+        cfg = self.cfg
+        backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
+        torch.set_num_threads(max(1, int(cfg.trainer.cpus_per_worker)))
+        device = role_device(backend, self.local_rank)
+        dtype = role_model_dtype(cfg)
+        tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        self.rollout = build_rollout_engine(
+            cfg.rollout.engine,
+            RolloutBuildContext(
+                model_path=self.model_path,
+                tokenizer=tokenizer,
+                device=device,
+                dtype=dtype,
+                seed=cfg.trainer.seed + self.rank,
+                rank=self.rank,
+                world_size=self.world_size,
+                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+                load_policy=lambda: load_causal_lm(
+                    self.model_path, dtype=dtype, attn_implementation=cfg.model.attn_implementation
+                ).to(device),
+                options=getattr(cfg.rollout, cfg.rollout.engine, None),
+                cfg=cfg,
+            ),
+        )
+        return {
+            "rank": self.rank,
+            "device": str(device),
+            "rollout_engine": self.rollout.name,
+            "rollout_wrappers": list(self.rollout.wrappers),
+        }
+
+    @register(Dispatch.DP_SPLIT)
+    def generate(self, batch: Batch) -> Batch:
+        """Sample one response per row, as :meth:`ActorRolloutRefWorker.generate` does (``sampling``, ``seed`` meta)."""
+        assert self.rollout is not None, "init_model() must run first"
+        maybe_stall("generate")
+        params = SamplingParams(**batch.meta.get("sampling", {}))
+        if "seed" in batch.meta:
+            self.rollout.set_seed(int(batch.meta["seed"]) * 1009 + self.dp_rank)
+        chunk = self.cfg.rollout.micro_batch_size
+        parts = [
+            self.rollout.generate(batch.index(slice(i, i + chunk)), params)
+            for i in range(0, len(batch), chunk)
+        ]
+        return parts[0] if len(parts) == 1 else Batch.concat(parts)
+
+    @register(Dispatch.BROADCAST, collect=Collect.ALL)
+    def load_weights(self, refs: list[Any], version: int) -> dict[str, float]:
+        """Fetch the published weight buckets (``refs``) into the rollout; now at policy ``version``.
+
+        Returns ``{"bytes": ..., "seconds": ..., "version": ...}`` for this rank.
+        """
+        assert self.rollout is not None, "init_model() must run first"
+        self.rollout.wake()
+        num_bytes, seconds = load_weight_buckets(refs, self.rollout)
+        self.policy_version = int(version)
+        return {"bytes": float(num_bytes), "seconds": seconds, "version": float(version)}
+
+    @register(Dispatch.BROADCAST, collect=Collect.RANK_ZERO)
+    def named_weights(self) -> dict[str, torch.Tensor]:
+        """Every weight of this rank's rollout model, on CPU (for checks; small models only)."""
+        assert self.rollout is not None, "init_model() must run first"
+        model = getattr(self.rollout, "model", None)
+        if model is None:
+            raise RuntimeError(
+                f"the {self.rollout.name!r} rollout engine exposes no model to read weights from"
+            )
+        return {name: t.detach().to("cpu").clone() for name, t in model.state_dict().items()}
