@@ -156,3 +156,13 @@ def test_pad_prompt_side_leaves_response_columns_alone():
     assert padded["attention_mask"][:, :3].eq(0).all()
     with pytest.raises(ValueError, match="below the batch's prompt width"):
         pad_prompt_side(batch, 1, pad_token_id=0)
+
+
+def test_async_mode_and_dynamic_sampling_fail_at_start_naming_both():
+    from verity.trainer.stage_plan import StagePlanError
+
+    with pytest.raises(StagePlanError, match="stage planner 'dapo'.*'generate'.*trainer.mode=async"):
+        build_stage_plan(config("trainer.mode=async"))
+    # without dynamic sampling DAPO's other parts leave generation alone: async plans
+    names = build_stage_plan(config("trainer.mode=async", "dapo.dynamic_sampling.enabled=false")).names()
+    assert names[0] == "generate" and "rollout_sync" in names

@@ -179,6 +179,12 @@ def plan_async(cfg: Any, plan: Any) -> None:
     if cfg.trainer.mode != "async":
         return
     plan.replace("generate", Stage("generate", generate_ahead))
+    plan.hold(
+        "generate",
+        "trainer.mode=async generates the next batch ahead in the rollout worker group; "
+        "a planner that replaces generation (e.g. DAPO's dynamic sampling) does not combine "
+        "with it yet: use trainer.mode=sync, or switch that planner off",
+    )
     plan.insert_after("update_actor", Stage("rollout_sync", rollout_sync))
 
 

@@ -62,8 +62,23 @@ class StagePlan:
 
     def __init__(self, stages: list[Stage]) -> None:
         self._stages: list[Stage] = []
+        self._held: dict[str, str] = {}  # stage name -> why no later edit may replace or remove it
         for stage in stages:
             self.append(stage)
+
+    def hold(self, name: str, reason: str) -> None:
+        """Keep the stage called ``name`` as it is: a later ``replace``/``remove`` of it raises, giving ``reason``.
+
+        A planner whose run depends on its own version of a stage (``trainer.mode=async``
+        on its ``generate``) holds it, so that a second planner wanting the same stage
+        fails at start naming both instead of silently winning.
+        """
+        self._index(name)
+        self._held[name] = reason
+
+    def _check_not_held(self, name: str) -> None:
+        if name in self._held:
+            raise StagePlanError(f"stage {name!r} cannot be replaced or removed: {self._held[name]}")
 
     @property
     def stages(self) -> list[Stage]:
@@ -107,13 +122,16 @@ class StagePlan:
     def replace(self, name: str, stage: Stage) -> None:
         """Put ``stage`` in the place of the stage called ``name`` (it may keep the name)."""
         index = self._index(name)
+        self._check_not_held(name)
         if stage.name != name and stage.name in self:
             raise StagePlanError(f"the plan already has a stage {stage.name!r}")
         self._stages[index] = stage
 
     def remove(self, name: str) -> None:
         """Drop the stage called ``name``."""
-        del self._stages[self._index(name)]
+        index = self._index(name)
+        self._check_not_held(name)
+        del self._stages[index]
 
     def describe(self) -> str:
         """``generate -> reward -> ...``, the form printed at start and logged."""
