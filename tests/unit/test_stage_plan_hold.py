@@ -14,7 +14,9 @@ def _noop(ctx, batch):
 def test_a_held_stage_cannot_be_replaced_or_removed_and_the_reason_is_given():
     plan = StagePlan([Stage("generate", _noop), Stage("update_actor", _noop)])
     plan.hold("generate", "mode X generates ahead")
-    with pytest.raises(StagePlanError, match="'generate' cannot be replaced or removed: mode X generates ahead"):
+    with pytest.raises(
+        StagePlanError, match="'generate' cannot be replaced or removed: mode X generates ahead"
+    ):
         plan.replace("generate", Stage("sampling", _noop))
     with pytest.raises(StagePlanError, match="mode X"):
         plan.remove("generate")
