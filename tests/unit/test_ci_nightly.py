@@ -183,3 +183,14 @@ def test_the_night_runs_every_cpu_config_of_each_recipe(tmp_path: Path) -> None:
 def test_the_real_recipes_each_have_a_cpu_row() -> None:
     rows = nightly.nightly_rows(nightly.ROOT / "recipes", nightly.recipe_names(nightly.ROOT / "recipes"))
     assert {r for r, c in rows if c == "cpu"} == set(nightly.recipe_names(nightly.ROOT / "recipes"))
+
+
+def test_the_night_runs_the_trl_quickstart_shape_unless_asked_for_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(nightly.subprocess, "call", lambda cmd, cwd=None: calls.append(cmd) or 3)
+    assert nightly.run_bench_trl(tmp_path) == {"exit_code": 3}
+    assert calls[-1][calls[-1].index("--shapes") + 1] == "quickstart"
+    nightly.run_bench_trl(tmp_path, "quickstart,512x8")
+    assert calls[-1][calls[-1].index("--shapes") + 1] == "quickstart,512x8"
