@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
+from helpers.tiny_models import tiny_qwen2, tiny_value_model
 from verity.engines.logprobs import padding_free_window, response_logprobs
 from verity.engines.values import response_values
-
-from tests.helpers.tiny_models import tiny_qwen2, tiny_value_model
 
 P, R = 10, 9
 
