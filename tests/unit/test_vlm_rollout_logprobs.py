@@ -10,9 +10,9 @@ from PIL import Image
 from verity.data.prompt_loader import collate_prompts
 from verity.data.tiny_vlm import build_tiny_qwen2_5_vl, build_vlm_image_processor, build_vlm_tokenizer
 from verity.data.verl_dataset import PromptDataset
+from verity.data.vision_inputs import vision_forward_inputs
 from verity.engines.logprobs import response_logprobs
 from verity.engines.micro_batches import model_inputs
-from verity.engines.vision_inputs import vision_forward_inputs
 from verity.rollout.hf_rollout import HFRollout
 from verity.rollout.sampling import SamplingParams
 
@@ -50,11 +50,13 @@ def test_rollout_logprobs_equal_trainer_logprobs(setup) -> None:
     assert len(out["pixel_values"]) == 6  # per-row images follow the repeated rows
     assert out["image_grid_thw"][2].tolist() == [[1, 4, 8], [1, 4, 4]]
     with torch.no_grad():
-        trained, _ = response_logprobs(model, model_inputs(out), compute_entropy=False)
+        trained, entropy = response_logprobs(model, model_inputs(out), compute_entropy=True)
         full, _ = response_logprobs(model, model_inputs(out), compute_entropy=False, trim_padding=False)
     mask = out["response_mask"].bool()
+    assert not torch.isin(out["responses"], torch.tensor([260, 261, 262, 263])).any()  # never a vision token
     assert torch.allclose(trained[mask], out["rollout_logprobs"][mask], atol=1e-5)
     assert torch.allclose(full[mask], out["rollout_logprobs"][mask], atol=1e-5)
+    assert torch.isfinite(entropy).all() and bool((entropy[mask] > 0).all())  # masked tokens: p*z = 0, not nan
 
 
 def test_log_probs_use_the_image(setup) -> None:

@@ -33,6 +33,17 @@ import torch
 
 IMAGE_PLACEHOLDER = "<image>"
 IMAGE_TOKEN = "<|image_pad|>"
+VISION_LANGUAGE_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+"""``model_type`` values whose image inputs and M-RoPE positions verity builds (Qwen2-VL family)."""
+
+
+def load_image_processor(model_path: str | os.PathLike) -> Any:
+    """The model folder's ``AutoImageProcessor``, or None when it has no ``preprocessor_config.json``."""
+    if not os.path.isfile(os.path.join(model_path, "preprocessor_config.json")):
+        return None
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(str(model_path), local_files_only=True)
 
 
 @dataclass

@@ -36,7 +36,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from verity.engines.vision_inputs import has_images, per_row_images, vision_forward_inputs
+from verity.data.vision_inputs import (
+    has_images,
+    mask_vision_tokens,
+    per_row_images,
+    vision_forward_inputs,
+    vision_token_ids,
+)
 
 DEFAULT_CHUNK_TOKENS = 4096
 
@@ -121,7 +127,7 @@ def response_logprobs(
         micro_batch: ``input_ids [B, P+R]``, ``attention_mask [B, P+R]``,
             ``position_ids [B, P+R]``, ``responses [B, R]`` on the model's device; with images
             also per-row ``pixel_values`` / ``image_grid_thw`` lists (their M-RoPE positions
-            replace ``position_ids``, see :mod:`verity.engines.vision_inputs`).
+            replace ``position_ids``, see :mod:`verity.data.vision_inputs`).
         temperature: sampling temperature the responses were drawn with.
         compute_entropy: also return per-token entropy.
         trim_padding: run the model on the padding-free window only
@@ -161,6 +167,8 @@ def response_logprobs(
         kwargs["logits_to_keep"] = kept + 1
     logits = model(**kwargs).logits
     logits = logits[:, -(kept + 1) : -1, :]
+    if has_images(micro_batch):
+        logits = mask_vision_tokens(logits, vision_token_ids(model))  # as the rollout sampled them
     logprobs, entropy = logprobs_and_entropy_from_logits(
         logits,
         responses[:, :kept],

@@ -31,7 +31,13 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from verity.batch import Batch
-from verity.engines.vision_inputs import has_images, per_row_images, vision_forward_inputs
+from verity.data.vision_inputs import (
+    has_images,
+    mask_vision_tokens,
+    per_row_images,
+    vision_forward_inputs,
+    vision_token_ids,
+)
 from verity.rollout.base import RolloutEngine
 from verity.rollout.batch_io import build_rollout_output, read_prompt_rows, resolve_sampling
 from verity.rollout.prompts import position_ids_from_mask
@@ -141,7 +147,7 @@ class HFRollout(RolloutEngine):
 
         ``images``: per-row ``(pixel_values, image_grid_thw)`` lists for a vision-language
         model; the prefill then takes the image patches and M-RoPE positions ``[3, B, P]``
-        (:mod:`verity.engines.vision_inputs`), and decoded token ``t`` sits at position
+        (:mod:`verity.data.vision_inputs`), and decoded token ``t`` sits at position
         ``max(prompt positions) + 1 + t`` on all three axes.
         """
         device = self.device
@@ -175,8 +181,12 @@ class HFRollout(RolloutEngine):
                 logits_to_keep=1,
                 **prefill,
             )
+            banned = vision_token_ids(self.model) if images is not None else []
             for step in range(length):
-                tokens, token_logprobs = sample_next_token(output.logits[:, -1, :], params, self._generator)
+                next_logits = output.logits[:, -1, :]
+                if banned:
+                    next_logits = mask_vision_tokens(next_logits, banned)  # see vision_inputs
+                tokens, token_logprobs = sample_next_token(next_logits, params, self._generator)
                 alive = ~finished
                 responses[:, step] = torch.where(alive, tokens, self.pad_token_id)
                 logprobs[:, step] = torch.where(alive, token_logprobs, 0.0)

@@ -22,6 +22,9 @@ import torch
 from torch import nn
 
 VISION_KEYS = ("pixel_values", "image_grid_thw")
+MASKED_LOGIT = -1e4
+"""Logit given to tokens a policy must not emit: representable in float16/bfloat16/float32, and
+``exp(MASKED_LOGIT - logsumexp)`` is exactly 0 in float32 whenever the largest logit exceeds -9800."""
 
 
 def has_images(batch: Any) -> bool:
@@ -46,6 +49,25 @@ def image_token_id_of(model: nn.Module) -> int:
     if token_id is None:
         raise TypeError(f"{type(model).__name__}: config has no image_token_id")
     return int(token_id)
+
+
+def vision_token_ids(model: nn.Module) -> list[int]:
+    """The ids of the vision special tokens (image/video pads, vision start/end) in the model's config."""
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return sorted({int(v) for n in names if (v := getattr(model.config, n, None)) is not None})
+
+
+def mask_vision_tokens(logits: torch.Tensor, token_ids: Sequence[int]) -> torch.Tensor:
+    """``logits [..., V]`` with the vision tokens set to ``MASKED_LOGIT`` (out of place, autograd-safe).
+
+    A policy that sampled an image pad would put an image slot with no image into its own
+    sequence, which the model cannot read back; so with images the policy's distribution
+    is the model's renormalised over the other tokens, in the rollout and the trainer alike.
+    The fill is finite, not -inf: its probability underflows to exactly 0 all the same, while
+    the entropy's ``p * z`` terms stay 0 instead of ``0 * -inf = nan``.
+    """
+    index = torch.tensor(list(token_ids), dtype=torch.long, device=logits.device)
+    return logits.index_fill(-1, index, MASKED_LOGIT)
 
 
 def vision_forward_inputs(
