@@ -80,3 +80,21 @@ def test_the_image_changes_the_logits() -> None:
                 ).logits[0, -1]
             )
     assert not torch.allclose(logits[0], logits[1])
+
+
+def test_fsdp2_shards_the_vision_blocks_and_the_decoder_layers() -> None:
+    from verity.engines.fsdp2 import decoder_layers
+
+    model = build_tiny_qwen2_5_vl(build_vlm_tokenizer())
+    names = sorted({type(m).__name__ for m in decoder_layers(model)})
+    assert names == ["Qwen2_5_VLDecoderLayer", "Qwen2_5_VLVisionBlock"]
+    assert len(decoder_layers(model)) == 4  # 2 vision blocks + 2 decoder layers
+
+
+def test_the_saved_folder_passes_the_model_check_and_loads(tmp_path) -> None:
+    from verity.config.model_checks import check_model_folder
+    from verity.engines.fsdp2 import load_causal_lm
+
+    save_tiny_vlm(tmp_path)
+    assert check_model_folder("model.path", str(tmp_path))["model_type"] == "qwen2_5_vl"
+    assert type(load_causal_lm(tmp_path)).__name__ == "Qwen2_5_VLForConditionalGeneration"
