@@ -41,3 +41,18 @@ def test_registered_and_loads_as_multimodal_rows() -> None:
     train, _ = generate_splits(4, 1, seed=0, config=ShapeCountConfig(max_shapes=6))
     dataset = PromptDataset(train, build_vlm_tokenizer(), 32, image_processor=build_vlm_image_processor())
     assert all(r.image_grid_thw.tolist() == [[1, 4, 4]] for r in dataset.records)
+
+
+def test_held_out_evaluation_scores_the_visual_task(tmp_path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from verity.data.tiny_vlm import save_tiny_vlm
+    from verity.trainer.held_out import evaluate_files
+
+    model = save_tiny_vlm(tmp_path / "model")
+    _, test = generate_splits(0, 6, seed=1)
+    path = tmp_path / "test.parquet"
+    pq.write_table(pa.Table.from_pylist(test), path)
+    report = evaluate_files(model, [str(path)], max_new_tokens=3, max_prompt_length=32, batch_size=4)
+    assert report.prompts == 6 and report.responses == 6
+    assert 0.0 <= report.mean_score <= 1.0
