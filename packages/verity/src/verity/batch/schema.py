@@ -361,6 +361,14 @@ _CORE_KEYS = [
     ("response_text", ("B",), "object", "decoded response text"),
     ("uid", ("B",), "object", "unique id of the prompt a sample was generated from"),
     ("reward_extra", ("B",), "object", "dict of extra per-sample outputs of the reward function"),
+    # prompts with images (verity.data.multimodal): per-row tensors of different lengths, never padded
+    (
+        "pixel_values",
+        ("B",),
+        "object",
+        "per row: the image processor's patches [patches, C*T*P*P] of the row's images, in prompt order",
+    ),
+    ("image_grid_thw", ("B",), "object", "per row: int64 [images, 3] patch grid (t, h, w) of each image"),
     # multi-turn rollouts (the agent loop): responses interleave model turns and tool answers;
     # response_mask is 1 on model tokens only, attention_mask[:, P:] on both
     ("num_turns", ("B",), "int", "model turns in the response (agent loop)"),

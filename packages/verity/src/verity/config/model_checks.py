@@ -24,7 +24,10 @@ def causal_lm_model_types() -> set[str]:
     """``model_type`` values ``AutoModelForCausalLM`` can build in this installation of transformers."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    return set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    from verity.data.multimodal import VISION_LANGUAGE_MODEL_TYPES
+
+    # plus the vision-language models whose image inputs verity builds (verity.data.multimodal)
+    return set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) | set(VISION_LANGUAGE_MODEL_TYPES)
 
 
 def check_model_folder(key: str, path: str) -> dict[str, Any]:

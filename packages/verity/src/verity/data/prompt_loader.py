@@ -8,7 +8,9 @@
   (``cumsum(attention_mask) - 1`` clipped at 0), all int64; ``P`` is the longest prompt
   of the batch, or ``pad_to`` when given;
 - per-sample lists ``data_source``, ``ground_truth``, ``extra_info``, ``prompt_text``,
-  ``raw_prompt`` and ``uid`` (the prompt's row number in the dataset, as text).
+  ``raw_prompt`` and ``uid`` (the prompt's row number in the dataset, as text);
+- with images (:mod:`verity.data.multimodal`), per-sample ``pixel_values``
+  (``[patches, C*T*P*P]`` float32 per row) and ``image_grid_thw`` (``[images, 3]`` int64 per row).
 
 :class:`ResumableSampler` shuffles each epoch with a permutation seeded by
 ``(seed, epoch)``, so the order is reproducible, and its ``state_dict`` (epoch and
@@ -46,17 +48,25 @@ def collate_prompts(records: Sequence[PromptRecord], pad_token_id: int, pad_to: 
             input_ids[i, width - n :] = torch.tensor(record.input_ids, dtype=torch.long)
             attention_mask[i, width - n :] = 1
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    per_row = {
+        "data_source": [r.data_source for r in records],
+        "ground_truth": [r.ground_truth for r in records],
+        "extra_info": [r.extra_info for r in records],
+        "prompt_text": [r.prompt_text for r in records],
+        "raw_prompt": [r.raw_prompt for r in records],
+        "uid": [str(r.row) for r in records],
+    }
+    if any(r.pixel_values is not None for r in records):
+        # per-row image tensors, unpadded: rows differ in their numbers of patches and images
+        per_row["pixel_values"] = [_or_empty(r.pixel_values, (0, 0), torch.float32) for r in records]
+        per_row["image_grid_thw"] = [_or_empty(r.image_grid_thw, (0, 3), torch.long) for r in records]
     return Batch.from_dict(
-        {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids},
-        {
-            "data_source": [r.data_source for r in records],
-            "ground_truth": [r.ground_truth for r in records],
-            "extra_info": [r.extra_info for r in records],
-            "prompt_text": [r.prompt_text for r in records],
-            "raw_prompt": [r.raw_prompt for r in records],
-            "uid": [str(r.row) for r in records],
-        },
+        {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}, per_row
     )
+
+
+def _or_empty(value: torch.Tensor | None, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(shape, dtype=dtype) if value is None else value
 
 
 class ResumableSampler:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from verity.data.chat_template import encode_prompts, pad_token_id_of, render_prompt
+from verity.data.multimodal import ImagePrompt, encode_image_prompt, has_images_column, image_row_problems
 
 logger = logging.getLogger("verity.data")
 
@@ -149,6 +150,16 @@ def check_rows(rows: Sequence[Any]) -> list[tuple[int, str]]:
     return [(i, "; ".join(p)) for i, row in enumerate(rows) if (p := row_problems(row))]
 
 
+def _with_image_problems(rows: Sequence[Any], bad: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """``bad`` plus the rows whose ``images`` column does not match their ``<image>`` placeholders."""
+    problems = dict(bad)
+    for i, row in enumerate(rows):
+        extra = image_row_problems(row) if isinstance(row, Mapping) else []
+        if extra:
+            problems[i] = "; ".join([problems[i], *extra] if i in problems else extra)
+    return sorted(problems.items())
+
+
 def _report(origin: str, bad: list[tuple[int, str]], total: int) -> str:
     lines = [f"{origin}: {len(bad)} of {total} rows do not follow the verl schema (0-based row numbers):"]
     lines += [f"  row {i}: {problem}" for i, problem in bad[:_MAX_REPORTED]]
@@ -169,6 +180,8 @@ class PromptRecord:
     extra_info: dict[str, Any]
     ability: str | None
     row: int
+    pixel_values: Any = None
+    image_grid_thw: Any = None
 
 
 class PromptDataset:
@@ -182,6 +195,8 @@ class PromptDataset:
         on_malformed: ``"error"`` (raise, listing the rows) or ``"skip"`` (drop and log them).
         chat_template_kwargs: extra arguments of ``apply_chat_template``.
         max_samples: keep only the first rows (after filtering); None or < 0 keeps all.
+        image_processor: the model's image processor (``AutoImageProcessor``); needed when the
+            rows carry verl's ``images`` column (see :mod:`verity.data.multimodal`).
     """
 
     def __init__(
@@ -193,6 +208,7 @@ class PromptDataset:
         on_malformed: str = "error",
         chat_template_kwargs: Mapping[str, Any] | None = None,
         max_samples: int | None = None,
+        image_processor: Any = None,
     ) -> None:
         if truncation not in TRUNCATION_POLICIES:
             raise ValueError(f"truncation: expected one of {list(TRUNCATION_POLICIES)}, got {truncation!r}")
@@ -205,7 +221,10 @@ class PromptDataset:
         self.truncation = truncation
         self.pad_token_id = pad_token_id_of(tokenizer)
         rows, origin = self._load(source)
+        multimodal = has_images_column(rows)
         bad = check_rows(rows)
+        if multimodal:
+            bad = _with_image_problems(rows, bad)
         if bad and on_malformed == "error":
             raise MalformedDatasetError(_report(origin, bad, len(rows)))
         if bad:
@@ -213,11 +232,24 @@ class PromptDataset:
         bad_rows = {i for i, _ in bad}
         self.skipped_rows = sorted(bad_rows)
         kept = [i for i in range(len(rows)) if i not in bad_rows]
-        texts = [
-            render_prompt(rows[i]["prompt"], tokenizer, chat_template_kwargs=chat_template_kwargs)
-            for i in kept
-        ]
-        ids = encode_prompts(texts, tokenizer)
+        images: dict[int, ImagePrompt] = {}
+        if multimodal:
+            kept, images = self._encode_images(
+                rows, kept, origin, image_processor, on_malformed, chat_template_kwargs
+            )
+            if truncation in ("truncate_left", "truncate_right"):
+                raise ValueError(
+                    f"truncation: {truncation!r} would cut image tokens out of prompts with images; "
+                    "use 'error' or 'filter'"
+                )
+            texts = [images[i].text for i in kept]
+            ids = [images[i].input_ids for i in kept]
+        else:
+            texts = [
+                render_prompt(rows[i]["prompt"], tokenizer, chat_template_kwargs=chat_template_kwargs)
+                for i in kept
+            ]
+            ids = encode_prompts(texts, tokenizer)
         self.records: list[PromptRecord] = []
         self.filtered_rows: list[int] = []
         too_long = [(i, len(t)) for i, t in zip(kept, ids, strict=True) if len(t) > max_prompt_length]
@@ -237,7 +269,11 @@ class PromptDataset:
                 else:
                     token_ids = token_ids[:max_prompt_length]
                 text = tokenizer.decode(token_ids, skip_special_tokens=False)
-            self.records.append(self._record(rows[i], i, text, token_ids))
+            record = self._record(rows[i], i, text, token_ids)
+            if i in images:
+                record.pixel_values = images[i].pixel_values
+                record.image_grid_thw = images[i].image_grid_thw
+            self.records.append(record)
         if self.filtered_rows:
             logger.warning(
                 "%s: filtered %d prompts longer than %d tokens",
@@ -251,6 +287,45 @@ class PromptDataset:
             raise MalformedDatasetError(
                 f"{origin}: no prompts left (rows={len(rows)}, skipped={len(bad)}, filtered={len(self.filtered_rows)})"
             )
+
+    def _encode_images(
+        self,
+        rows: Sequence[Any],
+        kept: list[int],
+        origin: str,
+        image_processor: Any,
+        on_malformed: str,
+        chat_template_kwargs: Mapping[str, Any] | None,
+    ) -> tuple[list[int], dict[int, ImagePrompt]]:
+        """Decode and process every kept row's images before anything is computed.
+
+        Returns the rows still kept and their :class:`ImagePrompt`; unreadable images raise
+        :class:`MalformedDatasetError` naming the rows (or are skipped with ``on_malformed="skip"``).
+        """
+        if image_processor is None:
+            raise ValueError(
+                f"{origin}: the rows carry an 'images' column but no image processor was given "
+                "(the model folder needs a preprocessor_config.json that AutoImageProcessor loads)"
+            )
+        encoded: dict[int, ImagePrompt] = {}
+        bad: list[tuple[int, str]] = []
+        for i in kept:
+            row = rows[i]
+            try:
+                encoded[i] = encode_image_prompt(
+                    row["prompt"],
+                    list(row.get("images") or []),
+                    self.tokenizer,
+                    image_processor,
+                    chat_template_kwargs,
+                )
+            except ValueError as error:
+                bad.append((i, f"'images': {error}"))
+        if bad and on_malformed == "error":
+            raise MalformedDatasetError(_report(origin, bad, len(rows)))
+        if bad:
+            logger.warning("%s", _report(origin, bad, len(rows)) + "\n  (skipped)")
+        return [i for i in kept if i in encoded], encoded
 
     @staticmethod
     def _load(source: Any) -> tuple[list[Any], str]:

@@ -39,6 +39,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from verity.data.multimodal import VISION_LANGUAGE_MODEL_TYPES
 from verity.engines.base import LossFn, MicroLossFn, TrainingEngine, ValueLossFn, make_aggregation_context
 from verity.engines.hf_loading import quiet_loading
 from verity.engines.logprobs import DEFAULT_CHUNK_TOKENS, response_logprobs
@@ -92,8 +93,23 @@ def load_causal_lm(
     if not path.is_dir():
         raise FileNotFoundError(f"model path {str(path)!r} is not a directory with an HF checkpoint")
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    auto_class: Any = AutoModelForCausalLM
+    if _model_type(path) in VISION_LANGUAGE_MODEL_TYPES:
+        # a vision-language model (Qwen2-VL family): same weights layout, loaded with its vision tower
+        from transformers import AutoModelForImageTextToText
+
+        auto_class = AutoModelForImageTextToText
     with quiet_loading():
-        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True, **extra)
+        return auto_class.from_pretrained(str(path), dtype=dtype, local_files_only=True, **extra)
+
+
+def _model_type(path: Path) -> str | None:
+    import json
+
+    try:
+        return json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 class FSDP2Engine(TrainingEngine):

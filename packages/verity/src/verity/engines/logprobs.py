@@ -30,10 +30,19 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from verity.data.vision_inputs import (
+    has_images,
+    mask_vision_tokens,
+    per_row_images,
+    vision_forward_inputs,
+    vision_token_ids,
+)
 
 DEFAULT_CHUNK_TOKENS = 4096
 
@@ -104,7 +113,7 @@ def _accepts_logits_to_keep(model: nn.Module) -> bool:
 
 def response_logprobs(
     model: nn.Module,
-    micro_batch: Mapping[str, torch.Tensor],
+    micro_batch: Mapping[str, Any],
     *,
     temperature: float = 1.0,
     compute_entropy: bool = True,
@@ -116,7 +125,9 @@ def response_logprobs(
     Args:
         model: a causal LM returning ``.logits [B, T, V]`` (HF convention).
         micro_batch: ``input_ids [B, P+R]``, ``attention_mask [B, P+R]``,
-            ``position_ids [B, P+R]``, ``responses [B, R]`` on the model's device.
+            ``position_ids [B, P+R]``, ``responses [B, R]`` on the model's device; with images
+            also per-row ``pixel_values`` / ``image_grid_thw`` lists (their M-RoPE positions
+            replace ``position_ids``, see :mod:`verity.data.vision_inputs`).
         temperature: sampling temperature the responses were drawn with.
         compute_entropy: also return per-token entropy.
         trim_padding: run the model on the padding-free window only
@@ -141,11 +152,23 @@ def response_logprobs(
         "position_ids": micro_batch["position_ids"][:, first:end],
         "use_cache": False,
     }
+    if has_images(micro_batch):
+        # Vision-language model: the image patches go in whole (every image token lies in the
+        # prompt, inside the window, since the window starts at the first real column) and the
+        # M-RoPE positions are computed on the window itself; get_rope_index ignores padding
+        # columns, so the kept tokens get the positions they have in the full width.
+        pixel_values, grids = per_row_images(micro_batch)
+        vision, _ = vision_forward_inputs(
+            model, kwargs["input_ids"], kwargs["attention_mask"], pixel_values, grids
+        )
+        kwargs.update(vision)
     if _accepts_logits_to_keep(model):
         # keep only positions P-1 .. P+kept-1 (the last kept+1), the last one is dropped below
         kwargs["logits_to_keep"] = kept + 1
     logits = model(**kwargs).logits
     logits = logits[:, -(kept + 1) : -1, :]
+    if has_images(micro_batch):
+        logits = mask_vision_tokens(logits, vision_token_ids(model))  # as the rollout sampled them
     logprobs, entropy = logprobs_and_entropy_from_logits(
         logits,
         responses[:, :kept],

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from verity.data.vision_inputs import has_images, per_row_images
+
 LOGPROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 TRAIN_KEYS = (*LOGPROB_KEYS, "response_mask")
 
@@ -98,6 +100,13 @@ def padding_rows(batch: Any) -> int:
     return pad
 
 
-def model_inputs(micro_batch: Any) -> dict[str, torch.Tensor]:
-    """The four tensors a causal-LM forward pass needs, from a micro-batch."""
-    return {k: get_tensor(micro_batch, k) for k in LOGPROB_KEYS}
+def model_inputs(micro_batch: Any) -> dict[str, Any]:
+    """The four tensors a causal-LM forward pass needs, from a micro-batch.
+
+    A micro-batch with images also gives its per-row ``pixel_values`` and ``image_grid_thw``
+    lists (:mod:`verity.data.vision_inputs`).
+    """
+    inputs: dict[str, Any] = {k: get_tensor(micro_batch, k) for k in LOGPROB_KEYS}
+    if has_images(micro_batch):
+        inputs["pixel_values"], inputs["image_grid_thw"] = per_row_images(micro_batch)
+    return inputs

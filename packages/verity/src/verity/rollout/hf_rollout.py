@@ -31,6 +31,13 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from verity.batch import Batch
+from verity.data.vision_inputs import (
+    has_images,
+    mask_vision_tokens,
+    per_row_images,
+    vision_forward_inputs,
+    vision_token_ids,
+)
 from verity.rollout.base import RolloutEngine
 from verity.rollout.batch_io import build_rollout_output, read_prompt_rows, resolve_sampling
 from verity.rollout.prompts import position_ids_from_mask
@@ -124,14 +131,25 @@ class HFRollout(RolloutEngine):
         """
         params = resolve_sampling(batch, self.sampling, params)
         rows = read_prompt_rows(batch, params.n)
-        responses, response_mask, logprobs = self._decode(rows.prompt_ids, rows.prompt_mask, params)
+        images = per_row_images(rows.non_tensors) if has_images(rows.non_tensors) else None
+        responses, response_mask, logprobs = self._decode(rows.prompt_ids, rows.prompt_mask, params, images)
         return build_rollout_output(rows, responses, response_mask, logprobs)
 
     @torch.no_grad()
     def _decode(
-        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        params: SamplingParams,
+        images: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The decode loop. Returns responses [B, R] int64, response_mask [B, R] int64, logprobs [B, R] float32."""
+        """The decode loop. Returns responses [B, R] int64, response_mask [B, R] int64, logprobs [B, R] float32.
+
+        ``images``: per-row ``(pixel_values, image_grid_thw)`` lists for a vision-language
+        model; the prefill then takes the image patches and M-RoPE positions ``[3, B, P]``
+        (:mod:`verity.data.vision_inputs`), and decoded token ``t`` sits at position
+        ``max(prompt positions) + 1 + t`` on all three axes.
+        """
         device = self.device
         if self._generator.device.type != device.type:
             # the model was moved after construction: restart the stream on its device
@@ -151,15 +169,24 @@ class HFRollout(RolloutEngine):
         try:
             position_ids = position_ids_from_mask(attention_mask)
             next_position = position_ids[:, -1:] + 1
+            prefill: dict = {"position_ids": position_ids}
+            if images is not None:
+                prefill, _ = vision_forward_inputs(self.model, prompt_ids, attention_mask, *images)
+                mrope = prefill["position_ids"]  # [3, B, P]; padding columns read 0
+                next_position = (mrope.amax(dim=(0, 2)) + 1).reshape(-1, 1).unsqueeze(0).expand(3, -1, -1)
             output = self.model(
                 input_ids=prompt_ids,
                 attention_mask=attention_mask,
-                position_ids=position_ids,
                 use_cache=True,
                 logits_to_keep=1,
+                **prefill,
             )
+            banned = vision_token_ids(self.model) if images is not None else []
             for step in range(length):
-                tokens, token_logprobs = sample_next_token(output.logits[:, -1, :], params, self._generator)
+                next_logits = output.logits[:, -1, :]
+                if banned:
+                    next_logits = mask_vision_tokens(next_logits, banned)  # see vision_inputs
+                tokens, token_logprobs = sample_next_token(next_logits, params, self._generator)
                 alive = ~finished
                 responses[:, step] = torch.where(alive, tokens, self.pad_token_id)
                 logprobs[:, step] = torch.where(alive, token_logprobs, 0.0)

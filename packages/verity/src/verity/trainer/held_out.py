@@ -67,6 +67,7 @@ def evaluate_files(
     """
     from transformers import AutoTokenizer
 
+    from verity.data.multimodal import load_image_processor
     from verity.data.prompt_loader import PromptDataLoader
     from verity.data.verl_dataset import PromptDataset
     from verity.engines.fsdp2 import load_causal_lm
@@ -84,7 +85,11 @@ def evaluate_files(
         )
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path, local_files_only=True)
     dataset = PromptDataset(
-        list(files), tokenizer, max_prompt_length=max_prompt_length, max_samples=max_samples
+        list(files),
+        tokenizer,
+        max_prompt_length=max_prompt_length,
+        max_samples=max_samples,
+        image_processor=load_image_processor(model_path),
     )
     loader = PromptDataLoader(dataset, batch_size, shuffle=False, drop_last=False)
     model = load_causal_lm(model_path).to(device).eval()

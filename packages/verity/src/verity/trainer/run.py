@@ -118,6 +118,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
     from verity.algorithms.kl_control import build_kl_controller
     from verity.checkpoint.signals import GracefulStop, TrainingStopped
     from verity.controller import init_ray, shutdown_ray
+    from verity.data.multimodal import load_image_processor
     from verity.data.prompt_loader import PromptDataLoader
     from verity.data.verl_dataset import PromptDataset
     from verity.hardware import get_backend
@@ -137,6 +138,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
     _fresh_start_moves_aside(cfg, out_dir)
     plan = plan_resume(cfg, cfg_dict)  # trainer.resume (same config for auto), before any worker starts
     tokenizer = AutoTokenizer.from_pretrained(inputs.tokenizer_path)
+    image_processor = load_image_processor(inputs.model_path)  # None for a text-only model
     d = cfg.data
     template_kwargs = prompt_chat_template_kwargs(cfg.rollout.agent)  # the tools, listed in prompts
     train_set = PromptDataset(
@@ -146,6 +148,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
         truncation=d.truncation,
         on_malformed=d.on_malformed,
         chat_template_kwargs=template_kwargs,
+        image_processor=image_processor,
     )
     val_set = PromptDataset(
         inputs.val_files,
@@ -155,6 +158,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
         on_malformed=d.on_malformed,
         max_samples=None if d.val_max_samples < 0 else d.val_max_samples,
         chat_template_kwargs=template_kwargs,
+        image_processor=image_processor,
     )
     check_rewards(cfg.reward, {"train": (inputs.train_files, train_set), "val": (inputs.val_files, val_set)})
     if len(train_set) < d.train_batch_size:

@@ -33,6 +33,7 @@ from verity.algorithms.kl_control import apply_kl_penalty
 from verity.batch import Batch, register_key
 from verity.config.derived import needs_baseline, needs_critic, needs_reference, old_logprobs_source
 from verity.config.schema import VerityConfig
+from verity.data.vision_inputs import VISION_KEYS
 from verity.rewards.manager import response_span, token_rewards_from_scores
 from verity.trainer.agent_metrics import agent_metrics
 
@@ -164,6 +165,11 @@ def reward(ctx: StepContext, batch: Batch) -> Batch:
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 
+def _model_keys(batch: Batch, *keys: str) -> Batch:
+    """``batch.select(keys)`` plus the per-row image keys when the prompts have images."""
+    return batch.select(*keys, *(k for k in VISION_KEYS if k in batch))
+
+
 def old_log_prob(ctx: StepContext, batch: Batch) -> Batch:
     """The behaviour log-probs ``old_logprobs [B, R]`` of the PPO ratio (``actor.old_logprobs``).
 
@@ -180,19 +186,19 @@ def old_log_prob(ctx: StepContext, batch: Batch) -> Batch:
         return batch
     if source == "policy":
         return batch
-    return batch.union(ctx.actor.compute_log_prob(batch.select(*SEQUENCE_KEYS)))
+    return batch.union(ctx.actor.compute_log_prob(_model_keys(batch, *SEQUENCE_KEYS)))
 
 
 def ref_log_prob(ctx: StepContext, batch: Batch) -> Batch:
     """Log-probs under the frozen reference policy (for the KL terms)."""
-    return batch.union(ctx.actor.compute_ref_log_prob(batch.select(*SEQUENCE_KEYS)))
+    return batch.union(ctx.actor.compute_ref_log_prob(_model_keys(batch, *SEQUENCE_KEYS)))
 
 
 def values(ctx: StepContext, batch: Batch) -> Batch:
     """Critic values of the response tokens before this step's update: ``values [B, R]``."""
     if ctx.critic is None:
         raise RuntimeError("the values stage needs a critic worker group (critic.enabled or a gae estimator)")
-    return batch.union(ctx.critic.compute_values(batch.select(*SEQUENCE_KEYS)))
+    return batch.union(ctx.critic.compute_values(_model_keys(batch, *SEQUENCE_KEYS)))
 
 
 def advantage(ctx: StepContext, batch: Batch) -> Batch:
@@ -236,7 +242,7 @@ def update_critic(ctx: StepContext, batch: Batch) -> Batch:
     if ctx.critic is None:
         raise RuntimeError("the update_critic stage needs a critic worker group")
     keys = (*SEQUENCE_KEYS, "response_mask", "values", "returns")
-    ctx.metrics.update(ctx.critic.update_critic(batch.select(*keys)))
+    ctx.metrics.update(ctx.critic.update_critic(_model_keys(batch, *keys)))
     return batch
 
 
@@ -257,7 +263,7 @@ def update_actor(ctx: StepContext, batch: Batch) -> Batch:
                 "actor.off_policy.is_cap > 0: the rollout returned no rollout_logprobs for the importance weights"
             )
         keys.append("rollout_logprobs")
-    ctx.metrics.update(ctx.actor.update_actor(batch.select(*keys)))
+    ctx.metrics.update(ctx.actor.update_actor(_model_keys(batch, *keys)))
     return batch
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from verity.data.tasks import arithmetic, countdown, digit_sequence, gsm8k_style, multiply
+from verity.data.tasks import arithmetic, countdown, digit_sequence, gsm8k_style, multiply, shape_count
 
 TASKS: dict[str, ModuleType] = {
     "arithmetic": arithmetic,
@@ -17,6 +17,7 @@ TASKS: dict[str, ModuleType] = {
     "countdown": countdown,
     "digit_sequence": digit_sequence,
     "multiply": multiply,
+    "shape_count": shape_count,  # visual: rows carry images (verity.data.multimodal)
 }
 
 
