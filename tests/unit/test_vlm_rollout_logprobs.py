@@ -99,3 +99,15 @@ def test_weight_sync_covers_the_vision_tower(setup) -> None:
     rollout.load_weights(model.state_dict().items())
     for name, tensor in model.state_dict().items():
         assert torch.equal(other.state_dict()[name], tensor), name
+
+
+def test_engines_that_cannot_take_images_refuse_them(setup) -> None:
+    from verity.engines.values import response_values
+    from verity.rollout.batch_io import read_prompt_rows
+
+    tokenizer, model, batch = setup
+    with pytest.raises(ValueError, match="does not feed images"):
+        read_prompt_rows(batch, 1)  # what vLLM, SGLang and the agent loop call
+    out = HFRollout(model, tokenizer).generate(batch, SamplingParams(max_new_tokens=2))
+    with pytest.raises(ValueError, match="value model does not take them"):
+        response_values(model, model_inputs(out))

@@ -67,6 +67,11 @@ def response_values(
     """
     response_len = inputs["responses"].shape[1]
     attention_mask = inputs["attention_mask"]
+    if "pixel_values" in inputs:
+        raise ValueError(
+            "critic values: the batch carries images but the value model does not take them yet "
+            "(docs/multimodal.md); use a critic-free estimator such as GRPO"
+        )
     total = inputs["input_ids"].shape[1]
     if not trim_padding:
         values = position_values(module, inputs)

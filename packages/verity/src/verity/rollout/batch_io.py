@@ -84,14 +84,23 @@ class PromptRows:
     pad_rows: int
 
 
-def read_prompt_rows(batch: Batch | Mapping[str, Any], n: int) -> PromptRows:
+def read_prompt_rows(
+    batch: Batch | Mapping[str, Any], n: int, *, takes_images: str | None = None
+) -> PromptRows:
     """Validate a rollout's input batch and repeat each prompt ``n`` times consecutively.
 
     Raises KeyError without ``input_ids`` / ``attention_mask``, ValueError for
     shapes that differ, an empty batch, right padding, or a batch padded by
-    ``Batch.split`` asked for ``n > 1`` samples.
+    ``Batch.split`` asked for ``n > 1`` samples. ``takes_images``: None for an engine
+    that cannot feed images to its model — a batch with ``pixel_values`` is then refused
+    (its image tokens would be read without their images).
     """
     tensors, non_tensors, meta = unpack_batch(batch)
+    if takes_images is None and "pixel_values" in non_tensors:
+        raise ValueError(
+            "batch: the prompts carry images (pixel_values) but this rollout engine does not feed images "
+            "to the model; use rollout.engine=hf without the agent loop (docs/multimodal.md)"
+        )
     pad_rows = int(getattr(batch, "pad_rows", 0))
     if pad_rows and n > 1:
         raise ValueError(

@@ -130,7 +130,7 @@ class HFRollout(RolloutEngine):
         ``pad_rows`` (only with ``n == 1``) pass through.
         """
         params = resolve_sampling(batch, self.sampling, params)
-        rows = read_prompt_rows(batch, params.n)
+        rows = read_prompt_rows(batch, params.n, takes_images="hf")
         images = per_row_images(rows.non_tensors) if has_images(rows.non_tensors) else None
         responses, response_mask, logprobs = self._decode(rows.prompt_ids, rows.prompt_mask, params, images)
         return build_rollout_output(rows, responses, response_mask, logprobs)

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from verity.data.vision_inputs import has_images
 from verity.engines.base import LossFn, TrainingEngine, make_aggregation_context
 from verity.engines.logprobs import logprobs_and_entropy_from_logits
 from verity.engines.megatron import convert
@@ -190,6 +191,7 @@ class MegatronEngine(TrainingEngine):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """See :meth:`TrainingEngine.compute_logprobs`: float32 CPU ``[B, R]`` on every rank."""
         validate_layout(batch, LOGPROB_KEYS)
+        _refuse_images(batch)
         rows = num_rows(batch)
         micros = [take_rows(batch, s, e, self.device) for s, e in self._micro_ranges(rows, micro_batch_size)]
 
@@ -233,6 +235,7 @@ class MegatronEngine(TrainingEngine):
         """
         self._require_optimizer()
         validate_layout(batch, TRAIN_KEYS)
+        _refuse_images(batch)
         lay = self.layout
         rows = num_rows(batch) - padding_rows(batch)
         response_mask = get_tensor(batch, "response_mask")[:rows].float()
@@ -421,3 +424,12 @@ class MegatronEngine(TrainingEngine):
         if self.lr_scheduler is not None and state.get("lr_scheduler"):
             self.lr_scheduler.load_state_dict(dict(state["lr_scheduler"]))
         self.global_step = int(state.get("global_step", 0))
+
+
+def _refuse_images(batch: Any) -> None:
+    """Megatron builds text-only GPT models: a batch with images is an error, never read without them."""
+    if has_images(batch):
+        raise ValueError(
+            "the megatron engine builds text-only models but the batch carries images (pixel_values); "
+            "use actor.engine=fsdp2 for vision-language models (docs/multimodal.md)"
+        )
