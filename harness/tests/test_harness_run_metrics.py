@@ -88,6 +88,16 @@ def test_no_peak_no_mfu_and_single_step_is_kept() -> None:
     assert t["train_tokens_per_s"] == pytest.approx(100 / 8.0)
 
 
+def test_an_mfu_above_one_is_not_reported_and_the_note_says_why() -> None:
+    from verity_harness.runner import format_throughput
+
+    # 6 x 1000 x 500 tokens/s = 3e6 FLOP/s against a "peak" of 1e6: the peak was measured under load
+    t = throughput(_steps(), ppo_epochs=2, n_params=1000, peak_flops=1e6, num_devices=1)
+    assert t["mfu"] is None
+    assert "300% of the peak measured before the run (0.0 GFLOP/s)" in t["mfu_note"]
+    assert "n/a (not reported: the update reached 300%" in format_throughput({**t, "stage_seconds": {}})
+
+
 def test_curves_hold_steps_and_validation() -> None:
     c = curves(_steps()[:3], [{"step": 0, "val/acc": 0.2}, {"step": 3, "val/acc": 0.4}])
     assert c["step"] == [1, 2, 3] and c["reward/mean"] == [0.1, 0.02, 0.03]

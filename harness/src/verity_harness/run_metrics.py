@@ -29,7 +29,9 @@ for start-up and is left out when there is more than one step):
   (:func:`verity.hardware.mfu`), ``None`` where the device's peak is unknown. On CPU the
   harness measures the peak (float32 matmuls on the actor's threads,
   :mod:`verity.hardware.cpu_peak`) and counts the CPU as one device; the result's
-  ``peak_flops_source`` says which.
+  ``peak_flops_source`` says which. An MFU above 100% (the peak was measured while the
+  machine was busy, then the run went faster) is not reported: ``mfu`` is ``None`` and
+  ``mfu_note`` says why.
 """
 
 from __future__ import annotations
@@ -118,8 +120,17 @@ def throughput(
     train_seconds = sum(column("timing/update_actor_s")) - sum(column("timing/weight_sync_s"))
     train_tps = train_tokens / train_seconds if train_tokens > 0 and train_seconds > 0 else None
     utilisation = None
+    mfu_note = None
     if train_tps is not None and n_params and peak_flops:
         utilisation = mfu(train_tps, n_params, peak_flops, num_devices=num_devices)
+        if utilisation > 1.0:
+            # the training ran faster than the "peak": the peak was measured while other
+            # work shared the device (a busy CPU), so the ratio means nothing
+            mfu_note = (
+                f"not reported: the update reached {utilisation:.0%} of the peak measured before the run "
+                f"({peak_flops / 1e9:.1f} GFLOP/s), so that peak was measured under load"
+            )
+            utilisation = None
     return {
         "tokens_per_s": _mean(column("perf/tokens_per_s")),
         "generated_tokens_per_s": _mean(column("perf/generated_tokens_per_s")),
@@ -127,6 +138,7 @@ def throughput(
         "step_seconds": _mean(column("timing/step_s")),
         "stage_seconds": dict(sorted(stage_seconds.items())),
         "mfu": utilisation,
+        "mfu_note": mfu_note,
         "peak_flops": peak_flops,
         "n_params": n_params,
         "num_devices": num_devices,

@@ -250,7 +250,11 @@ def format_throughput(t: dict[str, Any]) -> str:
         return "n/a" if value is None else format(value, spec)
 
     mfu = t.get("mfu")
-    mfu_text = f"{mfu:.2%}" if mfu is not None else "n/a (peak FLOP/s of this device unknown)"
+    mfu_text = (
+        f"{mfu:.2%}"
+        if mfu is not None
+        else f"n/a ({t.get('mfu_note') or 'peak FLOP/s of this device unknown'})"
+    )
     if mfu is not None and t.get("peak_flops_source"):
         mfu_text += f" (peak {t['peak_flops_source']})"
     lines = [
