@@ -160,8 +160,11 @@ def test_one_update_is_the_same_on_1_and_2_workers_and_is_adamw_on_the_hand_grad
     optimizer.step()
     want = {n: p.detach() for n, p in model.named_parameters()}
     # AdamW's first step moves each weight by lr * g / (|g| + eps): a gradient entry near 0 turns
-    # float summation-order noise into up to ~1e-4 of weight; 1e-4 is 1% of a step (lr = 1e-2)
-    _assert_same(one_rank["weights"], want, "1 worker vs AdamW on the hand-written gradient", atol=1e-4)
+    # float summation-order noise into a visible weight change. The engine runs each micro-batch
+    # on its own padding-free window (other matmul shapes than the hand-written full-width pass):
+    # measured 1.5e-4 on 1 of 6400 embedding entries; 3e-4 is 3% of a step (lr = 1e-2). The
+    # gradients themselves are compared at 1e-6 above.
+    _assert_same(one_rank["weights"], want, "1 worker vs AdamW on the hand-written gradient", atol=3e-4)
     for rank in range(WORLD):
         _assert_same(two_ranks[rank]["weights"], one_rank["weights"], f"2 workers, rank {rank}", atol=1e-4)
     assert one_rank["update"]["prm/optimizer_steps"] == 1.0
