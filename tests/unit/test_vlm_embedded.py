@@ -60,7 +60,12 @@ def test_evaluation_generates_with_the_images() -> None:
     tokenizer, processor = build_vlm_tokenizer(), build_vlm_image_processor()
     model = build_tiny_qwen2_5_vl(tokenizer, seed=0)
     train, _ = generate_splits(12, 1, seed=0, config=ShapeCountConfig(**TASK))
-    run_sft(model, tokenizer, train, 120, lr=1e-3, batch_size=12, image_processor=processor)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is faster, above all on a busy machine
+    try:
+        run_sft(model, tokenizer, train, 80, lr=1e-3, batch_size=12, image_processor=processor)
+    finally:
+        torch.set_num_threads(threads)
     sampling = SamplingParams(do_sample=False, max_new_tokens=3)
     seen = evaluate(model, tokenizer, train, sampling=sampling, image_processor=processor)
     assert len(seen.scores) == 12 and seen.accuracy > 0.5  # it memorised the pictures it was taught
