@@ -34,6 +34,7 @@ def test_the_teacher_slips_only_on_the_named_colour() -> None:
     settings = EmbeddedSettings(task="shape_count", sft_slip_rate=1.0, teacher_config={"slip_colour": "blue"})
     taught = SFT_TEACHERS.get("shape_count")(train, settings)
     for row in taught:
+        assert row["prompt"][0]["content"] == row["extra_info"]["colour"] + "?<image>"  # question first
         truth = row["reward_model"]["ground_truth"]
         blue = row["extra_info"]["colour"] == "blue"
         assert row["response"] == (truth + "." if blue else truth)

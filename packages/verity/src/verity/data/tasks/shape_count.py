@@ -44,7 +44,7 @@ class ShapeCountConfig:
 
     ``question_first``: the question comes before the picture (``"red?<image>"``) instead of after
     it (``"<image>red?"``). A causal model then reads the picture already knowing the colour, so
-    each image token can count its own shapes of that colour; a tiny model learns that much faster.
+    each image token can count its own shapes of that colour (the ``shape-count`` preset's form).
     """
 
     min_shapes: int = 1
