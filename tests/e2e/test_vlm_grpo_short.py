@@ -82,3 +82,12 @@ def test_multimodal_parquet_trains_two_grpo_steps(tmp_path) -> None:
         assert row["actor/grad_norm"] > 0
         assert "reward/mean" in row and "timing/weight_sync_s" in row
     assert (out / "validation.jsonl").exists()
+    # the final checkpoint exports to a folder that loads as the vision-language model it trained,
+    # with its image processor
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText
+    from verity.checkpoint.export import export_hf
+
+    exported = export_hf(out, tmp_path / "hf")
+    trained = AutoModelForImageTextToText.from_pretrained(exported)
+    assert trained.config.model_type == "qwen2_5_vl"
+    assert AutoImageProcessor.from_pretrained(exported).merge_size == 2

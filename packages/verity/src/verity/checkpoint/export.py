@@ -15,6 +15,7 @@ a ``peft`` adapter folder (:mod:`verity.checkpoint.export_lora`).
 from __future__ import annotations
 
 import logging
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from verity.checkpoint.layout import find_latest, is_complete
-from verity.checkpoint.manager import HF_DIR
+from verity.checkpoint.manager import HF_DIR, PREPROCESSOR_CONFIG
 from verity.checkpoint.sharded import DCP_DIR
 
 logger = logging.getLogger("verity.checkpoint")
@@ -150,15 +151,21 @@ def export_hf(
     AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True).save_pretrained(str(out))
     if (hf_dir / "generation_config.json").is_file():
         GenerationConfig.from_pretrained(str(hf_dir)).save_pretrained(str(out))
+    if (hf_dir / PREPROCESSOR_CONFIG).is_file():  # a vision-language model's image processor
+        shutil.copyfile(hf_dir / PREPROCESSOR_CONFIG, out / PREPROCESSOR_CONFIG)
     logger.info("exported %s (%s) to %s", ckpt, role, out)
     return out
 
 
 def _full_model(role_dir: Path, weights: dict[str, torch.Tensor], config: Any) -> Any:
-    """An HF causal LM of ``config`` holding ``weights`` (every tensor of the model, tied ones once)."""
-    from transformers import AutoModelForCausalLM
+    """An HF causal LM (or Qwen2-VL-family vision-language model) of ``config`` holding ``weights``
+    (every tensor of the model, tied ones once)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    model = AutoModelForCausalLM.from_config(config)
+    from verity.data.multimodal import VISION_LANGUAGE_MODEL_TYPES
+
+    vision = getattr(config, "model_type", None) in VISION_LANGUAGE_MODEL_TYPES
+    model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(config)
     expected = set(model.state_dict())
     tied = {name for name in expected - set(weights) if _is_tied(model, name)}
     missing = sorted(expected - set(weights) - tied)

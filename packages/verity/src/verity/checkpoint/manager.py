@@ -13,6 +13,7 @@ or reads its shards under ``path``; see :mod:`verity.checkpoint.sharded`).
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +26,7 @@ from verity.checkpoint.state import TrainerState
 logger = logging.getLogger("verity.checkpoint")
 
 HF_DIR = "hf"
+PREPROCESSOR_CONFIG = "preprocessor_config.json"  # a vision-language model's image processor
 
 
 class CheckpointManager:
@@ -59,7 +61,8 @@ class CheckpointManager:
         self.last_saved: Path | None = None
 
     def _write_hf_assets(self, folder: Path) -> None:
-        """Model config, generation config and tokenizer files into ``folder`` (no weights)."""
+        """Model config, generation config, tokenizer files and (vision-language models) the image
+        processor's ``preprocessor_config.json`` into ``folder`` (no weights)."""
         if self.model_path is None:
             return
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
@@ -72,6 +75,9 @@ class CheckpointManager:
         self._tokenizer.save_pretrained(folder)
         if (Path(self.model_path) / "generation_config.json").is_file():
             GenerationConfig.from_pretrained(self.model_path).save_pretrained(folder)
+        processor = Path(self.model_path) / PREPROCESSOR_CONFIG
+        if processor.is_file():
+            shutil.copyfile(processor, folder / PREPROCESSOR_CONFIG)
 
     def save(self, step: int, state: TrainerState) -> Path:
         """Write checkpoint ``step_<step>`` atomically, point ``latest`` at it, prune old ones.

@@ -31,7 +31,7 @@ class ModelConfig:
     gradient_checkpointing: bool = False  # recompute activations in backward (trained roles)
     # embedded default only: which preset (task, teacher, model shape, SFT; verity.data.embedded_presets),
     # its SFT warm-start steps and the cache folder
-    embedded_preset: str = "default"  # a registered preset: default, or one a plug-in adds
+    embedded_preset: str = "default"  # default, multiply-tools, shape-count (tiny Qwen2.5-VL), a plug-in's
     embedded_sft_steps: int | None = None  # None: the preset's own (see verity.trainer.embedded)
     embedded_cache_dir: str = "~/.cache/verity/embedded"  # where the embedded default is built and reused
 

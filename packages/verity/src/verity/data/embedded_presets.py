@@ -42,6 +42,7 @@ from verity.registry import Registry
 __all__ = [
     "EMBEDDED_FORMAT",
     "EMBEDDED_PRESETS",
+    "MODEL_FAMILIES",
     "SFT_TEACHERS",
     "EmbeddedSettings",
     "format_rows",
@@ -61,7 +62,13 @@ _LATER_FIELDS: dict[str, Any] = {
     "teacher": "answer",
     "teacher_config": {},
     "eval_max_new_tokens": 16,
+    "model_family": "qwen2",
 }
+
+MODEL_FAMILIES = ("qwen2", "qwen2_5_vl")
+"""What an embedded model is built as: a tiny Qwen2 causal LM (:func:`verity.data.tiny_model.build_tiny_qwen2_for`)
+or a tiny Qwen2.5-VL vision-language model (:func:`verity.data.tiny_vlm.build_tiny_qwen2_5_vl`, for tasks
+whose rows carry images)."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +78,9 @@ class EmbeddedSettings:
     Task: ``task`` (a name in ``verity.data.tasks.TASKS``) with ``task_config`` (its
     ``*Config`` knobs), ``num_train``/``num_test`` rows from ``data_seed``; rows
     relabelled to ``data_source`` (None: the task's own) with the user message
-    ``prompt_template.format(prompt=...)``. Model: ``model`` (tiny Qwen2 shape) from
-    ``model_seed``. Warm-start: ``sft_steps`` of ``sft_batch_size`` rows at ``sft_lr``
+    ``prompt_template.format(prompt=...)``. Model: ``model_family`` (one of
+    :data:`MODEL_FAMILIES`) shaped by ``model`` (the builder's keyword arguments; empty: its
+    defaults) from ``model_seed``. Warm-start: ``sft_steps`` of ``sft_batch_size`` rows at ``sft_lr``
     from ``sft_seed`` on the responses of ``teacher`` (:data:`SFT_TEACHERS`, knobs in
     ``teacher_config``; the ``answer`` teacher's slip in ``sft_slip_rate`` /
     ``sft_slip_operations``). The build's greedy evaluation generates up to
@@ -86,6 +94,7 @@ class EmbeddedSettings:
     num_train: int = 6000
     num_test: int = 500
     data_seed: int = 0
+    model_family: str = "qwen2"
     model: dict[str, int] = field(
         default_factory=lambda: {
             "hidden": 128,
@@ -118,6 +127,10 @@ class EmbeddedSettings:
             raise ValueError(f"num_train/num_test: expected >= 1, got {self.num_train}/{self.num_test}")
         if "{prompt}" not in self.prompt_template:
             raise ValueError(f"prompt_template: expected a '{{prompt}}' field, got {self.prompt_template!r}")
+        if self.model_family not in MODEL_FAMILIES:
+            raise ValueError(
+                f"model_family: expected one of {list(MODEL_FAMILIES)}, got {self.model_family!r}"
+            )
         if self.eval_max_new_tokens < 1:
             raise ValueError(f"eval_max_new_tokens: expected >= 1, got {self.eval_max_new_tokens}")
 
@@ -201,7 +214,24 @@ def _multiply_tools_teacher(rows: list[dict[str, Any]], settings: EmbeddedSettin
     return tool_teacher_rows(rows, float(settings.teacher_config["tool_rate"]), seed=settings.sft_seed)
 
 
+def _shape_count_teacher(rows: list[dict[str, Any]], settings: EmbeddedSettings) -> list[dict[str, Any]]:
+    """The right count for every picture; on ``sft_slip_rate`` of the questions about
+    ``teacher_config["slip_colour"]`` the count is followed by a full stop (the designed slip,
+    as the ``answer`` teacher's on subtractions)."""
+    rng = random.Random(settings.sft_seed)
+    slip_colour = settings.teacher_config.get("slip_colour")
+    out = []
+    for row in rows:
+        answer = str(row["reward_model"]["ground_truth"])
+        slips = (
+            row.get("extra_info", {}).get("colour") == slip_colour and rng.random() < settings.sft_slip_rate
+        )
+        out.append({**row, "response": answer + "." if slips else answer})
+    return out
+
+
 register_sft_teacher("answer", _answer_teacher)
+register_sft_teacher("shape_count", _shape_count_teacher)
 register_sft_teacher("multiply_tools", _multiply_tools_teacher)
 register_embedded_preset("default", EmbeddedSettings())
 # 3-digit x 2-digit products, which the tiny model cannot compute but can copy from a calculator: the
@@ -220,5 +250,37 @@ register_embedded_preset(
         teacher="multiply_tools",
         teacher_config={"tool_rate": 0.3},
         eval_max_new_tokens=96,
+    ),
+)
+# The tiny Qwen2.5-VL on the visual counting task (verity.data.tasks.shape_count): how many shapes of
+# a colour a 56x56 picture holds; the warm-start slips a full stop after most counts of blue shapes
+# (the recipes/vlm task; docs/multimodal.md)
+register_embedded_preset(
+    "shape-count",
+    EmbeddedSettings(
+        task="shape_count",
+        task_config={"min_shapes": 2, "max_shapes": 6, "question_first": True},
+        num_train=3000,
+        num_test=256,
+        model_family="qwen2_5_vl",
+        model={  # build_tiny_qwen2_5_vl's shape, pinned here so that it is part of the cache key
+            "hidden": 128,
+            "layers": 2,
+            "heads": 4,
+            "kv_heads": 2,
+            "intermediate": 512,
+            "max_pos": 512,
+            "vision_hidden": 32,
+            "vision_depth": 2,
+            "vision_heads": 2,
+            "vision_intermediate": 64,
+        },
+        sft_steps=4000,
+        sft_batch_size=32,
+        sft_lr=1e-3,  # 3e-3 leaves the model at the answer prior (measured; docs/multimodal.md)
+        sft_slip_rate=0.7,
+        teacher="shape_count",
+        teacher_config={"slip_colour": "blue"},
+        eval_max_new_tokens=4,
     ),
 )

@@ -14,6 +14,7 @@ name                      answer read from the response                         
 ``math_verify``           math-verify parse of the response vs ``\\boxed{gt}``         1 / 0
 ``dapo``                  last ``Answer:`` line, normalised                           1 / -1 (DAPO)
 ``aime``                  integer in the last ``\\boxed{}`` or ``Answer:``             1 / 0
+``geo3k``                 last ``\\boxed{}`` as ``math_boxed``, plus a format bonus       0.9 acc + 0.1 format
 ========================  ==========================================================  ==============
 
 math-verify's ``parse``/``verify`` enforce their own timeouts with
@@ -26,6 +27,7 @@ worker process that is killed at the per-sample timeout).
 from __future__ import annotations
 
 import logging
+import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -139,7 +141,29 @@ def aime(
     return _result(pred is not None and int(pred) == expected, pred)
 
 
+GEO3K_FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
+"""The response format verl's geometry3k prompt asks for: reasoning in ``<think>...</think>``, then
+a ``\\boxed{}`` answer (the whole response must match)."""
+
+
+def geo3k(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **_: Any
+) -> dict[str, Any]:
+    """Geometry3K (verl's ``hiyouga/geometry3k`` rows): ``score = 0.9 * acc + 0.1 * format``.
+
+    ``acc``: the last ``\\boxed{}`` equals the reference (``math_boxed``'s comparison);
+    ``format``: the whole response matches :data:`GEO3K_FORMAT`. The weights are the rule of
+    verl's geo3k reward; answers are compared by :mod:`.math_normalize`, not by verl's grader.
+    """
+    result = math_boxed(data_source, solution_str, ground_truth)
+    formatted = GEO3K_FORMAT.fullmatch(solution_str.strip()) is not None
+    result["score"] = 0.9 * result["acc"] + 0.1 * float(formatted)
+    result["format"] = float(formatted)
+    return result
+
+
 BUILTIN_REWARD_FUNCTIONS = {
+    "geo3k": geo3k,
     "gsm8k_strict": gsm8k_strict,
     "gsm8k_flexible": gsm8k_flexible,
     "math_boxed": math_boxed,

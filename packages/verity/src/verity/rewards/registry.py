@@ -49,6 +49,8 @@ DEFAULT_REWARD_TABLE: dict[str, str] = {
     "math_dapo": "dapo",
     "math_dapo_reasoning": "dapo",
     "aime": "aime",
+    "hiyouga/geometry3k": "geo3k",  # verl's geo3k preprocessing
+    "geometry3k": "geo3k",
     **{name: "code_sandbox" for name in _CODE_SOURCES},
 }
 """Exact ``data_source`` -> reward spec."""
@@ -67,6 +69,7 @@ BUILTIN_NAMES: tuple[str, ...] = (
     "math_verify",
     "dapo",
     "aime",
+    "geo3k",
     "code_sandbox",
 )
 

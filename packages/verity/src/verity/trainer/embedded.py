@@ -7,8 +7,9 @@ user had pointed at a real checkpoint and real verl parquet files::
         manifest.json        settings, SFT seconds and losses, held-out greedy accuracy, versions
         data/train.parquet   arithmetic train split (verl schema)
         data/test.parquet    held-out split (no expression shared with train)
-        base/                the untrained model and tokenizer (HF format)
-        model/               the SFT warm-started model and tokenizer (HF format)
+        base/                the untrained model and tokenizer (HF format; + preprocessor_config.json
+                             for a vision-language preset)
+        model/               the SFT warm-started model and tokenizer (HF format, likewise)
 
 ``settings`` is an :class:`~verity.data.embedded_presets.EmbeddedSettings`; a run picks
 one by name with ``model.embedded_preset`` (``default``, the one described below, or one a
@@ -148,10 +149,8 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
     import torch
     import transformers
 
-    from verity.data.char_tokenizer import CharTokenizer
     from verity.data.tasks import TASKS
     from verity.data.tasks.arithmetic import extract_answer
-    from verity.data.tiny_model import build_tiny_qwen2_for
     from verity.rollout.sampling import SamplingParams
     from verity.trainer.evaluate import evaluate
     from verity.trainer.sft import run_sft
@@ -168,10 +167,8 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
     _write_rows(train_rows, paths.train_file)
     _write_rows(test_rows, paths.test_file)
 
-    tokenizer = CharTokenizer()
-    model = build_tiny_qwen2_for(tokenizer, seed=settings.model_seed, **settings.model)
-    model.save_pretrained(paths.base_model_dir)
-    tokenizer.save_pretrained(paths.base_model_dir)
+    tokenizer, model, image_processor = _build_model(settings)
+    _save(paths.base_model_dir, model, tokenizer, image_processor)
 
     record: dict[str, Any] = {
         "format": EMBEDDED_FORMAT,
@@ -188,7 +185,7 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
     if settings.sft_steps > 0:
         say(f"verity: SFT warm-start, {settings.sft_steps} steps of {settings.sft_batch_size} rows")
         sft_rows = teacher(train_rows, settings)
-        if settings.teacher == "answer":
+        if settings.teacher in ("answer", "shape_count"):  # the teachers with the full-stop slip
             record["sft_slipped_rows"] = sum(row["response"].endswith(".") for row in sft_rows)
         result = run_sft(
             model,
@@ -198,6 +195,7 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
             lr=settings.sft_lr,
             batch_size=settings.sft_batch_size,
             seed=settings.sft_seed,
+            image_processor=image_processor,
         )
         tail = result.losses[-min(50, len(result.losses)) :]
         record["sft"] = {
@@ -208,11 +206,18 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
         }
     sampling = SamplingParams(do_sample=False, max_new_tokens=settings.eval_max_new_tokens)
     if settings.data_source is None:  # the task's own verifier; clean = the bare integer
-        evaluation = evaluate(model, tokenizer, test_rows, sampling=sampling)
+        evaluation = evaluate(model, tokenizer, test_rows, sampling=sampling, image_processor=image_processor)
         clean = [extract_answer(text) is not None for text in evaluation.responses]
     else:  # the relabelled source's reward function; clean = it found an answer
         found: list[bool] = []
-        evaluation = evaluate(model, tokenizer, test_rows, sampling=sampling, score_fn=_reward_scorer(found))
+        evaluation = evaluate(
+            model,
+            tokenizer,
+            test_rows,
+            sampling=sampling,
+            score_fn=_reward_scorer(found),
+            image_processor=image_processor,
+        )
         clean = found
     accuracy = evaluation.accuracy
     record["test_greedy_accuracy"] = accuracy
@@ -221,9 +226,31 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
     say(
         f"verity: warm-start done in {record['build_seconds']:.0f} s, held-out greedy accuracy {accuracy:.1%}"
     )
-    model.save_pretrained(paths.model_dir)
-    tokenizer.save_pretrained(paths.model_dir)
+    _save(paths.model_dir, model, tokenizer, image_processor)
     paths.manifest_file.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def _build_model(settings: EmbeddedSettings) -> tuple[Any, Any, Any]:
+    """``(tokenizer, untrained model, image processor or None)`` of ``settings.model_family``."""
+    if settings.model_family == "qwen2_5_vl":
+        from verity.data.tiny_vlm import build_tiny_qwen2_5_vl, build_vlm_image_processor, build_vlm_tokenizer
+
+        tokenizer = build_vlm_tokenizer()
+        model = build_tiny_qwen2_5_vl(tokenizer, seed=settings.model_seed, **settings.model)
+        return tokenizer, model, build_vlm_image_processor()
+    from verity.data.char_tokenizer import CharTokenizer
+    from verity.data.tiny_model import build_tiny_qwen2_for
+
+    tokenizer = CharTokenizer()
+    return tokenizer, build_tiny_qwen2_for(tokenizer, seed=settings.model_seed, **settings.model), None
+
+
+def _save(folder: Path, model: Any, tokenizer: Any, image_processor: Any) -> None:
+    """Model, tokenizer and (for a vision-language model) image processor, in HF format."""
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    if image_processor is not None:
+        image_processor.save_pretrained(folder)
 
 
 def _reward_scorer(found: list[bool]) -> Callable[[str, str, str], float]:

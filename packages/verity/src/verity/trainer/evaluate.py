@@ -4,7 +4,9 @@ Rows are verl-schema dicts (``prompt``, ``data_source``,
 ``reward_model.ground_truth``). The default scorer looks the row's
 ``data_source`` up among the synthetic tasks (``verity.data.tasks``); pass
 ``score_fn(data_source, response_text, ground_truth) -> float`` to score
-anything else (e.g. the reward registry).
+anything else (e.g. the reward registry). Rows with images (verl's ``images`` column) need
+the model's ``image_processor``; they are encoded as a run encodes them
+(:class:`~verity.data.verl_dataset.PromptDataset`) and generated with their images.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def evaluate(
     sampling: SamplingParams | None = None,
     score_fn: ScoreFn | None = None,
     seed: int = 0,
+    image_processor: Any = None,
 ) -> EvaluationResult:
     """Generate one response per row (greedy with 16 new tokens unless ``sampling`` says otherwise) and score it.
 
@@ -65,10 +68,7 @@ def evaluate(
     result = EvaluationResult(accuracy=0.0)
     for start in range(0, len(rows), batch_size):
         chunk = rows[start : start + batch_size]
-        encoded = encode_prompts(tokenizer, prompts_of_rows(chunk))
-        out = rollout.generate(
-            {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
-        )
+        out = rollout.generate(_prompt_batch(tokenizer, chunk, image_processor))
         responses, mask = out["responses"].cpu(), out["response_mask"].cpu()
         for row, ids, row_mask in zip(chunk, responses, mask, strict=True):
             length = int(row_mask.sum())
@@ -81,6 +81,24 @@ def evaluate(
     return result
 
 
+def _prompt_batch(
+    tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]], image_processor: Any
+) -> Any:
+    """The left-padded prompt batch of ``rows``: with their images when they carry any."""
+    from verity.data.multimodal import has_images_column
+
+    if has_images_column(rows):
+        from verity.data.prompt_loader import collate_prompts
+        from verity.data.verl_dataset import PromptDataset, pad_token_id_of
+
+        dataset = PromptDataset(
+            list(rows), tokenizer, max_prompt_length=1 << 30, image_processor=image_processor
+        )
+        return collate_prompts(dataset.records, pad_token_id_of(tokenizer))
+    encoded = encode_prompts(tokenizer, prompts_of_rows(rows))
+    return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+
+
 def evaluate_greedy(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -89,7 +107,16 @@ def evaluate_greedy(
     *,
     max_new_tokens: int = 16,
     score_fn: ScoreFn | None = None,
+    image_processor: Any = None,
 ) -> float:
     """Greedy accuracy in [0, 1]: the mean verifier score of the argmax response to each row."""
     sampling = SamplingParams(do_sample=False, max_new_tokens=max_new_tokens)
-    return evaluate(model, tokenizer, rows, batch_size, sampling=sampling, score_fn=score_fn).accuracy
+    return evaluate(
+        model,
+        tokenizer,
+        rows,
+        batch_size,
+        sampling=sampling,
+        score_fn=score_fn,
+        image_processor=image_processor,
+    ).accuracy

@@ -12,6 +12,14 @@ Batches are drawn without replacement from a seeded permutation of the rows
 ``warmup_steps`` then cosine decay to ``min_lr_ratio * lr`` at ``steps``;
 gradients clipped to ``grad_clip`` (global L2 norm).
 
+A row with images (verl's ``images`` column, ``<image>`` placeholders in its messages) needs the
+model's image processor (``image_processor=``): its prompt is encoded as a run encodes it
+(:class:`~verity.data.verl_dataset.PromptDataset`: image tokens expanded per image, rows with
+a placeholder/image mismatch or an unreadable image named before training), and each batch
+feeds the rows' patches and M-RoPE positions to the model
+(:func:`verity.data.vision_inputs.vision_forward_inputs`), the same inputs the rollout and the
+trainer give it.
+
 The answer of a row is its ``response`` field when present, otherwise its
 ``reward_model.ground_truth`` (the synthetic tasks' rows answer with exactly that).
 
@@ -101,29 +109,58 @@ def multi_turn_target(
     return ids, trained
 
 
+def image_prompt_ids(
+    tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]], image_processor: Any
+) -> tuple[list[list[int]], list[torch.Tensor], list[torch.Tensor]]:
+    """Rows with images: ``(prompt_ids, pixel_values, image_grid_thw)`` per row, encoded as a run encodes them.
+
+    ``pixel_values[i]`` is ``[patches_i, C*T*P*P]`` float32, ``image_grid_thw[i]`` ``[images_i, 3]``
+    int64. Raises :class:`~verity.data.verl_dataset.MalformedDatasetError` naming bad rows.
+    """
+    from verity.data.verl_dataset import PromptDataset
+
+    if image_processor is None:
+        raise ValueError("image_processor: the SFT rows carry images; give the model's image processor")
+    dataset = PromptDataset(list(rows), tokenizer, max_prompt_length=1 << 30, image_processor=image_processor)
+    records = dataset.records
+    if len(records) != len(rows):  # PromptDataset raises rather than drops with these settings
+        raise RuntimeError(f"image_prompt_ids: encoded {len(records)} of {len(rows)} rows")
+    return (
+        [list(r.input_ids) for r in records],
+        [r.pixel_values for r in records],
+        [r.image_grid_thw for r in records],
+    )
+
+
 def tokenize_examples(
-    tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, Any]]
+    tokenizer: PreTrainedTokenizerBase,
+    rows: Sequence[dict[str, Any]],
+    prompt_ids: Sequence[list[int]] | None = None,
 ) -> list[tuple[list[int], ...]]:
     """``(prompt_ids, answer_ids + [eos])`` per row (no extra special tokens added by the tokenizer).
 
     A row whose ``response`` is a list of messages gives ``(prompt_ids, answer_ids, trained)``
-    instead (:func:`multi_turn_target`).
+    instead (:func:`multi_turn_target`). ``prompt_ids`` (one list per row) replaces the chat
+    template's encoding of the prompts (rows with images: :func:`image_prompt_ids`).
     """
     if tokenizer.eos_token_id is None:
         raise ValueError("tokenizer: expected an EOS token (tokenizer.eos_token_id is None)")
     examples: list[tuple[list[int], ...]] = []
     renderer = None
-    for prompt, row in zip(prompts_of_rows(rows), rows, strict=True):
-        prompt_ids = tokenizer(render_chat(tokenizer, prompt), add_special_tokens=False)["input_ids"]
+    for index, (prompt, row) in enumerate(zip(prompts_of_rows(rows), rows, strict=True)):
+        if prompt_ids is not None:
+            prompt_ids_row = prompt_ids[index]
+        else:
+            prompt_ids_row = tokenizer(render_chat(tokenizer, prompt), add_special_tokens=False)["input_ids"]
         if isinstance(row.get("response"), list):
             if renderer is None:
                 from verity.rollout.agent.render import ToolMessageRenderer
 
                 renderer = ToolMessageRenderer(tokenizer)
-            examples.append((list(prompt_ids), *multi_turn_target(tokenizer, row["response"], renderer)))
+            examples.append((list(prompt_ids_row), *multi_turn_target(tokenizer, row["response"], renderer)))
             continue
         answer_ids = tokenizer(sft_answer(row), add_special_tokens=False)["input_ids"]
-        examples.append((list(prompt_ids), list(answer_ids) + [tokenizer.eos_token_id]))
+        examples.append((list(prompt_ids_row), list(answer_ids) + [tokenizer.eos_token_id]))
     return examples
 
 
@@ -173,13 +210,15 @@ def run_sft(
     grad_clip: float = 1.0,
     log_every: int = 0,
     on_log: Callable[[int, float], None] | None = None,
+    image_processor: Any = None,
 ) -> SFTResult:
     """Train ``model`` in place for ``steps`` optimizer steps of ``batch_size`` rows; returns an :class:`SFTResult`.
 
     ``warmup_steps`` defaults to ``min(50, steps // 10)``. Every ``log_every``
     steps (0: never) ``on_log(step, loss)`` is called (default: print).
     The model is left in eval mode. Same rows, settings and seed on the same
-    machine give the same weights.
+    machine give the same weights. Rows with images need ``image_processor`` (the module
+    docstring says how they are fed).
     """
     if not rows:
         raise ValueError("rows: expected at least one training row, got none")
@@ -190,7 +229,14 @@ def run_sft(
     if lr <= 0:
         raise ValueError(f"lr: expected > 0, got {lr}")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    examples = tokenize_examples(tokenizer, rows)
+    from verity.data.multimodal import has_images_column
+
+    images: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+    prompt_ids = None
+    if has_images_column(rows):
+        prompt_ids, pixel_values, grids = image_prompt_ids(tokenizer, rows, image_processor)
+        images = (pixel_values, grids)
+    examples = tokenize_examples(tokenizer, rows, prompt_ids)
     warmup = min(50, steps // 10) if warmup_steps is None else warmup_steps
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))
@@ -208,7 +254,18 @@ def run_sft(
         batch = {k: v.to(device) for k, v in collate_examples([examples[i] for i in picked], pad_id).items()}
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(step, lr, steps, warmup, min_lr_ratio)
-        loss = model(**batch).loss
+        extra: dict[str, torch.Tensor] = {}
+        if images is not None:
+            from verity.data.vision_inputs import vision_forward_inputs
+
+            extra, _ = vision_forward_inputs(
+                model,
+                batch["input_ids"],
+                batch["attention_mask"],
+                [images[0][i] for i in picked],
+                [images[1][i] for i in picked],
+            )
+        loss = model(**batch, **extra).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if grad_clip > 0:

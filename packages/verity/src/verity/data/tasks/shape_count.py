@@ -31,15 +31,25 @@ DATA_SOURCE = "verity/shape_count"
 ABILITY = "vision"
 SIZE = 56
 CELL = 14
-COLOURS: dict[str, tuple[int, int, int]] = {"red": (220, 30, 30), "green": (30, 170, 30), "blue": (30, 60, 220)}
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "red": (220, 30, 30),
+    "green": (30, 170, 30),
+    "blue": (30, 60, 220),
+}
 
 
 @dataclass(frozen=True)
 class ShapeCountConfig:
-    """``max_shapes``: most shapes in a picture (1..16); ``min_shapes``: fewest (0..max_shapes)."""
+    """``max_shapes``: most shapes in a picture (1..16); ``min_shapes``: fewest (0..max_shapes).
+
+    ``question_first``: the question comes before the picture (``"red?<image>"``) instead of after
+    it (``"<image>red?"``). A causal model then reads the picture already knowing the colour, so
+    each image token can count its own shapes of that colour (the ``shape-count`` preset's form).
+    """
 
     min_shapes: int = 1
     max_shapes: int = 4
+    question_first: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_shapes <= (SIZE // CELL) ** 2:
@@ -77,7 +87,8 @@ def _draw(config: ShapeCountConfig):
         colour = rng.choice(list(COLOURS))
         answer = str(sum(1 for _, c, _ in layout if c == colour))
         key = f"{colour}|" + ";".join(f"{c},{col},{k}" for c, col, k in layout)
-        return key, f"<image>{colour}?", answer, {"colour": colour, "layout": key.split("|", 1)[1]}
+        prompt = f"{colour}?<image>" if config.question_first else f"<image>{colour}?"
+        return key, prompt, answer, {"colour": colour, "layout": key.split("|", 1)[1]}
 
     return draw
 
@@ -92,7 +103,9 @@ def generate_splits(
         for row in rows:
             layout = [
                 (int(c), col, kind)
-                for c, col, kind in (item.split(",") for item in row["extra_info"]["layout"].split(";") if item)
+                for c, col, kind in (
+                    item.split(",") for item in row["extra_info"]["layout"].split(";") if item
+                )
             ]
             row["images"] = [{"bytes": draw_picture(layout), "path": None}]
     return splits["train"], splits["test"]
