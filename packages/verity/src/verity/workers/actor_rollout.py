@@ -35,9 +35,10 @@ from verity.engines.fsdp2 import load_causal_lm
 from verity.hardware import get_backend
 from verity.resharding import iter_engine_weights, sync_weights
 from verity.resharding.object_store import publish_weight_buckets
-from verity.rollout import RolloutBuildContext, RolloutEngine, SamplingParams, build_rollout_engine
+from verity.rollout import RolloutEngine
 from verity.workers.actor_loss import make_actor_loss
 from verity.workers.role_training import build_role_engine, minibatch_epochs, role_device, role_model_dtype
+from verity.workers.rollout_side import build_role_rollout, generate_batch
 
 
 class ActorRolloutRefWorker(Worker):
@@ -79,21 +80,15 @@ class ActorRolloutRefWorker(Worker):
         n_params = sum(p.numel() for p in policy.parameters())
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         # the rollout takes its copy before the engine shards the policy in place
-        self.rollout = build_rollout_engine(
-            cfg.rollout.engine,
-            RolloutBuildContext(
-                model_path=self.model_path,
-                tokenizer=tokenizer,
-                device=device,
-                dtype=dtype,
-                seed=cfg.trainer.seed + self.rank,
-                rank=self.rank,
-                world_size=self.world_size,
-                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
-                load_policy=lambda: copy.deepcopy(policy),
-                options=getattr(cfg.rollout, cfg.rollout.engine, None),
-                cfg=cfg,
-            ),
+        self.rollout = build_role_rollout(
+            cfg,
+            model_path=self.model_path,
+            tokenizer=tokenizer,
+            device=device,
+            dtype=dtype,
+            rank=self.rank,
+            world_size=self.world_size,
+            load_policy=lambda: copy.deepcopy(policy),
         )
         self.actor = build_role_engine("actor", lambda: policy, cfg, cfg.actor, device, self.model_path)
         # with tensor/pipeline parallelism several ranks share one data-parallel shard of every batch
@@ -149,19 +144,12 @@ class ActorRolloutRefWorker(Worker):
         assert self.rollout is not None, "init_model() must run first"
         maybe_stall("generate")
         self.rollout.wake()  # a no-op unless the last call put it to sleep
-        params = SamplingParams(**batch.meta.get("sampling", {}))
-        if "seed" in batch.meta:
-            self.rollout.set_seed(int(batch.meta["seed"]) * 1009 + self.dp_rank)
-        chunk = self.cfg.rollout.micro_batch_size
-        parts = [
-            self.rollout.generate(batch.index(slice(i, i + chunk)), params)
-            for i in range(0, len(batch), chunk)
-        ]
+        out = generate_batch(self.rollout, batch, self.cfg.rollout.micro_batch_size, self.dp_rank)
         # colocated on an accelerator, the rollout gives its memory back to the training stages
         # until the next weight sync (vLLM sleep mode at rollout.vllm.sleep_level; HF: model to
         # host memory); on CPU every engine's sleep is a no-op
         self.rollout.sleep()
-        return parts[0] if len(parts) == 1 else Batch.concat(parts)
+        return out
 
     # --------------------------------------------------------------- scoring
     @register(Dispatch.DP_SPLIT)

@@ -22,8 +22,9 @@ from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines.fsdp2 import load_causal_lm
 from verity.hardware import get_backend
 from verity.resharding.object_store import load_weight_buckets
-from verity.rollout import RolloutBuildContext, RolloutEngine, SamplingParams, build_rollout_engine
+from verity.rollout import RolloutEngine
 from verity.workers.role_training import role_device, role_model_dtype
+from verity.workers.rollout_side import build_role_rollout, generate_batch
 
 
 class RolloutWorker(Worker):
@@ -48,23 +49,17 @@ class RolloutWorker(Worker):
         device = role_device(backend, self.local_rank)
         dtype = role_model_dtype(cfg)
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
-        self.rollout = build_rollout_engine(
-            cfg.rollout.engine,
-            RolloutBuildContext(
-                model_path=self.model_path,
-                tokenizer=tokenizer,
-                device=device,
-                dtype=dtype,
-                seed=cfg.trainer.seed + self.rank,
-                rank=self.rank,
-                world_size=self.world_size,
-                max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
-                load_policy=lambda: load_causal_lm(
-                    self.model_path, dtype=dtype, attn_implementation=cfg.model.attn_implementation
-                ).to(device),
-                options=getattr(cfg.rollout, cfg.rollout.engine, None),
-                cfg=cfg,
-            ),
+        self.rollout = build_role_rollout(
+            cfg,
+            model_path=self.model_path,
+            tokenizer=tokenizer,
+            device=device,
+            dtype=dtype,
+            rank=self.rank,
+            world_size=self.world_size,
+            load_policy=lambda: load_causal_lm(
+                self.model_path, dtype=dtype, attn_implementation=cfg.model.attn_implementation
+            ).to(device),
         )
         return {
             "rank": self.rank,
@@ -78,15 +73,7 @@ class RolloutWorker(Worker):
         """Sample one response per row, as :meth:`ActorRolloutRefWorker.generate` does (``sampling``, ``seed`` meta)."""
         assert self.rollout is not None, "init_model() must run first"
         maybe_stall("generate")
-        params = SamplingParams(**batch.meta.get("sampling", {}))
-        if "seed" in batch.meta:
-            self.rollout.set_seed(int(batch.meta["seed"]) * 1009 + self.dp_rank)
-        chunk = self.cfg.rollout.micro_batch_size
-        parts = [
-            self.rollout.generate(batch.index(slice(i, i + chunk)), params)
-            for i in range(0, len(batch), chunk)
-        ]
-        return parts[0] if len(parts) == 1 else Batch.concat(parts)
+        return generate_batch(self.rollout, batch, self.cfg.rollout.micro_batch_size, self.dp_rank)
 
     @register(Dispatch.BROADCAST, collect=Collect.ALL)
     def load_weights(self, refs: list[Any], version: int) -> dict[str, float]:

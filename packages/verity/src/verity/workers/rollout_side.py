@@ -1,0 +1,73 @@
+"""What both homes of the rollout share: building its engine and generating a batch in chunks.
+
+The rollout runs inside each actor process (``trainer.mode=sync``,
+:class:`~verity.workers.actor_rollout.ActorRolloutRefWorker`) or as a worker group
+of its own (``async``, :class:`~verity.workers.rollout_worker.RolloutWorker`); the
+engine it builds and the way it walks a batch are the same in both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from verity.batch import Batch
+from verity.config.schema import VerityConfig
+from verity.rollout import RolloutBuildContext, RolloutEngine, SamplingParams, build_rollout_engine
+
+
+def build_role_rollout(
+    cfg: VerityConfig,
+    *,
+    model_path: str,
+    tokenizer: Any,
+    device: torch.device,
+    dtype: torch.dtype | None,
+    rank: int,
+    world_size: int,
+    load_policy: Callable[[], nn.Module],
+) -> RolloutEngine:
+    """The rollout engine ``rollout.engine`` names, for one rank (seeded ``trainer.seed + rank``).
+
+    ``load_policy()`` returns the policy module for engines that generate from one in
+    this process (the HF engine); engines that load the checkpoint themselves (vLLM,
+    SGLang) read ``model_path`` instead. Sequences are at most
+    ``data.max_prompt_length + data.max_response_length`` tokens.
+    """
+    return build_rollout_engine(
+        cfg.rollout.engine,
+        RolloutBuildContext(
+            model_path=model_path,
+            tokenizer=tokenizer,
+            device=device,
+            dtype=dtype,
+            seed=cfg.trainer.seed + rank,
+            rank=rank,
+            world_size=world_size,
+            max_model_len=cfg.data.max_prompt_length + cfg.data.max_response_length,
+            load_policy=load_policy,
+            options=getattr(cfg.rollout, cfg.rollout.engine, None),
+            cfg=cfg,
+        ),
+    )
+
+
+def generate_batch(rollout: RolloutEngine, batch: Batch, chunk_rows: int, dp_rank: int) -> Batch:
+    """One sampled response per row of ``batch``, ``chunk_rows`` rows per engine call, in order.
+
+    ``batch.meta`` may carry ``sampling`` (a dict of :class:`SamplingParams` fields) and
+    ``seed`` (the call's seed; the engine is seeded ``seed * 1009 + dp_rank`` so the same
+    step draws the same tokens on every rerun and ranks sharing a data-parallel shard
+    draw the same).
+    """
+    params = SamplingParams(**batch.meta.get("sampling", {}))
+    if "seed" in batch.meta:
+        rollout.set_seed(int(batch.meta["seed"]) * 1009 + dp_rank)
+    parts = [
+        rollout.generate(batch.index(slice(i, i + chunk_rows)), params)
+        for i in range(0, len(batch), chunk_rows)
+    ]
+    return parts[0] if len(parts) == 1 else Batch.concat(parts)
