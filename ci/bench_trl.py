@@ -2,6 +2,7 @@
 
     python ci/bench_trl.py [--out outputs/bench/bench_trl.json] [--shapes quickstart,512x8]
                            [--steps-quickstart 40] [--steps-512x8 10] [--rounds 1] [--trl-threads 2]
+                           [--verity-layouts 1x2]
 
 Needs TRL (``pip install -c constraints.txt -e 'packages/verity[bench-trl]'``; ``nox -s bench``
 and ``nox -s nightly`` install it). Two shapes, each trained by both frameworks from the same
@@ -20,6 +21,9 @@ its s/step is the median of ``timing/step_s`` in ``metrics.jsonl`` over every st
 first. TRL runs ``GRPOTrainer`` on 2 torch threads (gradient checkpointing off, float32, no
 vLLM); its s/step is the median, over every step after the first, of the time between a
 callback's ``on_step_begin`` and ``on_step_end`` (generation, reward, loss and optimizer step).
+``--verity-layouts 1x2`` adds verity runs in other worker layouts (``WxT``: ``W`` Ray
+workers with ``T`` torch threads each) beside the preset, with their own ratio
+(``grpo_step_vs_trl_<shape>_verity_<layout>``, in the JSON, not compared by the nightly).
 Each side runs in its own process; with ``--rounds R`` the sides alternate (TRL, verity, verity,
 TRL, ...) and each side's figure is the median over its rounds. Held-out accuracy of both is
 scored by :func:`verity.trainer.evaluate.evaluate` rules (greedy, the task's verifier), on the
@@ -47,7 +51,21 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDES = ("trl", "verity")
+SIDES = ("trl", "verity")  # the two sides every run has; "verity-WxT" sides are extra layouts
+
+
+def parse_layout(text: str) -> tuple[int, int]:
+    """``"WxT"`` -> ``(W workers, T torch threads per worker)``, both >= 1."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"verity layout {text!r}: expected WORKERSxTHREADS with both >= 1, e.g. '1x2'")
+    return int(parts[0]), int(parts[1])
+
+
+def layout_side(layout: str) -> str:
+    """The side name of a verity layout run (``"verity-1x2"``)."""
+    workers, threads = parse_layout(layout)
+    return f"verity-{workers}x{threads}"
 
 
 @dataclass(frozen=True)
@@ -118,7 +136,9 @@ def build_result(
 ) -> dict[str, Any]:
     """The bench document: per shape each side's figures and ``ratio = trl s/step / verity s/step``.
 
-    ``runs[shape][side]`` is the list of that side's runs (one per round).
+    ``runs[shape][side]`` is the list of that side's runs (one per round). Extra
+    ``verity-WxT`` sides get their own ratio, ``ratio_<side>`` in the shape and
+    ``<ratio name>_<side with "-" as "_">`` in ``ratios``.
     """
     shapes: dict[str, Any] = {}
     ratios: dict[str, float] = {}
@@ -126,10 +146,14 @@ def build_result(
         missing = [s for s in SIDES if not sides.get(s)]
         if missing:
             raise ValueError(f"runs[{shape!r}]: no runs for {missing}")
-        figures = {side: side_figure(sides[side]) for side in SIDES}
+        figures = {side: side_figure(runs_) for side, runs_ in sides.items()}
         ratio = figures["trl"]["s_per_step"] / figures["verity"]["s_per_step"]
         shapes[shape] = {**figures, "ratio": ratio}
         ratios[ratio_name(shape)] = ratio
+        for side in sorted(s for s in figures if s not in SIDES):
+            extra = figures["trl"]["s_per_step"] / figures[side]["s_per_step"]
+            shapes[shape][f"ratio_{side}"] = extra
+            ratios[f"{ratio_name(shape)}_{side.replace('-', '_')}"] = extra
     return {"ratios": ratios, "shapes": shapes, "settings": dict(settings)}
 
 
@@ -145,8 +169,10 @@ def format_table(result: Mapping[str, Any]) -> str:
         "|---|---|---|---|---|",
     ]
     for shape, figures in result["shapes"].items():
-        for side, label in (("trl", "TRL GRPOTrainer"), ("verity", "verity (quickstart preset)")):
+        labels = {"trl": "TRL GRPOTrainer", "verity": "verity (quickstart preset)"}
+        for side in [s for s in figures if isinstance(figures[s], dict) and "s_per_step" in figures[s]]:
             fig = figures[side]
+            label = labels.get(side, f"verity, {side.removeprefix('verity-')} (workers x threads)")
             lines.append(f"| {shape} | {label} | {fig['steps']} | {fig['s_per_step']:.3f} | {acc(fig)} |")
     lines.append("")
     for shape, figures in result["shapes"].items():
@@ -155,6 +181,8 @@ def format_table(result: Mapping[str, Any]) -> str:
         lines.append(
             f"{ratio_name(shape)} = TRL s/step / verity s/step = {r:.3f} (verity {r:.2f}x TRL's speed: {verdict})"
         )
+        for key in sorted(k for k in figures if k.startswith("ratio_")):
+            lines.append(f"  {key.removeprefix('ratio_')}: TRL s/step / its s/step = {figures[key]:.3f}")
     return "\n".join(lines)
 
 
@@ -176,6 +204,7 @@ class SideJob:
     seed: int = 0
     trl_threads: int = 2  # torch threads of the TRL process
     response_len: int | None = None  # new tokens per sample; None: the shape's own
+    layout: str | None = None  # verity only: "WxT" workers x threads; None: the preset's
 
 
 def prepare_inputs(shape: Shape, workdir: Path, cache_dir: str) -> dict[str, str]:
@@ -211,7 +240,8 @@ def run_side_process(job: SideJob, out_file: Path) -> dict[str, Any]:
         "--side-out",
         str(out_file),
     ]
-    print(f"--- {job.shape}: {job.side}, {job.steps} steps", flush=True)
+    layout = f" ({job.layout} workers x threads)" if job.layout else ""
+    print(f"--- {job.shape}: {job.side}{layout}, {job.steps} steps", flush=True)
     load_before = os.getloadavg()
     code = subprocess.call(cmd, cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": "0"})
     if code != 0 or not out_file.is_file():
@@ -227,12 +257,14 @@ def run_bench(
     cache_dir: str,
     trl_threads: int = 2,
     response_lens: Mapping[str, int] | None = None,
+    verity_layouts: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Every shape, both sides alternating over ``rounds``; the :func:`build_result` document.
 
     ``trl_threads``: torch threads of the TRL process (verity's workers take
     ``trainer.cpus_per_worker`` each, 1 in the preset). ``response_lens``: new tokens per
-    sample for some shapes instead of their own.
+    sample for some shapes instead of their own. ``verity_layouts``: extra verity sides
+    (``"WxT"``), each run in every round beside the preset.
     """
     response_lens = dict(response_lens or {})
     unknown = sorted(set(shapes) - set(SHAPES))
@@ -242,6 +274,8 @@ def run_bench(
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     if trl_threads < 1:
         raise ValueError(f"trl_threads must be >= 1, got {trl_threads}")
+    layouts = {layout_side(layout): "{}x{}".format(*parse_layout(layout)) for layout in verity_layouts}
+    all_sides = (*SIDES, *layouts)
     for name, count in steps.items():
         if count < 2:
             raise ValueError(f"steps for {name}: expected >= 2 (the first step is not counted), got {count}")
@@ -250,18 +284,19 @@ def run_bench(
     for name in shapes:
         shape = SHAPES[name]
         inputs = prepare_inputs(shape, workdir, cache_dir)
-        runs[name] = {side: [] for side in SIDES}
+        runs[name] = {side: [] for side in all_sides}
         for r in range(rounds):
-            order = SIDES if r % 2 == 0 else SIDES[::-1]
+            order = all_sides if r % 2 == 0 else all_sides[::-1]
             for side in order:
                 job = SideJob(
-                    side,
+                    "verity" if side in layouts else side,
                     name,
                     steps.get(name, shape.steps),
                     str(workdir / f"{name}-{side}-{r}"),
                     **inputs,
                     trl_threads=trl_threads,
                     response_len=response_lens.get(name),
+                    layout=layouts.get(side),
                 )
                 runs[name][side].append(run_side_process(job, workdir / f"{name}-{side}-{r}.json"))
     settings = {
@@ -271,6 +306,7 @@ def run_bench(
         "steps": {name: steps.get(name, SHAPES[name].steps) for name in shapes},
         "rounds": rounds,
         "trl_threads": trl_threads,
+        "verity_layouts": list(layouts.values()),
         "cpus": os.cpu_count(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
@@ -311,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="runs per side, alternating (median over them)")
     parser.add_argument("--trl-threads", type=int, default=2, help="torch threads of the TRL process")
     parser.add_argument(
+        "--verity-layouts",
+        default="",
+        help="comma-separated extra verity runs, WORKERSxTHREADS each (e.g. 1x2), beside the preset",
+    )
+    parser.add_argument(
         "--cache-dir", default="~/.cache/verity/embedded", help="the embedded default's cache"
     )
     parser.add_argument("--workdir", type=Path, help="default: a temporary folder, removed afterwards")
@@ -332,7 +373,10 @@ def main(argv: list[str] | None = None) -> int:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         lens = {n: getattr(args, f"new_tokens_{n}") for n in shapes if getattr(args, f"new_tokens_{n}", None)}
-        result = run_bench(shapes, steps, args.rounds, workdir, args.cache_dir, args.trl_threads, lens)
+        layouts = [x for x in args.verity_layouts.split(",") if x]
+        result = run_bench(
+            shapes, steps, args.rounds, workdir, args.cache_dir, args.trl_threads, lens, layouts
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(format_table(result))

@@ -39,6 +39,10 @@ def verity_overrides(job: Any, shape: Any, out_dir: Path) -> list[str]:
         f"actor.optim.lr={shape.lr}",
         f"data.max_response_length={shape.response_len}",
     ]
+    layout = getattr(job, "layout", None)
+    if layout:  # "WxT": W Ray workers with T torch threads each, instead of the preset's
+        workers, threads = (int(n) for n in layout.split("x"))
+        overrides += [f"trainer.n_workers={workers}", f"trainer.cpus_per_worker={threads}"]
     if shape.model is None:  # the preset's own embedded default (same folder and files as TRL gets)
         overrides.append(f"model.embedded_cache_dir={Path(job.model_dir).parents[1]}")
     else:

@@ -66,6 +66,32 @@ def make_padded_batch(rows: int = 7, seed: int = 1) -> dict[str, torch.Tensor]:
     }
 
 
+def make_grouped_batch(rows: int = 8, group: int = 4, seed: int = 1) -> dict[str, torch.Tensor]:
+    """GRPO-shaped rows: each left-padded prompt repeated ``group`` times, short right-padded responses.
+
+    Prompts of 3-5 tokens and responses of 1-2, so that computing each prompt once
+    (:mod:`verity.engines.shared_prompt`) saves positions in any micro-batch holding a whole group.
+    """
+    g = torch.Generator().manual_seed(seed)
+    prompts_needed = -(-rows // group)
+    prompt_lens = torch.randint(3, P + 1, (prompts_needed,), generator=g).repeat_interleave(group)[:rows]
+    prompts = torch.randint(1, VOCAB, (prompts_needed, P), generator=g).repeat_interleave(group, 0)[:rows]
+    response_lens = torch.randint(1, 3, (rows,), generator=g)
+    responses = torch.randint(1, VOCAB, (rows, R), generator=g)
+    prompt_mask = (torch.arange(P) >= P - prompt_lens[:, None]).long()
+    response_mask = (torch.arange(R) < response_lens[:, None]).long()
+    prompts, responses = prompts * prompt_mask, responses * response_mask
+    attention_mask = torch.cat([prompt_mask, response_mask], 1)
+    return {
+        "input_ids": torch.cat([prompts, responses], 1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+        "responses": responses,
+        "response_mask": response_mask.float(),
+        "advantages": torch.randn(rows, R, generator=g),
+    }
+
+
 def make_unpadded_batch(rows: int, seed: int) -> dict[str, torch.Tensor]:
     """Full-length prompts and responses (every mask all ones), no advantages."""
     g = torch.Generator().manual_seed(seed)

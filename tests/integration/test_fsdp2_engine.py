@@ -17,6 +17,7 @@ from helpers.spawn import spawn_and_load
 from helpers.tiny_models import (
     P,
     R,
+    make_grouped_batch,
     make_padded_batch,
     seq_mean_token_mean_loss,
     tiny_qwen2,
@@ -34,6 +35,15 @@ def rank_shard(batch: dict[str, torch.Tensor], rank: int):
     part = Batch.from_dict(batch).split(WORLD)[rank]
     assert part.pad_rows == rank  # the real padding the engine must skip
     return part
+
+
+def shard(batch: dict[str, torch.Tensor], rank: int):
+    """:func:`rank_shard` for the 7-row batch; the grouped 8-row batch splits 4 + 4 (one group per rank)."""
+    if len(batch["input_ids"]) == 7:
+        return rank_shard(batch, rank)
+    from verity.batch import Batch
+
+    return Batch.from_dict(batch).split(WORLD)[rank]
 
 
 def token_mean_loss(mb, logprobs, entropy, agg):
@@ -105,12 +115,23 @@ def run_scenarios(engine_factory, shard_of, out: dict) -> None:
             out[f"grad/{loss_name}/{mbs}"] = engine.full_gradients()
             engine.optimizer.zero_grad(set_to_none=True)
     critic_scenarios(batch, out)
+    grouped_scenarios(engine, shard_of, out)
     out["logprobs"] = engine.compute_logprobs(batch, micro_batch_size=3, temperature=0.8)
     out["metrics"] = [engine.train_step(batch, token_mean_loss, 2) for _ in range(2)]
     out["weights"] = {
         n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
         for n, p in engine.model.named_parameters()
     }
+
+
+def grouped_scenarios(engine, shard_of, out: dict) -> None:
+    """GRPO groups: one-row micro-batches run the padded window, four-row ones the shared-prompt layout."""
+    grouped = shard_of(add_rl_keys(make_grouped_batch()))
+    for mbs in (1, 4):
+        engine.forward_backward(grouped, LOSSES["actor/token-mean"], mbs, entropy_requires_grad=True)
+        out[f"grad/grouped/{mbs}"] = engine.full_gradients()
+        engine.optimizer.zero_grad(set_to_none=True)
+    out["grouped_logprobs"] = engine.compute_logprobs(grouped, micro_batch_size=4, temperature=0.8)
 
 
 def critic_scenarios(batch, out: dict) -> None:
@@ -133,7 +154,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
         out: dict = {}
-        run_scenarios(lambda: FSDP2Engine(tiny_qwen2(), CFG), lambda b: rank_shard(b, rank), out)
+        run_scenarios(lambda: FSDP2Engine(tiny_qwen2(), CFG), lambda b: shard(b, rank), out)
         out["sharded"] = type(next(iter(FSDP2Engine(tiny_qwen2(), None).model.parameters()))).__name__
         ckpt_dir = os.path.join(out_dir, "dcp")
         checkpoint_scenario(rank, ckpt_dir, out)
@@ -222,6 +243,29 @@ def test_critic_gradient_equal_for_1_and_2_workers_and_micro_batch_sizes(
     for rank in range(WORLD):
         got = two_ranks[rank][f"grad/critic/{mode}/{mbs}"]
         assert_same_tensors(got, want, f"2 ranks, rank {rank}", atol=1e-5)
+
+
+@pytest.mark.parametrize("mbs", [1, 4])
+def test_shared_prompt_layout_keeps_gradients_and_logprobs_for_1_and_2_workers(
+    two_ranks, reference, one_rank_group, mbs
+):
+    from verity.engines.logprobs import padding_free_window
+    from verity.engines.shared_prompt import find_prompt_groups, should_share_prompts
+
+    rows = make_grouped_batch()
+    half = {k: v[:4] for k, v in rows.items()}
+    groups = find_prompt_groups(half["input_ids"], half["attention_mask"], P)
+    assert groups.num_groups == 1  # a four-row micro-batch is one group: the grouped layout runs
+    assert should_share_prompts(tiny_qwen2(), half, groups, *padding_free_window(half["attention_mask"], R))
+    want = reference["grad/grouped/1"]  # one-row micro-batches: the padded window
+    assert any(g.abs().max() > 1e-4 for g in want.values())
+    assert_same_tensors(reference[f"grad/grouped/{mbs}"], want, "1 process")
+    assert_same_tensors(one_rank_group[f"grad/grouped/{mbs}"], want, "1-rank group")
+    for rank in range(WORLD):
+        assert_same_tensors(two_ranks[rank][f"grad/grouped/{mbs}"], want, f"2 ranks, rank {rank}")
+    lp_ref, _ = reference["grouped_logprobs"]
+    lp = torch.cat([two_ranks[0]["grouped_logprobs"][0], two_ranks[1]["grouped_logprobs"][0]])
+    torch.testing.assert_close(lp, lp_ref, rtol=1e-4, atol=1e-5)
 
 
 def test_values_of_each_rank_match_its_rows(two_ranks, reference):

@@ -171,3 +171,41 @@ def test_new_tokens_override_replaces_only_the_response_length() -> None:
     assert bench_trl._with_response_len(shape, None) is shape
     changed = bench_trl._with_response_len(shape, 8)
     assert changed.response_len == 8 and changed.model == shape.model and shape.response_len == 64
+
+
+def test_extra_verity_layouts_get_their_own_ratio_and_row() -> None:
+    runs = {
+        "quickstart": {
+            "trl": [_run([1.0, 0.30])],
+            "verity": [_run([1.0, 0.40])],
+            "verity-1x2": [_run([1.0, 0.15], 0.5, 0.9)],
+        }
+    }
+    result = bench_trl.build_result(runs, {})
+    assert result["ratios"]["grpo_step_vs_trl_quickstart"] == pytest.approx(0.75)
+    assert result["ratios"]["grpo_step_vs_trl_quickstart_verity_1x2"] == pytest.approx(2.0)
+    assert result["shapes"]["quickstart"]["ratio_verity-1x2"] == pytest.approx(2.0)
+    table = bench_trl.format_table(result)
+    assert "| quickstart | verity, 1x2 (workers x threads) | 2 | 0.150 | 0.500 → 0.900 |" in table
+    assert "verity-1x2: TRL s/step / its s/step = 2.000" in table
+
+
+@pytest.mark.parametrize("bad", ["2", "0x2", "1x", "ax2", "1x2x3"])
+def test_a_bad_layout_is_refused_before_anything_runs(bad: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=f"verity layout '{bad}'"):
+        bench_trl.run_bench(["quickstart"], {}, 1, tmp_path, str(tmp_path), verity_layouts=[bad])
+    assert not any(tmp_path.iterdir())  # nothing prepared
+
+
+def test_a_layout_becomes_worker_and_thread_overrides(tmp_path: Path) -> None:
+    from verity.cli.quickstart import preset_path
+    from verity.config import load_config
+
+    job = bench_trl.SideJob(
+        "verity", "quickstart", 3, str(tmp_path / "w"), str(tmp_path / "c" / "k" / "m"), "", "", layout="1x2"
+    )
+    cfg = load_config(
+        sides.verity_overrides(job, bench_trl.SHAPES["quickstart"], tmp_path / "out"),
+        config_file=preset_path(),
+    )
+    assert (cfg.trainer.n_workers, cfg.trainer.cpus_per_worker) == (1, 2)

@@ -516,7 +516,7 @@ class FSDP2Engine(TrainingEngine):
     def optimizer_state_bytes(self) -> int:
         """Bytes of optimizer state (AdamW moments and step counts) summed over every rank (collective)."""
         local = 0
-        for state in (self.optimizer.state.values() if self.optimizer is not None else []):
+        for state in self.optimizer.state.values() if self.optimizer is not None else []:
             for value in state.values():
                 if isinstance(value, torch.Tensor):
                     local_value = value.to_local() if hasattr(value, "to_local") else value

@@ -43,6 +43,7 @@ from verity.data.vision_inputs import (
     vision_forward_inputs,
     vision_token_ids,
 )
+from verity.engines.shared_prompt import find_prompt_groups, grouped_response_logits, should_share_prompts
 
 DEFAULT_CHUNK_TOKENS = 4096
 
@@ -119,6 +120,7 @@ def response_logprobs(
     compute_entropy: bool = True,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     trim_padding: bool = True,
+    share_prompts: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run ``model`` on one micro-batch and score its response tokens.
 
@@ -134,6 +136,9 @@ def response_logprobs(
             (:func:`padding_free_window`); response positions that are padding
             (``attention_mask`` 0) read 0, so the values do not depend on how rows
             were grouped into micro-batches.
+        share_prompts: with ``trim_padding``, rows sharing a prompt (a GRPO group) run as
+            one sequence, the prompt computed once (:mod:`verity.engines.shared_prompt`),
+            when that saves positions; the values equal the padded window's up to rounding.
 
     Returns:
         ``(logprobs [B, R], entropy [B, R] or None)`` float32; autograd flows through
@@ -146,6 +151,15 @@ def response_logprobs(
     response_len = responses.shape[1]
     first, kept = padding_free_window(attention_mask, response_len) if trim_padding else (0, response_len)
     end = input_ids.shape[1] - (response_len - kept)
+    grouped = None
+    if trim_padding and share_prompts and not has_images(micro_batch):
+        groups = find_prompt_groups(input_ids, attention_mask, input_ids.shape[1] - response_len)
+        if should_share_prompts(model, micro_batch, groups, first, kept):
+            grouped = grouped_response_logits(
+                model, micro_batch, groups, first, kept, logits_to_keep=_accepts_logits_to_keep(model)
+            )
+    if grouped is not None:
+        return _score(grouped, responses, attention_mask, kept, temperature, compute_entropy, chunk_tokens)
     kwargs = {
         "input_ids": input_ids[:, first:end],
         "attention_mask": attention_mask[:, first:end],
@@ -169,6 +183,31 @@ def response_logprobs(
     logits = logits[:, -(kept + 1) : -1, :]
     if has_images(micro_batch):
         logits = mask_vision_tokens(logits, vision_token_ids(model))  # as the rollout sampled them
+    return _score(
+        logits,
+        responses,
+        attention_mask if trim_padding else None,
+        kept,
+        temperature,
+        compute_entropy,
+        chunk_tokens,
+    )
+
+
+def _score(
+    logits: torch.Tensor,
+    responses: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    kept: int,
+    temperature: float,
+    compute_entropy: bool,
+    chunk_tokens: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs and entropy ``[B, R]`` from the logits ``[B, kept, V]`` of the first ``kept`` response tokens.
+
+    Columns past ``kept`` read 0; with ``attention_mask`` (``[B, P+R]``) so do padding positions.
+    """
+    response_len = responses.shape[1]
     logprobs, entropy = logprobs_and_entropy_from_logits(
         logits,
         responses[:, :kept],
@@ -179,7 +218,7 @@ def response_logprobs(
     if kept < response_len:
         logprobs = F.pad(logprobs, (0, response_len - kept))
         entropy = None if entropy is None else F.pad(entropy, (0, response_len - kept))
-    if trim_padding:
+    if attention_mask is not None:
         # padding positions read 0 whatever the micro-batch they were computed in
         real = attention_mask[:, -response_len:].to(logprobs.dtype)
         logprobs = logprobs * real

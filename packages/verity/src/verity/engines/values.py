@@ -23,6 +23,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from verity.engines.logprobs import padding_free_window
+from verity.engines.shared_prompt import (
+    build_grouped_inputs,
+    find_prompt_groups,
+    grouped_mask_dtype,
+    logit_index,
+    should_share_prompts,
+)
 
 
 def position_values(module: nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -53,7 +60,11 @@ def position_values(module: nn.Module, inputs: Mapping[str, torch.Tensor]) -> to
 
 
 def response_values(
-    module: nn.Module, inputs: Mapping[str, torch.Tensor], *, trim_padding: bool = True
+    module: nn.Module,
+    inputs: Mapping[str, torch.Tensor],
+    *,
+    trim_padding: bool = True,
+    share_prompts: bool = True,
 ) -> torch.Tensor:
     """Values of the response tokens, ``[B, R]`` float32: positions ``P-1 .. P+R-2`` of :func:`position_values`.
 
@@ -64,6 +75,9 @@ def response_values(
         trim_padding: run the model on the micro-batch's padding-free window only
             (:func:`verity.engines.logprobs.padding_free_window`); response padding
             positions (``attention_mask`` 0) then read 0.
+        share_prompts: with ``trim_padding``, rows sharing a prompt run as one sequence with
+            the prompt computed once (:mod:`verity.engines.shared_prompt`) when that saves
+            positions; the values equal the padded window's up to rounding.
     """
     response_len = inputs["responses"].shape[1]
     attention_mask = inputs["attention_mask"]
@@ -77,6 +91,16 @@ def response_values(
         values = position_values(module, inputs)
         return values[:, total - response_len - 1 : total - 1].float()
     first, kept = padding_free_window(attention_mask, response_len)
+    if share_prompts:
+        groups = find_prompt_groups(inputs["input_ids"], attention_mask, total - response_len)
+        if should_share_prompts(module, inputs, groups, first, kept):
+            grouped = build_grouped_inputs(inputs, groups, first, kept, grouped_mask_dtype(module))
+            keep = groups.members * kept + 1
+            values = position_values(module, grouped)[:, -keep:].float()
+            values = values[groups.group[:, None], logit_index(groups, kept)]
+            if kept < response_len:
+                values = F.pad(values, (0, response_len - kept))
+            return values * attention_mask[:, -response_len:].to(values.dtype)
     end = total - (response_len - kept)
     window = {key: inputs[key][:, first:end] for key in ("input_ids", "attention_mask", "position_ids")}
     values = position_values(module, window)[:, -(kept + 1) : -1].float()
