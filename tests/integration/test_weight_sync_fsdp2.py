@@ -38,6 +38,13 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         engine.train_step(batch, push_up_loss, micro_batch_size=2)
         buckets = list(iter_full_state_dict_buckets(engine.model, BUCKET_BYTES))
         full = {name: t.clone() for bucket in buckets for name, t in bucket}
+        # an independent reference: each parameter's own DTensor.full_tensor()
+        reference = {n: p.full_tensor().detach().clone() for n, p in engine.model.named_parameters()}
+        out["gather_vs_full_tensor"] = max(
+            float((full[n] - t).abs().max()) if full[n].shape == t.shape else float("inf")
+            for n, t in reference.items()
+        )
+        out["uneven"] = uneven_shards_scenario()
         out["bucket_bytes"] = [[t.numel() * t.element_size() for _, t in b] for b in buckets]
         out["param_types"] = {type(p).__name__ for p in engine.model.parameters()}
 
@@ -65,6 +72,29 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+def uneven_shards_scenario() -> dict:
+    """Parameters whose dim 0 does not divide over the ranks (7 rows, 1 row, a vector of 3), coalesced in one bucket."""
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    module = nn.Module()
+    module.odd = nn.Parameter(torch.randn(7, 3))
+    module.single = nn.Parameter(torch.randn(1, 4))
+    module.vector = nn.Parameter(torch.randn(3))
+    module.register_buffer("steps", torch.arange(5))
+    want = {n: t.detach().clone() for n, t in module.state_dict().items()}
+    fully_shard(module)
+    local_rows = {n: p.to_local().shape[0] for n, p in module.named_parameters()}
+    got = {n: t.clone() for b in iter_full_state_dict_buckets(module, 1 << 20) for n, t in b}
+    got16 = {
+        n: t.clone()
+        for b in iter_full_state_dict_buckets(module, 1 << 20, dtype=torch.bfloat16)
+        for n, t in b
+    }
+    return {"want": want, "got": got, "got16": got16, "local_rows": local_rows}
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +128,20 @@ def test_bf16_sync_to_a_rollout_on_rank_zero_only(results):
     float32_bytes = results[0]["stats"][1]
     assert results[0]["bf16_bytes"] == float32_bytes // 2
     assert results[1]["bf16_bytes"] == 0  # rank 1 gathered but had no rollout to send to
+
+
+def test_coalesced_gather_equals_each_parameters_full_tensor(results):
+    for res in results:
+        assert res["gather_vs_full_tensor"] == 0.0
+
+
+def test_uneven_shards_gather_to_the_original_tensors(results):
+    for rank, res in enumerate(results):
+        uneven = res["uneven"]
+        # torch.chunk layout: 7 rows -> 4 + 3; 1 row -> 1 + 0; 3 -> 2 + 1
+        assert uneven["local_rows"] == {"odd": [4, 3][rank], "single": [1, 0][rank], "vector": [2, 1][rank]}
+        assert uneven["got"].keys() == uneven["want"].keys()
+        for name, tensor in uneven["want"].items():
+            assert torch.equal(uneven["got"][name], tensor), (rank, name)
+            want16 = tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
+            assert torch.equal(uneven["got16"][name], want16), (rank, name)
