@@ -329,6 +329,33 @@ def accepted_baseline(
     }
 
 
+def accept_report(report_file: Path, baseline_file: Path) -> int:
+    """Write ``report_file``'s figures (a night's ``report.json``) into ``baseline_file``; 0, or 2 with a sentence.
+
+    Refused when the night had a failing finding or ran with overrides (a planted run).
+    """
+    if not report_file.is_file():
+        print(
+            f"nightly: --accept-report {report_file}: no such file (expected a night's report.json)",
+            file=sys.stderr,
+        )
+        return 2
+    report = json.loads(report_file.read_text())
+    failed = [f["metric"] for f in report.get("findings", []) if not f.get("ok")]
+    if failed or report.get("overrides"):
+        why = f"it failed {', '.join(failed)}" if failed else f"it ran with overrides {report['overrides']}"
+        print(f"nightly: not accepting {report_file}: {why}", file=sys.stderr)
+        return 2
+    recipes, bench = report.get("recipes") or {}, report.get("bench") or {}
+    baseline = json.loads(baseline_file.read_text()) if baseline_file.is_file() else {}
+    commit = next((r.get("git_commit") for r in recipes.values() if r.get("git_commit")), None)
+    baseline_file.write_text(
+        json.dumps(accepted_baseline(tonight_figures(recipes, bench), baseline, commit), indent=1) + "\n"
+    )
+    print(f"nightly: wrote the new baseline {baseline_file} from {report_file} (commit {commit})")
+    return 0
+
+
 def default_threshold(metric: str) -> dict[str, float]:
     if metric.startswith("bench.weight_sync"):
         return {"max_ratio": 2.0}
@@ -362,7 +389,14 @@ def main(argv: list[str] | None = None) -> int:
         help=f"ci/bench_trl.py shapes (default {NIGHTLY_TRL_SHAPES}; the 512x8 shape is `nox -s bench-trl`)",
     )
     parser.add_argument("--accept", action="store_true", help="write tonight's figures as the new baseline")
+    parser.add_argument(
+        "--accept-report",
+        type=Path,
+        help="accept a finished night's report.json as the baseline (nothing runs); refused if it failed",
+    )
     args = parser.parse_args(argv)
+    if args.accept_report is not None:
+        return accept_report(args.accept_report, args.baseline)
 
     planted = bool(args.override)
     results_dir = args.results_dir or (args.out / "results" if planted else ROOT / "leaderboards" / "results")

@@ -194,3 +194,40 @@ def test_the_night_runs_the_trl_quickstart_shape_unless_asked_for_more(
     assert calls[-1][calls[-1].index("--shapes") + 1] == "quickstart"
     nightly.run_bench_trl(tmp_path, "quickstart,512x8")
     assert calls[-1][calls[-1].index("--shapes") + 1] == "quickstart,512x8"
+
+
+def _report(tmp_path: Path, findings: list[dict], overrides: list[str] | None = None) -> Path:
+    report = {
+        "findings": findings,
+        "recipes": {"grpo": {"scores": {"accuracy_gain": 0.4}, "git_commit": "abc123"}},
+        "bench": {"ratios": {"grpo_step_vs_trl_quickstart": 1.05}},
+        "overrides": overrides or [],
+    }
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    return path
+
+
+def test_accept_report_writes_a_finished_nights_figures(tmp_path: Path) -> None:
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps({"figures": {"grpo.accuracy_gain": {"value": 0.3, "min_ratio": 0.6}}}))
+    report = _report(tmp_path, [{"metric": "grpo.accuracy_gain", "ok": True}])
+    assert nightly.main(["--accept-report", str(report), "--baseline", str(baseline)]) == 0
+    new = json.loads(baseline.read_text())
+    assert new["figures"]["grpo.accuracy_gain"] == {"value": 0.4, "min_ratio": 0.6}  # threshold kept
+    assert new["figures"]["bench.grpo_step_vs_trl_quickstart"]["value"] == 1.05
+    assert new["accepted"]["commit"] == "abc123"
+
+
+@pytest.mark.parametrize("failed", [True, False])
+def test_accept_report_refuses_a_failed_or_planted_night(tmp_path: Path, failed: bool, capsys) -> None:
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text("{}")
+    if failed:
+        report = _report(tmp_path, [{"metric": "grpo.accuracy_gain", "ok": False}])
+    else:
+        report = _report(tmp_path, [], overrides=["actor.optim.lr=0"])
+    assert nightly.main(["--accept-report", str(report), "--baseline", str(baseline)]) == 2
+    assert baseline.read_text() == "{}"
+    assert "not accepting" in capsys.readouterr().err
+    assert nightly.main(["--accept-report", str(tmp_path / "nope.json"), "--baseline", str(baseline)]) == 2
