@@ -244,3 +244,30 @@ def test_bad_inputs_raise(model, tokenizer, prompts):
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         SamplingParams(max_new_tokens=0)
+
+
+def test_repeated_prompts_prefill_once_and_sample_as_if_each_had_its_own(
+    model, tokenizer, prompts, monkeypatch
+):
+    """n samples per prompt: one prefill row per prompt, the same tokens and log-probs as n prefills."""
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, n=4, ignore_eos=True)
+    prefill_rows: list[int] = []
+    forward = model.forward
+
+    def counting_forward(*args, **kwargs):
+        if kwargs.get("past_key_values") is None:
+            prefill_rows.append(kwargs["input_ids"].shape[0])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counting_forward)
+    shared = HFRollout(model, tokenizer, sampling=params, seed=2).generate(dict(prompts))
+    assert prefill_rows == [len(PROMPTS)]  # 4 prompts prefilled, not 16 rows
+
+    original = HFRollout._prefill
+    monkeypatch.setattr(HFRollout, "_prefill", lambda self, *a, shared=True: original(self, *a, shared=False))
+    separate = HFRollout(model, tokenizer, sampling=params, seed=2).generate(dict(prompts))
+    assert prefill_rows[-1] == 4 * len(PROMPTS)
+    assert torch.equal(shared["responses"], separate["responses"])
+    torch.testing.assert_close(shared["rollout_logprobs"], separate["rollout_logprobs"], rtol=0, atol=1e-5)
+    rescored = full_forward_logprobs(model, shared, prompts["input_ids"].shape[1], 1.0)
+    torch.testing.assert_close(shared["rollout_logprobs"], rescored, rtol=0, atol=1e-4)

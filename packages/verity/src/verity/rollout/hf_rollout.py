@@ -174,16 +174,9 @@ class HFRollout(RolloutEngine):
                 prefill, _ = vision_forward_inputs(self.model, prompt_ids, attention_mask, *images)
                 mrope = prefill["position_ids"]  # [3, B, P]; padding columns read 0
                 next_position = (mrope.amax(dim=(0, 2)) + 1).reshape(-1, 1).unsqueeze(0).expand(3, -1, -1)
-            output = self.model(
-                input_ids=prompt_ids,
-                attention_mask=attention_mask,
-                use_cache=True,
-                logits_to_keep=1,
-                **prefill,
-            )
+            next_logits, cache = self._prefill(prompt_ids, attention_mask, prefill, shared=images is None)
             banned = vision_token_ids(self.model) if images is not None else []
             for step in range(length):
-                next_logits = output.logits[:, -1, :]
                 if banned:
                     next_logits = mask_vision_tokens(next_logits, banned)  # see vision_inputs
                 tokens, token_logprobs = sample_next_token(next_logits, params, self._generator)
@@ -202,13 +195,47 @@ class HFRollout(RolloutEngine):
                     input_ids=responses[:, step : step + 1],
                     attention_mask=attention_mask,
                     position_ids=next_position,
-                    past_key_values=output.past_key_values,
+                    past_key_values=cache,
                     use_cache=True,
                 )
+                next_logits, cache = output.logits[:, -1, :], output.past_key_values
                 next_position = next_position + 1
         finally:
             self.model.train(was_training)
         return responses, response_mask, logprobs
+
+    def _prefill(
+        self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor, inputs: dict, *, shared: bool
+    ) -> tuple[torch.Tensor, Any]:
+        """The prompts' forward pass: ``(logits of the last position [B, V], KV cache of B rows)``.
+
+        With ``shared``, rows repeating a prompt (the ``n`` samples of a group) are computed
+        once and the cache is copied out to every row (``Cache.reorder_cache``), so a group
+        of 8 costs one prompt's prefill; each row's logits and cache equal its own prefill's
+        up to float rounding of the smaller batch.
+        """
+        if shared:
+            key = torch.where(attention_mask.bool(), prompt_ids, -1)
+            unique, inverse = torch.unique(key, dim=0, return_inverse=True)
+            if unique.shape[0] < prompt_ids.shape[0]:
+                rows = torch.arange(len(inverse), device=prompt_ids.device)
+                first = torch.full((unique.shape[0],), len(inverse), dtype=torch.long, device=rows.device)
+                first = first.scatter_reduce(0, inverse, rows, reduce="amin")  # a row of each prompt
+                output = self.model(
+                    input_ids=prompt_ids[first],
+                    attention_mask=attention_mask[first],
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **{k: v[first] for k, v in inputs.items()},
+                )
+                cache = output.past_key_values
+                if hasattr(cache, "reorder_cache"):
+                    cache.reorder_cache(inverse)
+                    return output.logits[inverse, -1, :], cache
+        output = self.model(
+            input_ids=prompt_ids, attention_mask=attention_mask, use_cache=True, logits_to_keep=1, **inputs
+        )
+        return output.logits[:, -1, :], output.past_key_values
 
     # ------------------------------------------------------------------ weights and memory
 
