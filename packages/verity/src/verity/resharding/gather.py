@@ -9,7 +9,7 @@ tensors exists at a time:
     for each bucket: gather its parameters -> yield them -> drop them
 
 A bucket's FSDP2 shards (``Shard(0)`` on a 1-D mesh, as ``fully_shard`` lays them out)
-are gathered with **one** ``all_gather_into_tensor`` per dtype: each rank packs its
+are gathered with **one** all-gather into a single tensor per dtype: each rank packs its
 local rows, padded to the shard size ``ceil(n / W)``, into one flat buffer; the gathered
 buffer is cut back into each rank's rows and concatenated. Every other tensor (plain,
 replicated, other placements) goes through ``DTensor.full_tensor()`` on its own. A
@@ -140,7 +140,9 @@ def _gather_dim0_shards(
     # every rank reaches this point with the same shapes, so the collective always matches
     send = torch.cat(locals_) if locals_ else torch.empty(0, dtype=dtype)
     received = send.new_empty((world * send.numel(),))
-    dist.all_gather_into_tensor(received, send, group=group)
+    # all_gather_single is the name torch >= 2.13 gives all_gather_into_tensor (deprecated there)
+    gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather_single(received, send, group=group)
     per_rank_buffers = received.view(world, -1)
     out, offset = [], 0
     for per_rank, chunk, rest, row_numel in layouts:
