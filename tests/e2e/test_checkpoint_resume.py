@@ -225,6 +225,7 @@ def test_killed_worker_fails_fast_naming_role_and_rank_and_resume_stops_on_sigte
 def test_export_round_trip_matches_the_trainer_rollout(paths, uninterrupted, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from verity.batch import materialize
     from verity.config import load_config
     from verity.controller import ResourcePool, WorkerGroup, init_ray, shutdown_ray
     from verity.data.prompt_loader import PromptDataLoader
@@ -261,7 +262,8 @@ def test_export_round_trip_matches_the_trainer_rollout(paths, uninterrupted, tmp
         assert info[0]["saved_world_size"] == 2
         rollout = group.generate(prompts)
         seq = rollout.select("input_ids", "attention_mask", "position_ids", "responses")
-        worker_logprobs = group.compute_log_prob(seq)["old_logprobs"]
+        worker_logprobs = group.compute_log_prob(seq)["old_logprobs"]  # the prompt side stayed on the worker
+        rollout = materialize(rollout)  # whole rows, fetched through the driver, for the comparison below
         group.shutdown()
     finally:
         pool.remove()

@@ -36,6 +36,7 @@ def test_generate_wakes_the_rollout_first_and_puts_it_to_sleep_after() -> None:
     worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
     worker.cfg = load_config(["rollout.micro_batch_size=2"])
     worker.rollout = RecordingRollout()  # no seed in the batch: the rank is not read
+    worker.pad_token_id = 0
     prompts = Batch.from_dict({"input_ids": torch.ones(3, 4, dtype=torch.long)})
     out = ActorRolloutRefWorker.generate(worker, prompts)
     assert len(out) == 3

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 
 import torch
 from verity.batch import Batch
+from verity.batch.resident import resident_prompt_width
 from verity.batch.schema import declared_keys
 from verity.rollout.prompts import position_ids_from_mask
 from verity.trainer.stages import Stage, StageFn, StepContext, sampling_for_training
@@ -79,7 +80,13 @@ def groups_with_signal(group: torch.Tensor, values: torch.Tensor) -> torch.Tenso
 
 
 def prompt_width(batch: Batch) -> int:
-    """``P``: the prompt columns of a generated batch (``prompts`` if present, else ``input_ids`` minus ``responses``)."""
+    """``P``: the prompt columns of a generated batch (``prompts`` if present, else ``input_ids`` minus ``responses``).
+
+    Rows whose prompt side stayed on the workers (``trainer.resident_rows``) answer from their handles.
+    """
+    resident = resident_prompt_width(batch)
+    if resident is not None:
+        return resident
     if "prompts" in batch:
         return int(batch["prompts"].shape[1])
     return int(batch["input_ids"].shape[1] - batch["responses"].shape[1])
@@ -88,9 +95,13 @@ def prompt_width(batch: Batch) -> int:
 def pad_prompt_side(batch: Batch, width: int, pad_token_id: int) -> Batch:
     """Left-pad every declared prompt-aligned tensor (dims ``[B, P]`` or ``[B, P+R]``) to prompt width ``width``.
 
+    Resident rows are left as they are: the worker that materializes them pads them the same way.
+
     Token ids get ``pad_token_id``, masks 0; ``position_ids`` are recomputed from the padded
     ``attention_mask``. Rounds drew prompt batches of different widths; this lets them concatenate.
     """
+    if resident_prompt_width(batch) is not None:
+        return batch
     extra = width - prompt_width(batch)
     if extra < 0:
         raise ValueError(
@@ -110,7 +121,7 @@ def pad_prompt_side(batch: Batch, width: int, pad_token_id: int) -> Batch:
             (value.shape[0], extra, *value.shape[2:]), fill, dtype=value.dtype, device=value.device
         )
         out[key] = torch.cat([pad, value], dim=1)
-    if "position_ids" in out and "attention_mask" in out:
+    if "position_ids" in out.tensor_keys() and "attention_mask" in out.tensor_keys():
         out["position_ids"] = position_ids_from_mask(out["attention_mask"]).to(batch["position_ids"].dtype)
     return out
 

@@ -8,6 +8,7 @@ crosses a role boundary with its symbolic shape; ``validate`` checks a batch aga
 from __future__ import annotations
 
 from verity.batch.core import Batch, BatchError
+from verity.batch.resident import RESIDENT, ResidentKeyError, keep_resident, materialize
 from verity.batch.schema import (
     BatchSchemaError,
     KeySpec,
@@ -19,13 +20,17 @@ from verity.batch.schema import (
 )
 
 __all__ = [
+    "RESIDENT",
     "Batch",
     "BatchError",
     "BatchSchemaError",
     "KeySpec",
+    "ResidentKeyError",
     "declared_keys",
     "describe",
     "get_key",
+    "keep_resident",
+    "materialize",
     "register_key",
     "validate",
 ]

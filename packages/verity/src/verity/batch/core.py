@@ -15,6 +15,10 @@ row) until ``B`` is a multiple of ``n`` and records in each part how many of its
 rows are padding (``pad_rows``). ``Batch.concat`` drops those rows again, so
 ``Batch.concat(b.split(n))`` has exactly the rows of ``b`` in their original order.
 
+Rows can stay on the worker that generated them: their prompt-aligned tensors are then
+*resident* (:mod:`verity.batch.resident`) — listed by ``keys()`` and ``in``, carried by every
+row operation as per-row handles, fetched by the worker that receives the batch.
+
 Pickling (``pickle``, ``cloudpickle``, Ray) sends CPU tensors as numpy arrays, which
 protocol 5 carries out of band (no ``torch.save`` round trip, zero copies in Ray's
 object store); they are copied once into writable memory on the receiving side.
@@ -29,6 +33,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from verity.batch.resident import RESIDENT, ResidentKeyError, column_sources, restrict_column
 from verity.batch.transport import pack_tensor, unpack_tensor
 
 __all__ = ["Batch", "BatchError"]
@@ -153,19 +158,33 @@ class Batch:
         return int(self.tensors.batch_size[0])
 
     def keys(self) -> list[str]:
-        """Tensor keys followed by per-sample (non-tensor) keys."""
-        return [*self.tensor_keys(), *self.non_tensors.keys()]
+        """Tensor keys, then per-sample (non-tensor) keys, then resident keys."""
+        return [*self.tensor_keys(), *self.non_tensor_keys(), *self.resident_keys()]
 
     def tensor_keys(self) -> list[str]:
         """Keys of the tensors (each ``[B, ...]``)."""
         return list(self.tensors.keys())
 
     def non_tensor_keys(self) -> list[str]:
-        """Keys of the per-sample Python lists (each of length ``B``)."""
-        return list(self.non_tensors.keys())
+        """Keys of the per-sample Python lists (each of length ``B``; the handle column is not one)."""
+        return [k for k in self.non_tensors if k != RESIDENT]
+
+    def resident_keys(self) -> list[str]:
+        """Keys whose tensors stay on the workers that made the rows (:mod:`verity.batch.resident`).
+
+        A key is resident when every row's handle gives access to it; empty without handles.
+        """
+        column = self.non_tensors.get(RESIDENT)
+        if not column:
+            return []
+        sources = column_sources(column)
+        common = set(sources[0].keys).intersection(*(s.keys for s in sources[1:]))
+        return [k for k in sources[0].keys if k in common]
 
     def __contains__(self, key: object) -> bool:
-        return key in self.non_tensors or (isinstance(key, str) and key in self.tensors)
+        if not isinstance(key, str) or key == RESIDENT:
+            return False
+        return key in self.non_tensors or key in self.tensors or key in self.resident_keys()
 
     def __iter__(self):
         raise TypeError("a Batch is not iterable; use batch.keys() for its keys or batch.index(i) for rows")
@@ -177,6 +196,12 @@ class Batch:
                 return self.non_tensors[key]
             if key in self.tensors:
                 return self.tensors.get(key)
+            if key in self.resident_keys():
+                raise ResidentKeyError(
+                    f"batch key {key!r} stays on the workers that generated the rows (a resident key, "
+                    "verity.batch.resident): a worker receiving this batch gets it; the driver has only "
+                    "handles (trainer.resident_rows=false keeps every key on the driver)"
+                )
             raise KeyError(f"batch has no key {key!r}; keys are {self.keys()}")
         return self.index(key)
 
@@ -186,8 +211,11 @@ class Batch:
         On a batch without any key yet, the first value set defines ``B``.
         """
         _check_key_name(key)
+        if key == RESIDENT:
+            raise BatchError(f"batch key {RESIDENT!r} is the column of resident-row handles; it is not set by hand")
         if isinstance(value, np.ndarray) and value.dtype != object:
             value = torch.as_tensor(value)
+        self._drop_resident(key)  # the driver's value replaces the workers' copy
         empty = not self.keys()
         if isinstance(value, torch.Tensor):
             if value.dim() == 0:
@@ -213,8 +241,19 @@ class Batch:
     def __delitem__(self, key: str) -> None:
         self.pop(key)
 
+    def _drop_resident(self, *keys: str) -> None:
+        """Stop giving access to resident ``keys`` (the handles of the other resident keys stay)."""
+        resident = self.resident_keys()
+        if not any(k in resident for k in keys):
+            return
+        kept = [k for k in resident if k not in keys]
+        if kept:
+            self.non_tensors[RESIDENT] = restrict_column(self.non_tensors[RESIDENT], kept)
+        else:
+            del self.non_tensors[RESIDENT]
+
     def pop(self, key: str) -> Any:
-        """Remove ``key`` and return its tensor or list."""
+        """Remove ``key`` and return its tensor or list (a resident key cannot be popped on the driver)."""
         value = self[key]
         if key in self.non_tensors:
             del self.non_tensors[key]
@@ -226,10 +265,12 @@ class Batch:
         fields = ", ".join(
             f"{k}: {str(v.dtype).replace('torch.', '')}{list(v.shape)}" for k, v in self.tensors.items()
         )
-        lists = ", ".join(self.non_tensors)
+        lists = ", ".join(self.non_tensor_keys())
         pad = f", pad_rows={self.pad_rows}" if self.pad_rows else ""
+        resident = f", resident=[{', '.join(self.resident_keys())}]" if RESIDENT in self.non_tensors else ""
         return (
-            f"Batch(B={len(self)}{pad}, tensors={{{fields}}}, non_tensors=[{lists}], meta={list(self.meta)})"
+            f"Batch(B={len(self)}{pad}, tensors={{{fields}}}, non_tensors=[{lists}]{resident}, "
+            f"meta={list(self.meta)})"
         )
 
     # ------------------------------------------------------------------ row operations
@@ -283,9 +324,13 @@ class Batch:
         missing = [k for k in keys if k not in self]
         if missing:
             raise KeyError(f"Batch.select: no key(s) {missing}; keys are {self.keys()}")
-        tensor_keys = [k for k in keys if k not in self.non_tensors]
+        resident = [k for k in self.resident_keys() if k in keys]
+        tensor_keys = [k for k in keys if k in self.tensors]
         td = self.tensors.select(*tensor_keys) if tensor_keys else TensorDict({}, batch_size=[len(self)])
         rows = {k: self.non_tensors[k] for k in keys if k in self.non_tensors}
+        if resident:
+            column = self.non_tensors[RESIDENT]
+            rows[RESIDENT] = column if resident == self.resident_keys() else restrict_column(column, resident)
         return Batch(td, rows, dict(self.meta), self.pad_rows)
 
     def repeat_interleave(self, n: int) -> Batch:
@@ -340,11 +385,11 @@ class Batch:
             if not isinstance(b, Batch):
                 raise TypeError(f"Batch.concat: item {i} is a {type(b).__name__}, expected Batch")
         first = batches[0]
-        tensor_keys, list_keys = set(first.tensor_keys()), set(first.non_tensor_keys())
+        tensor_keys, list_keys = set(first.tensor_keys()), set(first.non_tensors)
         for i, b in enumerate(batches[1:], start=1):
             for mine, theirs, kind in (
                 (tensor_keys, set(b.tensor_keys()), "tensor"),
-                (list_keys, set(b.non_tensor_keys()), "per-sample"),
+                (list_keys, set(b.non_tensors), "per-sample"),
             ):
                 if mine != theirs:
                     diff = sorted(mine ^ theirs)
@@ -366,7 +411,7 @@ class Batch:
                 ) from err
         rows = {
             key: [v for b, keep in zip(batches, keeps, strict=True) for v in b.non_tensors[key][:keep]]
-            for key in first.non_tensor_keys()
+            for key in first.non_tensors
         }
         meta: dict[str, Any] = {}
         for b in batches:
@@ -420,7 +465,11 @@ class Batch:
                 raise BatchError(f"Batch.union: meta key {key!r} differs ({meta[key]!r} vs {value!r})")
             meta.setdefault(key, value)
         td = TensorDict(tensors, batch_size=[len(self)])
-        return Batch(td, rows, meta, self.pad_rows or other.pad_rows)
+        joined = Batch(td, rows, meta, self.pad_rows or other.pad_rows)
+        both = [k for k in joined.resident_keys() if k in tensors]
+        if both:
+            raise BatchError(f"Batch.union: key(s) {both} are resident in one batch and local in the other")
+        return joined
 
     def to(self, device: str | torch.device, non_blocking: bool = False) -> Batch:
         """A batch whose tensors live on ``device`` (per-sample lists and meta are shared)."""

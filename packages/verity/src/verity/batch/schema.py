@@ -220,7 +220,10 @@ def validate(
             "(a typo, or a new key that needs verity.batch.register_key)"
         )
     order = {k: i for i, k in enumerate(_REGISTRY)}
-    specs = sorted((_REGISTRY[k] for k in names if k in _REGISTRY), key=lambda s: order[s.name])
+    resident = set(batch.resident_keys())  # checked where they live, when a worker materializes them
+    specs = sorted(
+        (_REGISTRY[k] for k in names if k in _REGISTRY and k not in resident), key=lambda s: order[s.name]
+    )
 
     bindings = _Bindings()
     bindings.bind("B", len(batch), "batch size")
@@ -374,6 +377,13 @@ _CORE_KEYS = [
     ("num_turns", ("B",), "int", "model turns in the response (agent loop)"),
     ("tool_calls", ("B",), "int", "tool calls the response made and got answered (agent loop)"),
     ("tool_errors", ("B",), "int", "tool calls answered with an error message (agent loop)"),
+    (
+        "response_attention",
+        ("B", "R"),
+        "mask",
+        "1 on every real response token, the model's and the tools' (agent loop; response_mask: the model's)",
+    ),
+    ("tool_tokens", ("B",), "int", "response tokens written by tools, attended but not trained (agent loop)"),
     (
         "trajectory",
         ("B",),

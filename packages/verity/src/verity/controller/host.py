@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from verity.batch import Batch, materialize
 from verity.controller.dispatch import DPLayout
 from verity.controller.worker import Worker
 
@@ -112,10 +113,17 @@ class WorkerHost:
         return {name: _layout_of(obj) for name, obj in peers.items()}
 
     def call(self, role_name: str, method: str, /, *args: Any, **kwargs: Any) -> tuple[Any, DPLayout]:
-        """Run ``role.method(*args, **kwargs)``; return the answer and the role's current layout."""
+        """Run ``role.method(*args, **kwargs)``; return the answer and the role's current layout.
+
+        Batch arguments with resident rows (:mod:`verity.batch.resident`) are materialized
+        first: the method always sees whole rows.
+        """
         obj = self._roles[role_name]
         self._busy = (role_name, method, time.time(), threading.get_ident())
         try:
+            # rows that stayed on the workers that made them are fetched here, never through the driver
+            args = tuple(materialize(a) if isinstance(a, Batch) else a for a in args)
+            kwargs = {k: materialize(v) if isinstance(v, Batch) else v for k, v in kwargs.items()}
             answer = getattr(obj, method)(*args, **kwargs)
         finally:
             self._busy = None

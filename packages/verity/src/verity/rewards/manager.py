@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from verity.batch import ResidentKeyError
 from verity.rewards.failures import report_failures
 from verity.rewards.process_pool import TaskOutcome, TimeoutPool
 from verity.rewards.registry import call_reward, custom_spec_from, preload_reward_functions, resolve_spec
@@ -153,7 +154,10 @@ def _column(batch: Any, key: str) -> Any:
     """``batch[key]`` for a Batch or a mapping; None when absent."""
     keys = batch.keys() if hasattr(batch, "keys") else ()
     if key in keys or key in getattr(batch, "non_tensors", {}):
-        return batch[key]
+        try:
+            return batch[key]
+        except ResidentKeyError:  # it stayed on the workers that generated the rows
+            return None
     return None
 
 
@@ -378,12 +382,16 @@ class RewardManager:
 
 
 def response_span(batch: Any) -> torch.Tensor | None:
-    """``[B, R]`` 1 on every real response token: ``attention_mask[:, -R:]`` when the batch has it.
+    """``[B, R]`` 1 on every real response token: ``response_attention``, else ``attention_mask[:, -R:]``.
 
     It equals ``response_mask`` for single-turn rollouts; in multi-turn rollouts it also
     covers the tool answers between the model's turns, so the decoded response is the
-    whole exchange (as verl decodes it). None when the batch has neither mask.
+    whole exchange (as verl decodes it). ``response_mask`` when the batch has neither
+    (single-turn rows whose ``attention_mask`` stayed on the workers); None without any mask.
     """
+    span = _column(batch, "response_attention")
+    if span is not None:
+        return span
     responses = _column(batch, "responses")
     attention = _column(batch, "attention_mask")
     if responses is not None and attention is not None and attention.shape[1] >= responses.shape[1]:

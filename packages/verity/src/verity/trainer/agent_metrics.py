@@ -41,7 +41,9 @@ def agent_batch_metrics(batch: Any, prefix: str = "agent/") -> dict[str, float]:
         f"{prefix}tool_errors": float(errors.sum()),
         f"{prefix}turns_mean": float(batch["num_turns"].float().mean()),
     }
-    if "attention_mask" in keys and "response_mask" in keys:
+    if "tool_tokens" in keys:
+        out[f"{prefix}tool_tokens_mean"] = float(batch["tool_tokens"].float().mean())
+    elif "attention_mask" in getattr(batch, "tensors", {}) and "response_mask" in keys:
         width = batch["response_mask"].shape[1]
         tool_tokens = batch["attention_mask"][:, -width:].float() - batch["response_mask"].float()
         out[f"{prefix}tool_tokens_mean"] = float(tool_tokens.sum(-1).mean())

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from verity.batch import Batch, register_key
+from verity.batch import Batch, materialize, register_key
 from verity.trainer.stages import Stage, StepContext, training_rows
 from verity.workers.registry import RoleDef, register_role
 from verity.workers.rollout_worker import RolloutWorker
@@ -126,7 +126,10 @@ class AsyncRollout:
         if self._pending is None:
             return [{"in_flight_step": None}]
         step, version, batch = self._resolve()
-        torch.save({"step": step, "version": version, "batch": batch}, folder / IN_FLIGHT_FILE)
+        # resident rows live in this Ray session's object store: the file gets whole rows (fetched
+        # through the driver, once per checkpoint), so a resumed run, in a new session, can train them
+        whole = materialize(batch)
+        torch.save({"step": step, "version": version, "batch": whole}, folder / IN_FLIGHT_FILE)
         return [{"in_flight_step": step}]
 
     def load_checkpoint(self, path: str) -> list[dict[str, Any]]:

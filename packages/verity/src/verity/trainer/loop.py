@@ -26,7 +26,7 @@ from verity.batch import Batch
 from verity.config.schema import VerityConfig
 from verity.controller.transfer_meter import DRIVER_TRANSFERS
 from verity.trainer.agent_metrics import merge_validation_counts, validation_agent_metrics
-from verity.trainer.metrics import StageTimer, batch_metrics
+from verity.trainer.metrics import StageTimer, batch_metrics, real_tokens
 from verity.trainer.stages import Stage, StepContext
 
 
@@ -205,7 +205,7 @@ class RLTrainer:
         metrics = batch_metrics(batch) if len(batch) else {}
         metrics.update(ctx.metrics)
         metrics.update(timer.metrics())
-        tokens = float(batch["attention_mask"].sum())
+        tokens = float(real_tokens(batch).sum())
         metrics["perf/total_tokens"] = tokens
         metrics["perf/tokens_per_s"] = tokens / max(metrics["timing/step_s"], 1e-9)
         # a stage that generated more than it kept (e.g. dynamic sampling) reports perf/generated_tokens

@@ -13,12 +13,23 @@ from collections.abc import Iterator
 import torch
 
 from verity.batch import Batch
+from verity.batch.resident import resident_row_tokens
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     """Mean of ``values`` where ``mask`` is 1 (0.0 when the mask is empty)."""
     total = mask.sum()
     return float((values * mask).sum() / total) if total > 0 else 0.0
+
+
+def real_tokens(batch: Batch) -> torch.Tensor:
+    """``[B]`` real (attended) tokens of each row, prompt and response, whether or not its rows are resident."""
+    if "attention_mask" in batch.tensor_keys():
+        return batch["attention_mask"].sum(-1)
+    tokens = resident_row_tokens(batch)
+    if tokens is None:
+        raise KeyError("the batch has no attention_mask and its resident rows do not record their token counts")
+    return tokens
 
 
 def batch_metrics(batch: Batch) -> dict[str, float]:

@@ -38,7 +38,7 @@ from verity.resharding.object_store import publish_weight_buckets
 from verity.rollout import RolloutEngine
 from verity.workers.actor_loss import make_actor_loss
 from verity.workers.role_training import build_role_engine, minibatch_epochs, role_device, role_model_dtype
-from verity.workers.rollout_side import build_role_rollout, generate_batch
+from verity.workers.rollout_side import build_role_rollout, generate_batch, pad_id, rows_for_driver
 
 
 class ActorRolloutRefWorker(Worker):
@@ -79,6 +79,7 @@ class ActorRolloutRefWorker(Worker):
         policy = load_causal_lm(self.model_path, dtype=dtype, attn_implementation=attn)
         n_params = sum(p.numel() for p in policy.parameters())
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        self.pad_token_id = pad_id(tokenizer)
         # the rollout takes its copy before the engine shards the policy in place
         self.rollout = build_role_rollout(
             cfg,
@@ -123,6 +124,7 @@ class ActorRolloutRefWorker(Worker):
             "n_params": n_params,
             "n_trainable_params": _trainable_parameters(self.actor, n_params),
             "train_engine": self.actor.name,
+            "train_sharding": getattr(self.actor, "sharding", None),  # fsdp2: full | replicate
             "rollout_engine": self.rollout.name,
             "rollout_wrappers": list(self.rollout.wrappers),
             "reference_engine": self.ref.name if self.ref is not None else None,
@@ -149,7 +151,7 @@ class ActorRolloutRefWorker(Worker):
         # until the next weight sync (vLLM sleep mode at rollout.vllm.sleep_level; HF: model to
         # host memory); on CPU every engine's sleep is a no-op
         self.rollout.sleep()
-        return out
+        return rows_for_driver(self.cfg, out, self.pad_token_id)
 
     # --------------------------------------------------------------- scoring
     @register(Dispatch.DP_SPLIT)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from verity.batch import Batch
+from verity.batch import Batch, keep_resident
 from verity.config.schema import VerityConfig
 from verity.rollout import RolloutBuildContext, RolloutEngine, SamplingParams, build_rollout_engine
 
@@ -71,3 +71,20 @@ def generate_batch(rollout: RolloutEngine, batch: Batch, chunk_rows: int, dp_ran
         for i in range(0, len(batch), chunk_rows)
     ]
     return parts[0] if len(parts) == 1 else Batch.concat(parts)
+
+
+def rows_for_driver(cfg: VerityConfig, rows: Batch, pad_token_id: int) -> Batch:
+    """What a generate call answers: with ``trainer.resident_rows`` the prompt-aligned tensors stay here.
+
+    The answer then carries per-row handles in their place (:mod:`verity.batch.resident`);
+    the worker that later receives the rows fetches them from this process's object store.
+    """
+    return keep_resident(rows, pad_token_id) if cfg.trainer.resident_rows else rows
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The id that left-pads prompts: the tokenizer's pad token, else its EOS, else 0."""
+    for value in (getattr(tokenizer, "pad_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(value, int):
+            return value
+    return 0

@@ -24,7 +24,7 @@ from verity.hardware import get_backend
 from verity.resharding.object_store import load_weight_buckets
 from verity.rollout import RolloutEngine
 from verity.workers.role_training import role_device, role_model_dtype
-from verity.workers.rollout_side import build_role_rollout, generate_batch
+from verity.workers.rollout_side import build_role_rollout, generate_batch, pad_id, rows_for_driver
 
 
 class RolloutWorker(Worker):
@@ -49,6 +49,7 @@ class RolloutWorker(Worker):
         device = role_device(backend, self.local_rank)
         dtype = role_model_dtype(cfg)
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
+        self.pad_token_id = pad_id(tokenizer)
         self.rollout = build_role_rollout(
             cfg,
             model_path=self.model_path,
@@ -73,7 +74,8 @@ class RolloutWorker(Worker):
         """Sample one response per row, as :meth:`ActorRolloutRefWorker.generate` does (``sampling``, ``seed`` meta)."""
         assert self.rollout is not None, "init_model() must run first"
         maybe_stall("generate")
-        return generate_batch(self.rollout, batch, self.cfg.rollout.micro_batch_size, self.dp_rank)
+        out = generate_batch(self.rollout, batch, self.cfg.rollout.micro_batch_size, self.dp_rank)
+        return rows_for_driver(self.cfg, out, self.pad_token_id)
 
     @register(Dispatch.BROADCAST, collect=Collect.ALL)
     def load_weights(self, refs: list[Any], version: int) -> dict[str, float]:

@@ -143,6 +143,9 @@ class AgentRollout(RolloutEngine):
         out["num_turns"] = torch.tensor([s.turns for s in states], dtype=torch.long)
         out["tool_calls"] = torch.tensor([s.tool_calls for s in states], dtype=torch.long)
         out["tool_errors"] = torch.tensor([s.tool_errors for s in states], dtype=torch.long)
+        # tool-answer tokens: attended in the response window but not the model's (not trained)
+        out["tool_tokens"] = (attention.long().sum(-1) - response_mask.long().sum(-1)).cpu()
+        out["response_attention"] = attention.long().cpu()  # what the reward decodes: model and tool tokens
         out.non_tensors["trajectory"] = [s.record() for s in states]
         return out
 

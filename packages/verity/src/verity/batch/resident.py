@@ -1,0 +1,244 @@
+"""Rows that stay where they were made: the worker keeps the bulk, the driver holds handles.
+
+A generated row's prompt-aligned tensors — every declared key whose second dimension
+is ``P`` or ``P+R`` (``prompts``, ``input_ids``, ``attention_mask``, ``position_ids``) —
+are most of its bytes, and the driver never reads them: it scores responses, computes
+advantages and logs metrics from ``[B, R]`` and ``[B]`` keys. So a generating worker
+puts them in Ray's object store (:func:`keep_resident`) and returns the batch without
+them, carrying one handle per row in the per-row column :data:`RESIDENT` instead:
+``(RowSource, row index)``, where the :class:`RowSource` names the stored object and
+the keys it holds.
+
+On the driver a resident key behaves like a key of the batch for everything but
+reading it: ``key in batch`` is true, ``batch.keys()`` lists it, ``select``, ``index``,
+``split``, ``concat``, ``repeat_interleave`` and ``union`` carry the handles like any
+per-row value, and setting a resident key replaces it by the driver's value (a key is
+never both resident and local). Reading one raises :class:`ResidentKeyError` naming it.
+
+When a group call sends such a batch to a worker, the worker's host calls
+:func:`materialize` before the method runs: each source is fetched once (from the
+process that made it, never through the driver), the rows are gathered in order and
+the prompt side is left-padded to the widest source when rows of differently wide
+prompt batches meet (dynamic sampling's rounds). The method sees a whole batch.
+
+A driver-side diagnostic (a test's probe stage) may call :func:`materialize` too; the rows
+then do come through the driver, outside ``perf/driver_bytes_*``. With
+``trainer.resident_rows=false`` every key stays on the driver as before.
+
+The stored object lives as long as a handle to it does: Ray frees it when the step's
+batch is dropped on the driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "RESIDENT",
+    "ResidentKeyError",
+    "RowSource",
+    "keep_resident",
+    "materialize",
+    "prompt_aligned_keys",
+    "resident_prompt_width",
+    "resident_row_tokens",
+]
+
+RESIDENT = "_resident"
+"""The per-row column of handles: ``(RowSource, index of the row in the stored batch)``."""
+
+# left padding that keeps a row's meaning: masks 0, position ids 0 (cumsum(mask) - 1 clipped at 0)
+_ZERO_FILL_KEYS = ("attention_mask", "position_ids")
+
+
+class ResidentKeyError(KeyError):
+    """A resident key was read on the driver, where only its handles are."""
+
+
+@dataclass(frozen=True, eq=False)
+class RowSource:
+    """One stored block of rows: the object-store reference and what it holds.
+
+    Attributes:
+        ref: Ray ``ObjectRef`` of a :class:`~verity.batch.Batch` with ``keys`` for ``rows`` rows.
+        keys: the resident keys this handle gives access to (a subset of what is stored).
+        prompt_width: ``P`` of the stored rows (prompt columns, left-padded).
+        pad_token_id: the id left padding of token keys uses.
+        row_tokens: per stored row, its real tokens (``attention_mask.sum(-1)``), or ``None``.
+    """
+
+    ref: Any
+    keys: tuple[str, ...]
+    prompt_width: int
+    pad_token_id: int
+    row_tokens: tuple[int, ...] | None = None
+
+    @property
+    def ref_id(self) -> str:
+        """The stored object's id (equal for every copy of a handle to it)."""
+        ref = self.ref
+        return ref.hex() if hasattr(ref, "hex") else str(id(ref))
+
+    def restricted(self, keys: Sequence[str]) -> RowSource:
+        """The same stored rows, giving access to ``keys`` only (in this source's order)."""
+        wanted = set(keys)
+        return RowSource(
+            self.ref,
+            tuple(k for k in self.keys if k in wanted),
+            self.prompt_width,
+            self.pad_token_id,
+            self.row_tokens,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RowSource) and (self.ref_id, self.keys) == (other.ref_id, other.keys)
+
+    def __hash__(self) -> int:
+        return hash((self.ref_id, self.keys))
+
+
+def prompt_aligned_keys(keys: Sequence[str]) -> list[str]:
+    """The declared keys among ``keys`` whose second dimension is ``P`` or ``P+R`` (in order)."""
+    from verity.batch.schema import declared_keys
+
+    specs = declared_keys()
+    out = []
+    for key in keys:
+        spec = specs.get(key)
+        if spec is not None and spec.is_tensor and len(spec.dims) >= 2 and spec.dims[1] in ("P", "P+R"):
+            out.append(key)
+    return out
+
+
+def column_sources(column: Sequence[tuple[RowSource, int]]) -> list[RowSource]:
+    """The distinct sources of a handle column, in order of first appearance."""
+    seen: dict[int, RowSource] = {}
+    for source, _ in column:
+        seen.setdefault(id(source), source)
+    distinct: dict[RowSource, None] = {}
+    for source in seen.values():
+        distinct.setdefault(source, None)
+    return list(distinct)
+
+
+def restrict_column(
+    column: Sequence[tuple[RowSource, int]], keys: Sequence[str]
+) -> list[tuple[RowSource, int]]:
+    """The handle column giving access to ``keys`` only (sources rebuilt once each)."""
+    swapped: dict[int, RowSource] = {}
+    out = []
+    for source, index in column:
+        narrow = swapped.get(id(source))
+        if narrow is None:
+            narrow = swapped[id(source)] = source.restricted(keys)
+        out.append((narrow, index))
+    return out
+
+
+def keep_resident(batch: Any, pad_token_id: int, put: Callable[[Any], Any] | None = None) -> Any:
+    """Put ``batch``'s prompt-aligned tensors in Ray's object store; return the batch with handles instead.
+
+    Returns ``batch`` unchanged when it has no prompt-aligned tensor or Ray is not
+    running in this process (a batch built outside a worker group keeps its tensors).
+    The stored block is owned by this process; Ray frees it when no handle is left.
+    ``put`` replaces ``ray.put`` (tests).
+    """
+    from verity.batch.core import Batch
+
+    keys = prompt_aligned_keys(batch.tensor_keys())
+    if not keys:
+        return batch
+    if put is None:
+        import ray
+
+        if not ray.is_initialized():
+            return batch
+        put = ray.put
+    stored = batch.select(*keys)
+    stored.meta = {}
+    stored.pad_rows = 0
+    if "prompts" in keys:
+        width = int(batch["prompts"].shape[1])
+    elif "input_ids" in keys and "responses" in batch.tensor_keys():
+        width = int(batch["input_ids"].shape[1] - batch["responses"].shape[1])
+    else:
+        width = int(batch[keys[0]].shape[1])
+    tokens = (
+        tuple(int(n) for n in batch["attention_mask"].sum(-1).tolist()) if "attention_mask" in keys else None
+    )
+    source = RowSource(put(stored), tuple(keys), width, int(pad_token_id), tokens)
+    light = [k for k in batch.tensor_keys() if k not in keys]
+    out = Batch(batch.tensors.select(*light), dict(batch.non_tensors), dict(batch.meta), batch.pad_rows)
+    out.non_tensors[RESIDENT] = [(source, i) for i in range(len(batch))]
+    return out
+
+
+def materialize(batch: Any, fetch: Callable[[list[Any]], list[Any]] | None = None) -> Any:
+    """``batch`` with its resident keys fetched and its handle column dropped (a batch without handles as is).
+
+    Each distinct source is fetched once (``ray.get``, or ``fetch`` for tests); rows keep
+    their order; the prompt side of every resident key is left-padded to the widest
+    source's ``P`` (token keys with the source's ``pad_token_id``, masks and position ids with 0).
+    """
+    from verity.batch.core import Batch
+
+    column = batch.non_tensors.get(RESIDENT)
+    if column is None:
+        return batch
+    keys = batch.resident_keys()
+    rows = len(batch)
+    tensors = dict(batch.tensors.items())
+    rest = {k: v for k, v in batch.non_tensors.items() if k != RESIDENT}
+    if keys and rows:
+        if fetch is None:
+            import ray
+
+            fetch = ray.get
+        sources = column_sources(column)
+        order = {source: i for i, source in enumerate(sources)}
+        stored = fetch([source.ref for source in sources])
+        width = max(source.prompt_width for source in sources)
+        picks: list[list[int]] = [[] for _ in sources]
+        positions: list[list[int]] = [[] for _ in sources]
+        for position, (source, index) in enumerate(column):
+            s = order[source]
+            picks[s].append(index)
+            positions[s].append(position)
+        for key in keys:
+            out = None
+            for s, source in enumerate(sources):
+                if not picks[s]:
+                    continue
+                part = stored[s][key][torch.tensor(picks[s])]
+                extra = width - source.prompt_width
+                if extra:
+                    fill = 0 if key in _ZERO_FILL_KEYS or part.dtype == torch.bool else source.pad_token_id
+                    pad = torch.full((part.shape[0], extra, *part.shape[2:]), fill, dtype=part.dtype)
+                    part = torch.cat([pad, part], dim=1)
+                if out is None:
+                    out = part.new_empty((rows, *part.shape[1:]))
+                out[torch.tensor(positions[s])] = part
+            tensors[key] = out
+    from tensordict import TensorDict
+
+    return Batch(TensorDict(tensors, batch_size=[rows]), rest, dict(batch.meta), batch.pad_rows)
+
+
+def resident_prompt_width(batch: Any) -> int | None:
+    """``P`` the batch's resident rows will have once materialized (the widest source), or None without handles."""
+    column = batch.non_tensors.get(RESIDENT)
+    if not column:
+        return None
+    return max(source.prompt_width for source in column_sources(column))
+
+
+def resident_row_tokens(batch: Any) -> torch.Tensor | None:
+    """``[B]`` real tokens per row (``attention_mask.sum(-1)``) from the handles, or None when they do not say."""
+    column = batch.non_tensors.get(RESIDENT)
+    if column is None or any(source.row_tokens is None for source, _ in column):
+        return None
+    return torch.tensor([source.row_tokens[index] for source, index in column], dtype=torch.long)

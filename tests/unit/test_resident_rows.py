@@ -1,0 +1,158 @@
+"""Resident rows (verity.batch.resident): handles on the driver, whole rows where a worker needs them."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from verity.batch import RESIDENT, Batch, BatchError, ResidentKeyError, keep_resident, materialize, validate
+from verity.batch.resident import resident_prompt_width, resident_row_tokens
+
+
+class FakeRef:
+    """Stands in for a Ray ObjectRef: an id with ``hex()``."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def hex(self) -> str:
+        return self.key
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.objects: dict[str, Batch] = {}
+        self.fetches: list[list[str]] = []
+
+    def put(self, obj: Batch) -> FakeRef:
+        ref = FakeRef(f"obj{len(self.objects)}")
+        self.objects[ref.key] = pickle.loads(pickle.dumps(obj))  # what the object store keeps is a copy
+        return ref
+
+    def get(self, refs: list[FakeRef]) -> list[Batch]:
+        self.fetches.append([r.key for r in refs])
+        return [self.objects[r.key] for r in refs]
+
+
+def generated(rows: int, prompt_width: int, response_width: int = 3, seed: int = 0, pad: int = 0) -> Batch:
+    """Rows as a rollout returns them: left-padded prompts, right-padded responses."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_lens = torch.randint(1, prompt_width + 1, (rows,), generator=g)
+    prompt_mask = (torch.arange(prompt_width) >= prompt_width - prompt_lens[:, None]).long()
+    prompts = torch.where(prompt_mask.bool(), torch.randint(5, 50, (rows, prompt_width), generator=g), pad)
+    response_lens = torch.randint(1, response_width + 1, (rows,), generator=g)
+    response_mask = (torch.arange(response_width) < response_lens[:, None]).long()
+    responses = torch.where(
+        response_mask.bool(), torch.randint(5, 50, (rows, response_width), generator=g), pad
+    )
+    attention = torch.cat([prompt_mask, response_mask], 1)
+    return Batch.from_dict(
+        {
+            "prompts": prompts,
+            "input_ids": torch.cat([prompts, responses], 1),
+            "attention_mask": attention,
+            "position_ids": (attention.cumsum(-1) - 1).clamp(min=0),
+            "responses": responses,
+            "response_mask": response_mask,
+            "rollout_logprobs": -torch.rand(rows, response_width, generator=g),
+        },
+        {"uid": [f"p{seed}-{i}" for i in range(rows)]},
+        meta={"seed": seed},
+    )
+
+
+PROMPT_SIDE = ["prompts", "input_ids", "attention_mask", "position_ids"]
+
+
+def assert_same(a: Batch, b: Batch) -> None:
+    assert sorted(a.keys()) == sorted(b.keys())
+    for key in a.tensor_keys():
+        assert torch.equal(a[key], b[key]), key
+    for key in a.non_tensor_keys():
+        assert a[key] == b[key], key
+
+
+def test_keep_resident_moves_the_prompt_side_only() -> None:
+    store = FakeStore()
+    rows = generated(6, 5)
+    light = keep_resident(rows, pad_token_id=0, put=store.put)
+    assert light.tensor_keys() == ["responses", "response_mask", "rollout_logprobs"]
+    assert light.resident_keys() == PROMPT_SIDE
+    assert all(key != RESIDENT for key in light.keys()) and RESIDENT not in light
+    for key in PROMPT_SIDE:
+        assert key in light
+        with pytest.raises(ResidentKeyError, match=key):
+            light[key]
+    assert light.meta == {"seed": 0} and light["uid"] == rows["uid"]
+    assert torch.equal(resident_row_tokens(light), rows["attention_mask"].sum(-1))
+    assert resident_prompt_width(light) == 5
+    validate(light)  # resident keys are checked where they are materialized
+    assert "resident=[prompts, input_ids, attention_mask, position_ids]" in repr(light)
+
+
+def test_materialize_gives_back_the_rows_in_any_order_after_split_and_concat() -> None:
+    store = FakeStore()
+    rows = generated(7, 4)
+    light = keep_resident(rows, pad_token_id=0, put=store.put)
+    order = torch.tensor([6, 0, 3, 3, 1])
+    assert_same(materialize(light.index(order), fetch=store.get), rows.index(order))
+    parts = light.split(3)  # pads the last part by repeating rows
+    joined = Batch.concat([pickle.loads(pickle.dumps(p)) for p in parts])  # as after a trip through workers
+    assert_same(materialize(joined, fetch=store.get), rows)
+    store.fetches.clear()
+    materialize(light.repeat_interleave(2), fetch=store.get)
+    assert store.fetches == [["obj0"]]  # each source fetched once, however many rows point at it
+
+
+def test_select_restricts_the_handles_to_the_keys_asked_for() -> None:
+    store = FakeStore()
+    light = keep_resident(generated(4, 3), pad_token_id=0, put=store.put)
+    picked = light.select("input_ids", "attention_mask", "responses")
+    assert picked.resident_keys() == ["input_ids", "attention_mask"]
+    full = materialize(picked, fetch=store.get)
+    assert sorted(full.keys()) == ["attention_mask", "input_ids", "responses"]
+    assert RESIDENT not in light.select("responses", "uid").non_tensors
+
+
+def test_rows_of_differently_wide_prompt_batches_are_left_padded_to_the_widest() -> None:
+    store = FakeStore()
+    narrow, wide = generated(3, 2, seed=1, pad=9), generated(2, 5, seed=2, pad=9)
+    joined = Batch.concat(
+        [
+            keep_resident(narrow, pad_token_id=9, put=store.put),
+            keep_resident(wide, pad_token_id=9, put=store.put),
+        ]
+    )
+    assert resident_prompt_width(joined) == 5
+    full = materialize(joined, fetch=store.get)
+    assert full["input_ids"].shape == (5, 8) and full["prompts"].shape == (5, 5)
+    assert torch.equal(full["input_ids"][:3, :3], torch.full((3, 3), 9))  # token ids padded with pad_token_id
+    assert torch.equal(full["input_ids"][:3, 3:], narrow["input_ids"])
+    assert torch.equal(full["attention_mask"][:3, :3], torch.zeros(3, 3, dtype=torch.long))
+    # position ids stay cumsum(attention_mask) - 1 clipped at 0
+    assert torch.equal(full["position_ids"], (full["attention_mask"].cumsum(-1) - 1).clamp(min=0))
+    assert torch.equal(full["input_ids"][3:], wide["input_ids"])
+
+
+def test_a_key_is_never_both_resident_and_local() -> None:
+    store = FakeStore()
+    light = keep_resident(generated(4, 3), pad_token_id=0, put=store.put)
+    light["position_ids"] = torch.zeros(4, 6, dtype=torch.long)  # the driver's value wins
+    assert "position_ids" not in light.resident_keys()
+    assert torch.equal(
+        materialize(light, fetch=store.get)["position_ids"], torch.zeros(4, 6, dtype=torch.long)
+    )
+    other = Batch.from_dict({"input_ids": torch.zeros(4, 6, dtype=torch.long)})
+    with pytest.raises(BatchError, match="resident in one batch and local in the other"):
+        light.union(other)
+    with pytest.raises(BatchError, match="handles"):
+        light[RESIDENT] = [None] * 4
+
+
+def test_without_ray_or_prompt_side_keys_nothing_moves() -> None:
+    rows = generated(3, 2)
+    assert keep_resident(rows, pad_token_id=0) is rows  # no Ray in this process
+    scores = Batch.from_dict({"scores": torch.ones(3)})
+    assert keep_resident(scores, pad_token_id=0, put=FakeStore().put) is scores
+    assert materialize(scores) is scores
