@@ -121,6 +121,7 @@ def test_multi_turn_rl_on_two_workers_trains_only_the_models_tokens(tmp_path, mo
     summary = run_training(cfg)
     assert summary["ran"] == {
         "actor": "fsdp2_grad_probe",
+        "actor_sharding": "full",
         "rollout": "scripted",
         "rollout_wrappers": "agent",
         "device": "cpu",

@@ -104,7 +104,7 @@ LOSSES = {
 CFG = OptimConfig(lr=1e-2, warmup_steps=2, grad_clip=1.0)
 
 
-def run_scenarios(engine_factory, shard_of, out: dict) -> None:
+def run_scenarios(engine_factory, shard_of, out: dict, **engine_kwargs) -> None:
     """The scenarios run identically by the reference and by each rank."""
     batch = shard_of(add_rl_keys(make_padded_batch()))
     engine = engine_factory()
@@ -114,7 +114,7 @@ def run_scenarios(engine_factory, shard_of, out: dict) -> None:
             engine.forward_backward(batch, loss_fn, mbs, entropy_requires_grad=loss_name.startswith("actor/"))
             out[f"grad/{loss_name}/{mbs}"] = engine.full_gradients()
             engine.optimizer.zero_grad(set_to_none=True)
-    critic_scenarios(batch, out)
+    critic_scenarios(batch, out, **engine_kwargs)
     grouped_scenarios(engine, shard_of, out)
     out["logprobs"] = engine.compute_logprobs(batch, micro_batch_size=3, temperature=0.8)
     out["metrics"] = [engine.train_step(batch, token_mean_loss, 2) for _ in range(2)]
@@ -134,12 +134,12 @@ def grouped_scenarios(engine, shard_of, out: dict) -> None:
     out["grouped_logprobs"] = engine.compute_logprobs(grouped, micro_batch_size=4, temperature=0.8)
 
 
-def critic_scenarios(batch, out: dict) -> None:
+def critic_scenarios(batch, out: dict, **engine_kwargs) -> None:
     """A value model in the same engine: value-loss gradients per aggregation mode, and values."""
     from verity.algorithms.configs import ValueLossConfig
     from verity.workers.critic import make_value_loss
 
-    engine = FSDP2Engine(tiny_value_model(), CFG)
+    engine = FSDP2Engine(tiny_value_model(), CFG, **engine_kwargs)
     for mode in AGG_MODES:
         loss_fn = make_value_loss(ValueLossConfig(cliprange_value=0.2, loss_agg_mode=mode))
         for mbs in (1, 4):
@@ -158,17 +158,36 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         out["sharded"] = type(next(iter(FSDP2Engine(tiny_qwen2(), None).model.parameters()))).__name__
         ckpt_dir = os.path.join(out_dir, "dcp")
         checkpoint_scenario(rank, ckpt_dir, out)
+        # replicated: a full copy per rank, gradients summed in one all-reduce per step
+        replicated: dict = {}
+        run_scenarios(
+            lambda: FSDP2Engine(tiny_qwen2(), CFG, sharding="replicate"),
+            lambda b: shard(b, rank),
+            replicated,
+            sharding="replicate",
+        )
+        replicated["sharded"] = type(
+            next(iter(FSDP2Engine(tiny_qwen2(), None, sharding="replicate").model.parameters()))
+        ).__name__
+        checkpoint_scenario(rank, os.path.join(out_dir, "dcp-replicated"), replicated, save_sharding="replicate")
+        out["replicate"] = replicated
         torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def checkpoint_scenario(rank: int, ckpt_dir: str, out: dict) -> None:
-    """Train 1 step, save with DCP, restore into a differently initialised engine, train both once more."""
+def checkpoint_scenario(rank: int, ckpt_dir: str, out: dict, save_sharding: str = "full") -> None:
+    """Train 1 step, save with DCP, restore into a differently initialised engine, train both once more.
+
+    The engine saved has ``save_sharding``; the one restored is always fully sharded.
+    """
     import torch.distributed.checkpoint as dcp
 
+    def full(p: torch.Tensor) -> torch.Tensor:
+        return p.full_tensor() if hasattr(p, "full_tensor") else p
+
     batch = rank_shard(make_padded_batch(seed=3), rank)
-    a = FSDP2Engine(tiny_qwen2(seed=0), CFG)
+    a = FSDP2Engine(tiny_qwen2(seed=0), CFG, sharding=save_sharding)
     a.train_step(batch, token_mean_loss, 4)
     dcp.save(a.state_dict_for_checkpoint(), checkpoint_id=ckpt_dir)
     b = FSDP2Engine(tiny_qwen2(seed=9), CFG)
@@ -178,7 +197,7 @@ def checkpoint_scenario(rank: int, ckpt_dir: str, out: dict) -> None:
     a.train_step(batch, token_mean_loss, 4)
     b.train_step(batch, token_mean_loss, 4)
     out["ckpt_max_diff"] = max(
-        float((pa.full_tensor() - pb.full_tensor()).abs().max().detach())
+        float((full(pa) - full(pb)).abs().max().detach())
         for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True)
     )
     out["ckpt_step"] = b.global_step
@@ -305,3 +324,36 @@ def test_checkpoint_round_trip_on_two_ranks(two_ranks):
     for rank in range(WORLD):
         assert two_ranks[rank]["ckpt_step"] == 2
         assert two_ranks[rank]["ckpt_max_diff"] == 0.0
+
+
+@pytest.mark.parametrize("mbs", [1, 4])
+def test_replicated_ranks_give_the_same_gradients_as_one_process(two_ranks, reference, mbs):
+    for rank in range(WORLD):
+        got = two_ranks[rank]["replicate"]
+        assert got["sharded"] == "Parameter"  # a full copy per rank, no DTensor
+        for loss_name in LOSSES:
+            want = reference[f"grad/{loss_name}/1"]
+            assert_same_tensors(got[f"grad/{loss_name}/{mbs}"], want, f"replicated, rank {rank}, {loss_name}")
+        for mode in AGG_MODES:
+            want = reference[f"grad/critic/{mode}/1"]
+            assert_same_tensors(got[f"grad/critic/{mode}/{mbs}"], want, f"replicated critic, {mode}", atol=1e-5)
+        assert_same_tensors(got[f"grad/grouped/{mbs}"], reference["grad/grouped/1"], "replicated, grouped")
+
+
+def test_replicated_train_steps_match_and_the_copies_stay_identical(two_ranks, reference):
+    for step, want in enumerate(reference["metrics"]):
+        for rank in range(WORLD):
+            got = two_ranks[rank]["replicate"]["metrics"][step]
+            for key in ("loss", "grad_norm", "lr", "tokens", "response_tokens", "entropy"):
+                assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), (step, rank, key)
+    first, second = two_ranks[0]["replicate"]["weights"], two_ranks[1]["replicate"]["weights"]
+    for name in first:
+        assert torch.equal(first[name], second[name]), name  # bitwise: same sum, same AdamW step
+    assert_same_tensors(first, reference["weights"], "replicated weights after 2 steps", atol=1e-4)
+
+
+def test_a_replicated_checkpoint_resumes_into_full_sharding(two_ranks):
+    for rank in range(WORLD):
+        got = two_ranks[rank]["replicate"]
+        assert got["ckpt_step"] == 2
+        assert got["ckpt_max_diff"] < 1e-5  # gradient norms are summed in another order

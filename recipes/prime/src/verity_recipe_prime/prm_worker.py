@@ -139,6 +139,7 @@ class PRMWorker(Worker):
             "device": str(device),
             "n_params": n_params,
             "train_engine": self.engine.name,
+            "train_sharding": getattr(self.engine, "sharding", None),
             "model_path": self.model_path,
         }
 

@@ -19,6 +19,9 @@ EMBEDDED_DEFAULTS: dict[str, Any] = {
     "data.max_prompt_length": 48,
     "data.max_response_length": 8,
     "actor.micro_batch_size": 128,
+    # 0.5M parameters: FSDP's per-layer collectives cost more than a full copy per rank
+    # (2 workers over gloo: update 0.102 -> 0.050 s per 128 rows, docs/engines.md)
+    "actor.fsdp2.sharding": "replicate",
     "actor.optim.lr": 3.0e-5,
     "trainer.total_steps": 100,
     "trainer.val_every": 50,

@@ -317,6 +317,11 @@ def _validate_engines(cfg: VerityConfig) -> None:
             raise ConfigError(f"rollout.{cfg.rollout.engine}.{err}") from None
     if has_critic and not TRAINING_ENGINES.get(cfg.critic.engine).trains_values:
         raise ConfigError(f"critic.engine: the {cfg.critic.engine!r} engine cannot train value models")
+    for section in ("actor", "critic"):
+        try:
+            getattr(cfg, section).fsdp2.validate()
+        except ValueError as err:
+            raise ConfigError(f"{section}.{err}") from None
     if cfg.actor.engine == "megatron":
         _validate_megatron(cfg, has_critic)
 

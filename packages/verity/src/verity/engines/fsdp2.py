@@ -11,6 +11,10 @@ the mini-batch loss. Where the FSDP2 API allows (``set_gradient_divide_factor(1.
 with sum-only collectives) the reduction itself is a sum; otherwise the backward loss
 is multiplied by the world size to undo the mean.
 
+``sharding="replicate"`` skips the sharding: every rank keeps a full copy and the
+gradients are summed in one all-reduce per optimizer step (:mod:`verity.engines.replicate`),
+which is faster for small models, where FSDP's per-layer collectives outweigh the memory saved.
+
 Mixed precision (CUDA only, on by default there): parameters are all-gathered and
 computed in bfloat16, gradients reduced in float32, and the sharded master weights
 and optimizer state stay float32. On CPU everything is float32.
@@ -22,26 +26,18 @@ import contextlib
 import math
 import os
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from verity.data.multimodal import VISION_LANGUAGE_MODEL_TYPES
 from verity.engines.base import LossFn, MicroLossFn, TrainingEngine, ValueLossFn, make_aggregation_context
-from verity.engines.hf_loading import quiet_loading
+from verity.engines.fsdp2_state import FSDP2StateMixin
+from verity.engines.hf_loading import load_causal_lm
 from verity.engines.logprobs import DEFAULT_CHUNK_TOKENS, response_logprobs
 from verity.engines.micro_batches import (
     LOGPROB_KEYS,
@@ -54,6 +50,7 @@ from verity.engines.micro_batches import (
     validate_layout,
 )
 from verity.engines.optim import OptimConfig, build_lr_scheduler, build_optimizer, clip_gradients
+from verity.engines.replicate import SHARDING_MODES, all_reduce_gradients
 from verity.engines.values import response_values
 
 
@@ -80,39 +77,7 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return []
 
 
-def load_causal_lm(
-    model_path: str | Path, dtype: torch.dtype = torch.float32, attn_implementation: str | None = None
-) -> nn.Module:
-    """Load an HF causal LM from a local directory (no download).
-
-    ``attn_implementation``: the HF attention kernel (``sdpa``, ``eager``, ...); None: HF's default.
-    """
-    from transformers import AutoModelForCausalLM
-
-    path = Path(model_path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"model path {str(path)!r} is not a directory with an HF checkpoint")
-    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    auto_class: Any = AutoModelForCausalLM
-    if _model_type(path) in VISION_LANGUAGE_MODEL_TYPES:
-        # a vision-language model (Qwen2-VL family): same weights layout, loaded with its vision tower
-        from transformers import AutoModelForImageTextToText
-
-        auto_class = AutoModelForImageTextToText
-    with quiet_loading():
-        return auto_class.from_pretrained(str(path), dtype=dtype, local_files_only=True, **extra)
-
-
-def _model_type(path: Path) -> str | None:
-    import json
-
-    try:
-        return json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-class FSDP2Engine(TrainingEngine):
+class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
     """Data-parallel training of a causal LM with FSDP2 (see the module docstring).
 
     Args:
@@ -126,6 +91,8 @@ class FSDP2Engine(TrainingEngine):
         gradient_checkpointing: recompute activations in backward (HF models).
         reshard_after_forward: free gathered layer weights after forward (saves
             memory, costs an extra all-gather in backward).
+        sharding: ``full`` (FSDP2) or ``replicate`` (a full copy per rank, one gradient
+            all-reduce per optimizer step; see :mod:`verity.engines.replicate`).
         logprob_chunk_tokens: row chunk for the no-grad log-prob pass.
     """
 
@@ -142,7 +109,11 @@ class FSDP2Engine(TrainingEngine):
         gradient_checkpointing: bool = False,
         reshard_after_forward: bool = True,
         logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+        sharding: str = "full",
     ) -> None:
+        if sharding not in SHARDING_MODES:
+            raise ValueError(f"sharding must be one of {list(SHARDING_MODES)}, got {sharding!r}")
+        self.sharding = sharding
         self.device = torch.device(device) if device is not None else default_device()
         if mixed_precision is None:
             mixed_precision = self.device.type == "cuda"
@@ -179,7 +150,7 @@ class FSDP2Engine(TrainingEngine):
         self._module = module
         self._loss_scale = 1.0
         self.fsdp_modules: list[nn.Module] = []
-        if self.distributed:
+        if self.distributed and sharding == "full":
             self._shard(reshard_after_forward)
 
         self.optim_config = optim_config
@@ -219,7 +190,7 @@ class FSDP2Engine(TrainingEngine):
         return self._module
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.mixed_precision and not self.distributed:
+        if self.mixed_precision and not self.fsdp_modules:  # FSDP2's policy casts sharded modules
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -233,10 +204,16 @@ class FSDP2Engine(TrainingEngine):
         return t.tolist()
 
     def _num_micro_batches(self, rows: int, micro_batch_size: int) -> tuple[int, int]:
-        """(local count, max count over ranks); ranks below the max run zero-weight passes."""
+        """(local count, max count over ranks); ranks below the max run zero-weight passes.
+
+        Only sharded modules need matching passes (each pass all-gathers); unsharded, every
+        rank runs just its own (no collective here).
+        """
         if micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be > 0, got {micro_batch_size}")
         local = math.ceil(rows / micro_batch_size)
+        if not self.fsdp_modules:
+            return local, local
         return local, int(self._all_reduce([float(local)], op="max")[0])
 
     # --------------------------------------------------------------- log-probs
@@ -363,6 +340,8 @@ class FSDP2Engine(TrainingEngine):
                 for key, value in sums.items():
                     extra_sums[key] = extra_sums.get(key, 0.0) + float(value)
 
+        if self.sharding == "replicate":
+            all_reduce_gradients(self._module.parameters())
         keys, extra_keys = sorted(metric_sums), sorted(extra_sums)
         reduced = self._all_reduce(
             [loss_total, float(local_count)]
@@ -493,68 +472,3 @@ class FSDP2Engine(TrainingEngine):
     def value_train_step(self, batch: Any, loss_fn: ValueLossFn, micro_batch_size: int) -> dict[str, float]:
         """:meth:`forward_backward_values` then :meth:`optimizer_step` (a critic's optimizer step)."""
         return self._timed_step(lambda: self.forward_backward_values(batch, loss_fn, micro_batch_size))
-
-    def full_gradients(self) -> dict[str, torch.Tensor]:
-        """Full (unsharded) gradient of every parameter that has one, on CPU (collective).
-
-        For checks and diagnostics; gathers the whole model's gradients at once.
-        """
-        out = {}
-        for name, param in self._module.named_parameters():
-            if param.grad is None:
-                continue
-            grad = param.grad
-            if hasattr(grad, "full_tensor"):
-                grad = grad.full_tensor()
-            out[name] = grad.detach().float().cpu()
-        return out
-
-    def trainable_parameters(self) -> int:
-        """Number of trained parameters, at full (unsharded) size."""
-        return sum(p.numel() for p in self._module.parameters() if p.requires_grad)
-
-    def optimizer_state_bytes(self) -> int:
-        """Bytes of optimizer state (AdamW moments and step counts) summed over every rank (collective)."""
-        local = 0
-        for state in self.optimizer.state.values() if self.optimizer is not None else []:
-            for value in state.values():
-                if isinstance(value, torch.Tensor):
-                    local_value = value.to_local() if hasattr(value, "to_local") else value
-                    local += local_value.numel() * local_value.element_size()
-        return int(self._all_reduce([float(local)])[0])
-
-    # ------------------------------------------------------------- checkpoint
-    def state_dict_for_checkpoint(self) -> dict[str, Any]:
-        """``{"model", "optimizer", "lr_scheduler", "global_step"}``; model/optimizer sharded (DTensor).
-
-        Save with ``torch.distributed.checkpoint.save(state, checkpoint_id=dir)`` on every rank.
-        """
-        options = StateDictOptions(full_state_dict=False)
-        state: dict[str, Any] = {"global_step": self.global_step}
-        if self.optimizer is not None:
-            model_sd, optim_sd = get_state_dict(self._module, self.optimizer, options=options)
-            state["optimizer"] = optim_sd
-            state["lr_scheduler"] = self.lr_scheduler.state_dict() if self.lr_scheduler else {}
-        else:
-            model_sd = get_model_state_dict(self._module, options=options)
-        state["model"] = model_sd
-        return state
-
-    def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
-        """Restore a state from :meth:`state_dict_for_checkpoint` (filled in place by ``dcp.load``)."""
-        if "model" not in state:
-            raise KeyError("checkpoint state has no 'model' entry")
-        options = StateDictOptions(full_state_dict=False)
-        if self.optimizer is not None and "optimizer" in state:
-            set_state_dict(
-                self._module,
-                self.optimizer,
-                model_state_dict=state["model"],
-                optim_state_dict=state["optimizer"],
-                options=options,
-            )
-            if self.lr_scheduler is not None and state.get("lr_scheduler"):
-                self.lr_scheduler.load_state_dict(dict(state["lr_scheduler"]))
-        else:
-            set_model_state_dict(self._module, state["model"], options=options)
-        self.global_step = int(state.get("global_step", 0))

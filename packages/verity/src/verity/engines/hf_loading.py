@@ -9,9 +9,17 @@ verity loads a checkpoint, and restored after.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
-__all__ = ["quiet_loading"]
+import torch
+from torch import nn
+
+from verity.data.multimodal import VISION_LANGUAGE_MODEL_TYPES
+
+__all__ = ["load_causal_lm", "quiet_loading"]
 
 
 @contextlib.contextmanager
@@ -29,3 +37,33 @@ def quiet_loading() -> Iterator[None]:
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
+
+
+def load_causal_lm(
+    model_path: str | Path, dtype: torch.dtype = torch.float32, attn_implementation: str | None = None
+) -> nn.Module:
+    """Load an HF causal LM from a local directory (no download).
+
+    ``attn_implementation``: the HF attention kernel (``sdpa``, ``eager``, ...); None: HF's default.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = Path(model_path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"model path {str(path)!r} is not a directory with an HF checkpoint")
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    auto_class: Any = AutoModelForCausalLM
+    if _model_type(path) in VISION_LANGUAGE_MODEL_TYPES:
+        # a vision-language model (Qwen2-VL family): same weights layout, loaded with its vision tower
+        from transformers import AutoModelForImageTextToText
+
+        auto_class = AutoModelForImageTextToText
+    with quiet_loading():
+        return auto_class.from_pretrained(str(path), dtype=dtype, local_files_only=True, **extra)
+
+
+def _model_type(path: Path) -> str | None:
+    try:
+        return json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None

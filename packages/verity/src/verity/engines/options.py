@@ -20,6 +20,14 @@ class FSDP2Options:
     reshard_after_forward: bool = True
     # bf16 compute with fp32 gradient reduction and master weights; null: on for CUDA, off on CPU
     mixed_precision: bool | None = None
+    # full: parameters, gradients and AdamW state sharded over the ranks (FSDP) | replicate: a full
+    # copy per rank, gradients summed in one all-reduce per optimizer step (faster for small models)
+    sharding: str = "full"
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first setting that is out of range."""
+        if self.sharding not in ("full", "replicate"):
+            raise ValueError(f"fsdp2.sharding must be 'full' or 'replicate', got {self.sharding!r}")
 
 
 @dataclass

@@ -136,6 +136,7 @@ def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
         "gradient_checkpointing": ctx.gradient_checkpointing,
         "mixed_precision": getattr(options, "mixed_precision", None),
         "reshard_after_forward": getattr(options, "reshard_after_forward", True),
+        "sharding": getattr(options, "sharding", "full"),
     }
     if ctx.adapters:
         from verity.engines.fsdp2_lora import FSDP2LoRAEngine

@@ -43,6 +43,8 @@ class RoleGroups:
                 out[name] = str(facts["train_engine"])
             if facts.get("rollout_engine"):
                 out["rollout"] = str(facts["rollout_engine"])
+            if facts.get("train_sharding"):
+                out[f"{name}_sharding"] = str(facts["train_sharding"])
             if facts.get("adapter"):
                 out[f"{name}_adapter"] = str(facts["adapter"])
             if facts.get("rollout_wrappers"):

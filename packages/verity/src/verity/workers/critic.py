@@ -170,6 +170,7 @@ class CriticWorker(Worker):
             "device": str(device),
             "n_params": n_params,
             "train_engine": self.engine.name,
+            "train_sharding": getattr(self.engine, "sharding", None),
         }
 
     @register(Dispatch.DP_SPLIT)
