@@ -79,7 +79,8 @@ def test_keep_resident_moves_the_prompt_side_only() -> None:
     light = keep_resident(rows, pad_token_id=0, put=store.put)
     assert light.tensor_keys() == ["responses", "response_mask", "rollout_logprobs"]
     assert light.resident_keys() == PROMPT_SIDE
-    assert all(key != RESIDENT for key in light.keys()) and RESIDENT not in light
+    listed = light.keys()  # a Batch is not iterable: keys() is how its keys are listed
+    assert RESIDENT not in listed and RESIDENT not in light
     for key in PROMPT_SIDE:
         assert key in light
         with pytest.raises(ResidentKeyError, match=key):
