@@ -41,8 +41,6 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
 )
 
 from verity.engines.fsdp2 import FSDP2Engine, load_causal_lm
@@ -166,19 +164,7 @@ class FSDP2LoRAEngine(FSDP2Engine):
             raise KeyError(
                 f"the checkpoint has no value for {len(missing)} adapter tensors, e.g. {missing[:3]}"
             )
-        if self.optimizer is not None and "optimizer" in state:
-            set_state_dict(
-                self._module,
-                self.optimizer,
-                model_state_dict=state["model"],
-                optim_state_dict=state["optimizer"],
-                options=_ADAPTER_LOAD,
-            )
-            if self.lr_scheduler is not None and state.get("lr_scheduler"):
-                self.lr_scheduler.load_state_dict(dict(state["lr_scheduler"]))
-        else:
-            set_model_state_dict(self._module, state["model"], options=_ADAPTER_LOAD)
-        self.global_step = int(state.get("global_step", 0))
+        self._restore_state(state, _ADAPTER_LOAD)
 
 
 class AdapterFreeReference:

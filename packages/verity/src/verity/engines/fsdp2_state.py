@@ -92,7 +92,10 @@ class FSDP2StateMixin:
         """Restore a state from :meth:`state_dict_for_checkpoint` (filled in place by ``dcp.load``)."""
         if "model" not in state:
             raise KeyError("checkpoint state has no 'model' entry")
-        options = StateDictOptions(full_state_dict=False)
+        self._restore_state(state, StateDictOptions(full_state_dict=False))
+
+    def _restore_state(self, state: Mapping[str, Any], options: StateDictOptions) -> None:
+        """Model, optimizer (when both sides have one), LR schedule and step from ``state``."""
         if self.optimizer is not None and "optimizer" in state:
             set_state_dict(
                 self._module,
