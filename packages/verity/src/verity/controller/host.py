@@ -10,7 +10,6 @@ other with ``Worker.peer(name)``.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import threading
 import time
@@ -21,7 +20,7 @@ from typing import Any
 
 from verity.batch import Batch, materialize
 from verity.controller.dispatch import DPLayout
-from verity.controller.worker import Worker
+from verity.controller.worker import Worker, open_rendezvous_store
 
 __all__ = ["ColocatedRoles", "RoleSpec", "WorkerHost", "colocate", "role"]
 
@@ -85,13 +84,11 @@ class WorkerHost:
         self._busy: tuple[str, str, float, int] | None = None  # role, method, start (epoch s), thread id
 
     def rendezvous_address(self) -> tuple[str, int]:
-        """``(node IP, free TCP port)`` for ``MASTER_ADDR``/``MASTER_PORT``."""
+        """``(node IP, port)`` for ``MASTER_ADDR``/``MASTER_PORT``: this process's rendezvous store, already listening."""
         import ray
 
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        host = ray.util.get_node_ip_address()
+        return host, open_rendezvous_store(host)
 
     def setup(self, env: dict[str, str], roles: dict[str, RoleSpec]) -> dict[str, DPLayout]:
         """Export ``env``, load the plug-ins, then build the role objects in order; return their layouts.

@@ -5,10 +5,15 @@ A worker group sets, in each worker process before the role objects are built:
 * ``RANK``, ``WORLD_SIZE`` - the worker's place in the group;
 * ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` - its place among the group's workers on its node;
 * ``NODE_RANK`` - the index of its node among the group's nodes;
-* ``MASTER_ADDR``, ``MASTER_PORT`` - rank 0's node IP and a free port there,
+* ``MASTER_ADDR``, ``MASTER_PORT`` - rank 0's node IP and the port of the rendezvous
+  store there,
 
-so ``torch.distributed.init_process_group(backend, init_method="env://")`` works as
-under ``torchrun``. Outside a worker group (a plain process) a Worker is rank 0 of 1.
+as under ``torchrun``. The store is already listening when the port is handed out: rank 0's
+process opens it on a port the system picks (:func:`open_rendezvous_store`) and keeps it
+until :meth:`Worker.init_process_group` uses it, so no other process on the machine can take
+the port in between (choosing a free port, closing it and binding it again later lost that
+race when other jobs started processes at the same time). Outside a worker group (a plain
+process) a Worker is rank 0 of 1.
 """
 
 from __future__ import annotations
@@ -19,7 +24,28 @@ from typing import Any
 
 from verity.controller.dispatch import DPLayout
 
-__all__ = ["Worker"]
+__all__ = ["Worker", "open_rendezvous_store"]
+
+_RENDEZVOUS_STORE: Any = None  # rank 0's listening TCPStore, until its process group takes it
+
+
+def open_rendezvous_store(host: str, timeout_s: float = 300.0) -> int:
+    """Open this process's rendezvous store (a ``TCPStore`` server) on a free port of ``host``; return the port.
+
+    Called in rank 0's process before the ranks learn ``MASTER_PORT``; the store stays open
+    for :meth:`Worker.init_process_group`.
+    """
+    import torch.distributed as dist
+
+    global _RENDEZVOUS_STORE
+    _RENDEZVOUS_STORE = dist.TCPStore(
+        host,
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    return int(_RENDEZVOUS_STORE.port)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -91,13 +117,16 @@ class Worker:
         self._verity_dp_layout = DPLayout(dp_rank, dp_size, bool(is_dp_collector))
 
     def init_process_group(self, backend: str = "gloo", timeout_s: float = 300.0) -> None:
-        """Join the group's ``torch.distributed`` process group (env:// rendezvous).
+        """Join the group's ``torch.distributed`` process group through the store at ``MASTER_ADDR:MASTER_PORT``.
 
-        Does nothing if this process already joined one (colocated roles share it).
-        ``backend``: ``"gloo"`` on CPU, ``"nccl"``/``"hccl"`` on accelerators.
+        Rank 0 uses the store its process already opened (:func:`open_rendezvous_store`),
+        or else opens one there; the other ranks connect to it. Does nothing if this
+        process already joined one (colocated roles share it). ``backend``: ``"gloo"`` on
+        CPU, ``"nccl"``/``"hccl"`` on accelerators.
         """
         import torch.distributed as dist
 
+        global _RENDEZVOUS_STORE
         if dist.is_initialized():
             return
         missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
@@ -106,12 +135,20 @@ class Worker:
         if missing:
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
             os.environ.setdefault("MASTER_PORT", "29500")
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = None
+        if self.rank == 0:  # the store this process opened when the group handed out its port
+            store, _RENDEZVOUS_STORE = _RENDEZVOUS_STORE, None
+        if store is None:
+            store = dist.TCPStore(
+                os.environ["MASTER_ADDR"],
+                int(os.environ["MASTER_PORT"]),
+                is_master=self.rank == 0,
+                wait_for_workers=False,
+                timeout=timeout,
+            )
         dist.init_process_group(
-            backend=backend,
-            init_method="env://",
-            rank=self.rank,
-            world_size=self.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+            backend=backend, store=store, rank=self.rank, world_size=self.world_size, timeout=timeout
         )
 
     def peer(self, role: str) -> Any:
