@@ -39,8 +39,6 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
 )
 
 from verity.engines.fsdp2 import FSDP2Engine, load_causal_lm
@@ -139,13 +137,8 @@ class FSDP2LoRAEngine(FSDP2Engine):
 
     def state_dict_for_checkpoint(self) -> dict[str, Any]:
         """``{"model", "optimizer", "lr_scheduler", "global_step"}`` with only the adapters' tensors."""
-        state: dict[str, Any] = {"global_step": self.global_step}
-        if self.optimizer is not None:
-            model_sd, optim_sd = get_state_dict(self._module, self.optimizer, options=_ADAPTER_STATE)
-            state["optimizer"] = optim_sd
-            state["lr_scheduler"] = self.lr_scheduler.state_dict() if self.lr_scheduler else {}
-        else:
-            model_sd = get_model_state_dict(self._module, options=_ADAPTER_STATE)
+        state = self._capture_state(_ADAPTER_STATE)
+        model_sd = state["model"]
         # ignore_frozen_params drops frozen parameters under their first name only: a tied alias
         # (lm_head.weight = embed_tokens.weight) would stay; keep exactly the trained tensors
         trainable = self._trainable_names()

@@ -73,11 +73,15 @@ class FSDP2StateMixin:
 
     # ------------------------------------------------------------- checkpoint
     def state_dict_for_checkpoint(self) -> dict[str, Any]:
-        """``{"model", "optimizer", "lr_scheduler", "global_step"}``; model/optimizer sharded (DTensor).
+        """``{"model", "optimizer", "lr_scheduler", "global_step"}``; model/optimizer as the ranks hold them.
 
-        Save with ``torch.distributed.checkpoint.save(state, checkpoint_id=dir)`` on every rank.
+        ``DTensor`` shards under full sharding, whole tensors replicated. Save with
+        ``torch.distributed.checkpoint.save(state, checkpoint_id=dir)`` on every rank.
         """
-        options = StateDictOptions(full_state_dict=False)
+        return self._capture_state(StateDictOptions(full_state_dict=False))
+
+    def _capture_state(self, options: StateDictOptions) -> dict[str, Any]:
+        """Model, optimizer (when there is one), LR schedule and step, read with ``options``."""
         state: dict[str, Any] = {"global_step": self.global_step}
         if self.optimizer is not None:
             model_sd, optim_sd = get_state_dict(self._module, self.optimizer, options=options)
