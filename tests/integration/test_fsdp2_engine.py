@@ -156,6 +156,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         out: dict = {}
         run_scenarios(lambda: FSDP2Engine(tiny_qwen2(), CFG), lambda b: shard(b, rank), out)
         out["sharded"] = type(next(iter(FSDP2Engine(tiny_qwen2(), None).model.parameters()))).__name__
+        budget_scenario(rank, out)
         ckpt_dir = os.path.join(out_dir, "dcp")
         checkpoint_scenario(rank, ckpt_dir, out)
         # replicated: a full copy per rank, gradients summed in one all-reduce per step
@@ -169,11 +170,29 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         replicated["sharded"] = type(
             next(iter(FSDP2Engine(tiny_qwen2(), None, sharding="replicate").model.parameters()))
         ).__name__
-        checkpoint_scenario(rank, os.path.join(out_dir, "dcp-replicated"), replicated, save_sharding="replicate")
+        checkpoint_scenario(
+            rank, os.path.join(out_dir, "dcp-replicated"), replicated, save_sharding="replicate"
+        )
         out["replicate"] = replicated
         torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+BUDGET_TOKENS = 20  # cuts rank 0's 4 rows into 3 micro-batches and rank 1's 3 into 2
+
+
+def budget_scenario(rank: int, out: dict) -> None:
+    """Fully sharded, micro-batches cut by ``micro_batch_tokens``: the ranks run different counts."""
+    from verity.engines.micro_batches import micro_batch_ranges
+
+    batch = shard(add_rl_keys(make_padded_batch()), rank)
+    rows = len(batch["input_ids"]) - batch.pad_rows
+    out["budget/ranges"] = len(micro_batch_ranges(batch["attention_mask"][:rows], R, 4, BUDGET_TOKENS))
+    engine = FSDP2Engine(tiny_qwen2(), CFG, micro_batch_tokens=BUDGET_TOKENS)
+    engine.forward_backward(batch, LOSSES["actor/token-mean"], 4, entropy_requires_grad=True)
+    out["grad/budget"] = engine.full_gradients()
+    out["budget/logprobs"] = engine.compute_logprobs(batch, micro_batch_size=4, temperature=0.8)
 
 
 def checkpoint_scenario(rank: int, ckpt_dir: str, out: dict, save_sharding: str = "full") -> None:
@@ -287,6 +306,17 @@ def test_shared_prompt_layout_keeps_gradients_and_logprobs_for_1_and_2_workers(
     torch.testing.assert_close(lp, lp_ref, rtol=1e-4, atol=1e-5)
 
 
+def test_token_budget_micro_batches_keep_the_gradient_with_uneven_counts_over_ranks(two_ranks, reference):
+    counts = [two_ranks[rank]["budget/ranges"] for rank in range(WORLD)]
+    assert counts[0] != counts[1]  # rank 1 runs zero-weight passes to match rank 0's all-gathers
+    for rank in range(WORLD):
+        assert_same_tensors(
+            two_ranks[rank]["grad/budget"], reference["grad/actor/token-mean/1"], f"rank {rank}"
+        )
+    logprobs = torch.cat([two_ranks[rank]["budget/logprobs"][0] for rank in range(WORLD)])[:7]
+    torch.testing.assert_close(logprobs, reference["logprobs"][0], rtol=1e-5, atol=1e-5)
+
+
 def test_values_of_each_rank_match_its_rows(two_ranks, reference):
     v0, v1 = two_ranks[0]["values"], two_ranks[1]["values"]
     assert v0.shape == (4, R) and v1.shape == (4, R)
@@ -336,7 +366,9 @@ def test_replicated_ranks_give_the_same_gradients_as_one_process(two_ranks, refe
             assert_same_tensors(got[f"grad/{loss_name}/{mbs}"], want, f"replicated, rank {rank}, {loss_name}")
         for mode in AGG_MODES:
             want = reference[f"grad/critic/{mode}/1"]
-            assert_same_tensors(got[f"grad/critic/{mode}/{mbs}"], want, f"replicated critic, {mode}", atol=1e-5)
+            assert_same_tensors(
+                got[f"grad/critic/{mode}/{mbs}"], want, f"replicated critic, {mode}", atol=1e-5
+            )
         assert_same_tensors(got[f"grad/grouped/{mbs}"], reference["grad/grouped/1"], "replicated, grouped")
 
 

@@ -43,6 +43,7 @@ from verity.engines.micro_batches import (
     LOGPROB_KEYS,
     TRAIN_KEYS,
     get_tensor,
+    micro_batch_ranges,
     model_inputs,
     num_rows,
     padding_rows,
@@ -94,6 +95,9 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         sharding: ``full`` (FSDP2) or ``replicate`` (a full copy per rank, one gradient
             all-reduce per optimizer step; see :mod:`verity.engines.replicate`).
         logprob_chunk_tokens: row chunk for the no-grad log-prob pass.
+        micro_batch_tokens: most positions (rows x padding-free window width) per
+            micro-batch, on top of the ``micro_batch_size`` rows each call is given; 0: rows
+            only (see :func:`verity.engines.micro_batches.micro_batch_ranges`).
     """
 
     name = "fsdp2"  # what a run records as the engine that trained
@@ -110,10 +114,20 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         reshard_after_forward: bool = True,
         logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         sharding: str = "full",
+        micro_batch_tokens: int = 0,
     ) -> None:
         if sharding not in SHARDING_MODES:
             raise ValueError(f"sharding must be one of {list(SHARDING_MODES)}, got {sharding!r}")
+        if (
+            isinstance(micro_batch_tokens, bool)
+            or not isinstance(micro_batch_tokens, int)
+            or micro_batch_tokens < 0
+        ):
+            raise ValueError(
+                f"micro_batch_tokens must be an int >= 0 (0: rows only), got {micro_batch_tokens!r}"
+            )
         self.sharding = sharding
+        self.micro_batch_tokens = micro_batch_tokens
         self.device = torch.device(device) if device is not None else default_device()
         if mixed_precision is None:
             mixed_precision = self.device.type == "cuda"
@@ -203,18 +217,22 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         return t.tolist()
 
-    def _num_micro_batches(self, rows: int, micro_batch_size: int) -> tuple[int, int]:
-        """(local count, max count over ranks); ranks below the max run zero-weight passes.
+    def _micro_ranges(
+        self, batch: Any, rows: int, micro_batch_size: int
+    ) -> tuple[list[tuple[int, int]], int]:
+        """(this rank's row ranges of the first ``rows`` rows, max range count over ranks).
 
-        Only sharded modules need matching passes (each pass all-gathers); unsharded, every
-        rank runs just its own (no collective here).
+        Ranges follow ``micro_batch_size`` rows and the engine's ``micro_batch_tokens``
+        budget (:func:`micro_batch_ranges`). Ranks below the max run zero-weight passes:
+        only sharded modules need matching passes (each pass all-gathers); unsharded,
+        every rank runs just its own (no collective here).
         """
-        if micro_batch_size <= 0:
-            raise ValueError(f"micro_batch_size must be > 0, got {micro_batch_size}")
-        local = math.ceil(rows / micro_batch_size)
+        attention_mask = get_tensor(batch, "attention_mask")[:rows]
+        response_len = int(get_tensor(batch, "responses").shape[1])
+        ranges = micro_batch_ranges(attention_mask, response_len, micro_batch_size, self.micro_batch_tokens)
         if not self.fsdp_modules:
-            return local, local
-        return local, int(self._all_reduce([float(local)], op="max")[0])
+            return ranges, len(ranges)
+        return ranges, int(self._all_reduce([float(len(ranges))], op="max")[0])
 
     # --------------------------------------------------------------- log-probs
     def _no_grad_passes(self, batch: Any, micro_batch_size: int, forward: Any) -> list[Any]:
@@ -223,14 +241,13 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         Every rank runs the same number of passes (FSDP2 all-gathers in each); a rank
         with fewer rows repeats a one-row pass whose answer is dropped.
         """
-        rows = num_rows(batch)
-        local_count, max_count = self._num_micro_batches(rows, micro_batch_size)
+        ranges, max_count = self._micro_ranges(batch, num_rows(batch), micro_batch_size)
+        local_count = len(ranges)
         self._module.eval()
         answers = []
         with torch.no_grad():
             for i in range(max_count):
-                start = i * micro_batch_size if i < local_count else 0
-                end = min(start + micro_batch_size, rows) if i < local_count else 1
+                start, end = ranges[i] if i < local_count else (0, 1)
                 micro = model_inputs(take_rows(batch, start, end, self.device))
                 with self._autocast():
                     answer = forward(micro)
@@ -317,7 +334,8 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         if token_sum <= 0:
             raise ValueError("response_mask is all zero over the whole mini-batch: nothing to train on")
         agg = make_aggregation_context(token_sum, seq_sum, max_response_len)
-        local_count, max_count = self._num_micro_batches(rows, micro_batch_size)
+        ranges, max_count = self._micro_ranges(batch, rows, micro_batch_size)
+        local_count = len(ranges)
 
         self._module.train()
         loss_total = 0.0
@@ -325,8 +343,7 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         extra_sums: dict[str, float] = {}
         for i in range(max_count):
             real = i < local_count
-            start = i * micro_batch_size if real else 0
-            end = min(start + micro_batch_size, rows) if real else 1
+            start, end = ranges[i] if real else (0, 1)
             micro = take_rows(batch, start, end, self.device)
             loss, metrics, sums = micro_loss(micro, agg)
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:

@@ -110,3 +110,55 @@ def model_inputs(micro_batch: Any) -> dict[str, Any]:
     if has_images(micro_batch):
         inputs["pixel_values"], inputs["image_grid_thw"] = per_row_images(micro_batch)
     return inputs
+
+
+def micro_batch_ranges(
+    attention_mask: torch.Tensor, response_len: int, micro_batch_size: int, max_tokens: int = 0
+) -> list[tuple[int, int]]:
+    """Consecutive row ranges ``[(start, end), ...]`` covering the rows of ``attention_mask``.
+
+    Each range has at most ``micro_batch_size`` rows. With ``max_tokens > 0`` a range
+    also stops before its padding-free window (rows x columns from the first real
+    prompt column to the last real response column of its rows, what
+    :func:`verity.engines.logprobs.padding_free_window` keeps) would exceed
+    ``max_tokens`` positions; a single row wider than that still gets a range of its own.
+    Rows stay in order, so rows of one prompt group stay together where they fit.
+
+    Args:
+        attention_mask: ``[B, P+R]``, 1 on real tokens (left-padded prompts, right-padded responses).
+        response_len: ``R``.
+        micro_batch_size: most rows per range, >= 1.
+        max_tokens: most window positions per range (rows x window width); 0: no token budget.
+
+    Returns:
+        ``ceil``-style cover of ``range(B)``: the first starts at 0, each starts where the
+        previous ends, the last ends at ``B`` (empty for ``B == 0``).
+    """
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    if max_tokens < 0:
+        raise ValueError(f"micro_batch_tokens must be >= 0 (0: rows only), got {max_tokens}")
+    rows = int(attention_mask.shape[0])
+    if max_tokens == 0:
+        return [(s, min(s + micro_batch_size, rows)) for s in range(0, rows, micro_batch_size)]
+    prompt_len = attention_mask.shape[1] - response_len
+    real = attention_mask.bool()
+    columns = torch.arange(attention_mask.shape[1])
+    # first real prompt column per row (at most P-1), one past the last real response column (at least P+1)
+    first = torch.where(real[:, :prompt_len], columns[:prompt_len], prompt_len - 1).min(dim=1).values
+    last = torch.where(real[:, prompt_len:], columns[prompt_len:] + 1, prompt_len + 1).max(dim=1).values
+    ranges: list[tuple[int, int]] = []
+    start, lo, hi = 0, 0, 0
+    for row, (f, e) in enumerate(zip(first.tolist(), last.tolist(), strict=True)):
+        if row > start:
+            width = max(hi, e) - min(lo, f)
+            if row - start >= micro_batch_size or (row - start + 1) * width > max_tokens:
+                ranges.append((start, row))
+                start = row
+        if row == start:
+            lo, hi = f, e
+        else:
+            lo, hi = min(lo, f), max(hi, e)
+    if rows:
+        ranges.append((start, rows))
+    return ranges

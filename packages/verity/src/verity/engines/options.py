@@ -23,11 +23,18 @@ class FSDP2Options:
     # full: parameters, gradients and AdamW state sharded over the ranks (FSDP) | replicate: a full
     # copy per rank, gradients summed in one all-reduce per optimizer step (faster for small models)
     sharding: str = "full"
+    # most positions (rows x padding-free window) per micro-batch, on top of the role's
+    # micro_batch_size rows; 0: rows only. On CPU ~2k positions keep activations cache- and
+    # allocator-friendly (docs/engines.md, "Micro-batches by tokens")
+    micro_batch_tokens: int = 0
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that is out of range."""
         if self.sharding not in ("full", "replicate"):
             raise ValueError(f"fsdp2.sharding must be 'full' or 'replicate', got {self.sharding!r}")
+        tokens = self.micro_batch_tokens
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise ValueError(f"fsdp2.micro_batch_tokens must be an int >= 0 (0: rows only), got {tokens!r}")
 
 
 @dataclass

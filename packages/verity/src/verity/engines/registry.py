@@ -137,6 +137,7 @@ def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
         "mixed_precision": getattr(options, "mixed_precision", None),
         "reshard_after_forward": getattr(options, "reshard_after_forward", True),
         "sharding": getattr(options, "sharding", "full"),
+        "micro_batch_tokens": getattr(options, "micro_batch_tokens", 0),
     }
     if ctx.adapters:
         from verity.engines.fsdp2_lora import FSDP2LoRAEngine
