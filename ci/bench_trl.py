@@ -2,7 +2,7 @@
 
     python ci/bench_trl.py [--out outputs/bench/bench_trl.json] [--shapes quickstart,512x8]
                            [--steps-quickstart 40] [--steps-512x8 10] [--rounds 1] [--trl-threads 2]
-                           [--verity-layouts 1x2]
+                           [--verity-layouts 1x2] [--trl-micro-batches 32]
 
 Needs TRL (``pip install -c constraints.txt -e 'packages/verity[bench-trl]'``; ``nox -s bench``
 and ``nox -s nightly`` install it). Two shapes, each trained by both frameworks from the same
@@ -24,6 +24,11 @@ callback's ``on_step_begin`` and ``on_step_end`` (generation, reward, loss and o
 ``--verity-layouts 1x2`` adds verity runs in other worker layouts (``WxT``: ``W`` Ray
 workers with ``T`` torch threads each) beside the preset, with their own ratio
 (``grpo_step_vs_trl_<shape>_verity_<layout>``, in the JSON, not compared by the nightly).
+``--trl-micro-batches 32`` adds TRL runs that train the same 256 rows in 32-row
+forward/backward passes (``per_device_train_batch_size=32``, ``gradient_accumulation_steps=8``:
+still one generation of the whole batch and one optimizer step per step), as a TRL user
+would to bound activation memory; each gets ``grpo_step_vs_trl_mb<N>_<shape>`` = its s/step
+over verity's preset (JSON only, not compared by the nightly).
 Each side runs in its own process; with ``--rounds R`` the sides alternate (TRL, verity, verity,
 TRL, ...) and each side's figure is the median over its rounds. Held-out accuracy of both is
 scored by :func:`verity.trainer.evaluate.evaluate` rules (greedy, the task's verifier), on the
@@ -51,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDES = ("trl", "verity")  # the two sides every run has; "verity-WxT" sides are extra layouts
+SIDES = ("trl", "verity")  # the two sides every run has; "verity-WxT" and "trl-mbN" sides are extras
 
 
 def parse_layout(text: str) -> tuple[int, int]:
@@ -94,9 +99,15 @@ SHAPES: dict[str, Shape] = {
 }
 
 
-def ratio_name(shape: str) -> str:
-    """The key of a shape's ratio in ``ratios`` (the nightly's ``bench.<key>``)."""
-    return f"grpo_step_vs_trl_{shape}"
+def ratio_name(shape: str, trl_side: str = "trl") -> str:
+    """The key of a shape's ratio in ``ratios`` (the nightly's ``bench.<key>``); ``trl_side`` names a TRL variant."""
+    variant = trl_side.removeprefix("trl").replace("-", "_")
+    return f"grpo_step_vs_trl{variant}_{shape}"
+
+
+def trl_side_name(micro_batch: int) -> str:
+    """The side name of a TRL run with ``micro_batch``-row passes (``"trl-mb32"``)."""
+    return f"trl-mb{micro_batch}"
 
 
 def steady_median(step_seconds: Sequence[float]) -> float:
@@ -150,7 +161,11 @@ def build_result(
         ratio = figures["trl"]["s_per_step"] / figures["verity"]["s_per_step"]
         shapes[shape] = {**figures, "ratio": ratio}
         ratios[ratio_name(shape)] = ratio
-        for side in sorted(s for s in figures if s not in SIDES):
+        for side in sorted(s for s in figures if s.startswith("trl-")):
+            extra = figures[side]["s_per_step"] / figures["verity"]["s_per_step"]
+            shapes[shape][f"ratio_vs_{side}"] = extra
+            ratios[ratio_name(shape, side)] = extra
+        for side in sorted(s for s in figures if s not in SIDES and not s.startswith("trl-")):
             extra = figures["trl"]["s_per_step"] / figures[side]["s_per_step"]
             shapes[shape][f"ratio_{side}"] = extra
             ratios[f"{ratio_name(shape)}_{side.replace('-', '_')}"] = extra
@@ -172,7 +187,10 @@ def format_table(result: Mapping[str, Any]) -> str:
         labels = {"trl": "TRL GRPOTrainer", "verity": "verity (quickstart preset)"}
         for side in [s for s in figures if isinstance(figures[s], dict) and "s_per_step" in figures[s]]:
             fig = figures[side]
-            label = labels.get(side, f"verity, {side.removeprefix('verity-')} (workers x threads)")
+            if side.startswith("trl-mb"):
+                label = f"TRL GRPOTrainer, {side.removeprefix('trl-mb')}-row passes"
+            else:
+                label = labels.get(side, f"verity, {side.removeprefix('verity-')} (workers x threads)")
             lines.append(f"| {shape} | {label} | {fig['steps']} | {fig['s_per_step']:.3f} | {acc(fig)} |")
     lines.append("")
     for shape, figures in result["shapes"].items():
@@ -182,7 +200,11 @@ def format_table(result: Mapping[str, Any]) -> str:
             f"{ratio_name(shape)} = TRL s/step / verity s/step = {r:.3f} (verity {r:.2f}x TRL's speed: {verdict})"
         )
         for key in sorted(k for k in figures if k.startswith("ratio_")):
-            lines.append(f"  {key.removeprefix('ratio_')}: TRL s/step / its s/step = {figures[key]:.3f}")
+            if key.startswith("ratio_vs_"):
+                side = key.removeprefix("ratio_vs_")
+                lines.append(f"  vs {side}: its s/step / verity s/step = {figures[key]:.3f}")
+            else:
+                lines.append(f"  {key.removeprefix('ratio_')}: TRL s/step / its s/step = {figures[key]:.3f}")
     return "\n".join(lines)
 
 
@@ -205,6 +227,7 @@ class SideJob:
     trl_threads: int = 2  # torch threads of the TRL process
     response_len: int | None = None  # new tokens per sample; None: the shape's own
     layout: str | None = None  # verity only: "WxT" workers x threads; None: the preset's
+    trl_micro_batch: int | None = None  # TRL only: rows per forward/backward pass; None: the whole batch
 
 
 def prepare_inputs(shape: Shape, workdir: Path, cache_dir: str) -> dict[str, str]:
@@ -241,6 +264,8 @@ def run_side_process(job: SideJob, out_file: Path) -> dict[str, Any]:
         str(out_file),
     ]
     layout = f" ({job.layout} workers x threads)" if job.layout else ""
+    if job.trl_micro_batch:
+        layout = f" ({job.trl_micro_batch}-row passes)"
     print(f"--- {job.shape}: {job.side}{layout}, {job.steps} steps", flush=True)
     load_before = os.getloadavg()
     code = subprocess.call(cmd, cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": "0"})
@@ -258,13 +283,15 @@ def run_bench(
     trl_threads: int = 2,
     response_lens: Mapping[str, int] | None = None,
     verity_layouts: Sequence[str] = (),
+    trl_micro_batches: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Every shape, both sides alternating over ``rounds``; the :func:`build_result` document.
 
     ``trl_threads``: torch threads of the TRL process (verity's workers take
     ``trainer.cpus_per_worker`` each, 1 in the preset). ``response_lens``: new tokens per
     sample for some shapes instead of their own. ``verity_layouts``: extra verity sides
-    (``"WxT"``), each run in every round beside the preset.
+    (``"WxT"``), each run in every round beside the preset. ``trl_micro_batches``: extra
+    TRL sides training in passes of that many rows (each must divide every shape's batch).
     """
     response_lens = dict(response_lens or {})
     unknown = sorted(set(shapes) - set(SHAPES))
@@ -275,7 +302,16 @@ def run_bench(
     if trl_threads < 1:
         raise ValueError(f"trl_threads must be >= 1, got {trl_threads}")
     layouts = {layout_side(layout): "{}x{}".format(*parse_layout(layout)) for layout in verity_layouts}
-    all_sides = (*SIDES, *layouts)
+    for micro in trl_micro_batches:
+        for name in shapes:
+            rows = SHAPES[name].prompts * SHAPES[name].samples
+            if micro < 1 or rows % micro or micro % SHAPES[name].samples:
+                raise ValueError(
+                    f"trl micro-batch {micro}: expected a multiple of the {SHAPES[name].samples} samples per "
+                    f"prompt that divides the {rows} rows of shape {name!r}"
+                )
+    trl_sides = {trl_side_name(micro): micro for micro in trl_micro_batches}
+    all_sides = (*SIDES, *layouts, *trl_sides)
     for name, count in steps.items():
         if count < 2:
             raise ValueError(f"steps for {name}: expected >= 2 (the first step is not counted), got {count}")
@@ -289,7 +325,7 @@ def run_bench(
             order = all_sides if r % 2 == 0 else all_sides[::-1]
             for side in order:
                 job = SideJob(
-                    "verity" if side in layouts else side,
+                    "verity" if side in layouts else "trl" if side in trl_sides else side,
                     name,
                     steps.get(name, shape.steps),
                     str(workdir / f"{name}-{side}-{r}"),
@@ -297,6 +333,7 @@ def run_bench(
                     trl_threads=trl_threads,
                     response_len=response_lens.get(name),
                     layout=layouts.get(side),
+                    trl_micro_batch=trl_sides.get(side),
                 )
                 runs[name][side].append(run_side_process(job, workdir / f"{name}-{side}-{r}.json"))
     settings = {
@@ -307,6 +344,7 @@ def run_bench(
         "rounds": rounds,
         "trl_threads": trl_threads,
         "verity_layouts": list(layouts.values()),
+        "trl_micro_batches": list(trl_sides.values()),
         "cpus": os.cpu_count(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
@@ -352,6 +390,11 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated extra verity runs, WORKERSxTHREADS each (e.g. 1x2), beside the preset",
     )
     parser.add_argument(
+        "--trl-micro-batches",
+        default="",
+        help="comma-separated extra TRL runs training in passes of N rows each (e.g. 32), beside the default",
+    )
+    parser.add_argument(
         "--cache-dir", default="~/.cache/verity/embedded", help="the embedded default's cache"
     )
     parser.add_argument("--workdir", type=Path, help="default: a temporary folder, removed afterwards")
@@ -374,8 +417,9 @@ def main(argv: list[str] | None = None) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
         lens = {n: getattr(args, f"new_tokens_{n}") for n in shapes if getattr(args, f"new_tokens_{n}", None)}
         layouts = [x for x in args.verity_layouts.split(",") if x]
+        micros = [int(x) for x in args.trl_micro_batches.split(",") if x]
         result = run_bench(
-            shapes, steps, args.rounds, workdir, args.cache_dir, args.trl_threads, lens, layouts
+            shapes, steps, args.rounds, workdir, args.cache_dir, args.trl_threads, lens, layouts, micros
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -107,6 +107,8 @@ def run_trl(job: Any, shape: Any, threads: int) -> dict[str, Any]:
     from verity.rollout.sampling import SamplingParams
     from verity.trainer.evaluate import evaluate, score_with_task
 
+    rows = shape.prompts * shape.samples
+    micro = getattr(job, "trl_micro_batch", None) or rows  # rows per forward/backward pass
     set_seed(job.seed)
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
     model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=torch.float32)
@@ -150,8 +152,8 @@ def run_trl(job: Any, shape: Any, threads: int) -> dict[str, Any]:
     before = held_out()
     args = GRPOConfig(
         output_dir=str(Path(job.workdir) / "trl"),
-        per_device_train_batch_size=shape.prompts * shape.samples,
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=rows // micro,  # one generation of all rows, one optimizer step
         num_generations=shape.samples,
         max_completion_length=shape.response_len,
         temperature=1.0,

@@ -209,3 +209,27 @@ def test_a_layout_becomes_worker_and_thread_overrides(tmp_path: Path) -> None:
         config_file=preset_path(),
     )
     assert (cfg.trainer.n_workers, cfg.trainer.cpus_per_worker) == (1, 2)
+
+
+def test_a_trl_micro_batch_side_is_compared_with_verity() -> None:
+    runs = {
+        "512x8": {
+            "trl": [_run([9.0, 50.0])],
+            "verity": [_run([9.0, 25.0])],
+            "trl-mb32": [_run([9.0, 40.0])],
+        }
+    }
+    result = bench_trl.build_result(runs, {})
+    assert result["ratios"]["grpo_step_vs_trl_512x8"] == pytest.approx(2.0)
+    assert result["ratios"]["grpo_step_vs_trl_mb32_512x8"] == pytest.approx(1.6)
+    assert result["shapes"]["512x8"]["ratio_vs_trl-mb32"] == pytest.approx(1.6)
+    table = bench_trl.format_table(result)
+    assert "| 512x8 | TRL GRPOTrainer, 32-row passes | 2 | 40.000 |" in table
+    assert "vs trl-mb32: its s/step / verity s/step = 1.600" in table
+
+
+@pytest.mark.parametrize("bad", [0, 12, 100])
+def test_a_trl_micro_batch_that_does_not_divide_the_batch_is_refused(bad: int, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=f"trl micro-batch {bad}"):
+        bench_trl.run_bench(["512x8"], {}, 1, tmp_path, str(tmp_path), trl_micro_batches=[bad])
+    assert not any(tmp_path.iterdir())
