@@ -25,12 +25,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from two_processes import slower_rank_seconds
 
 
 def shaped_batch(rows: int, seed: int, vocab: int = 200) -> dict[str, torch.Tensor]:
@@ -86,7 +85,7 @@ def _plain_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, b: dic
     optimizer.zero_grad(set_to_none=True)
 
 
-def _rank(rank: int, layout: str, store_file: str, args: argparse.Namespace, answers) -> None:
+def _rank(rank: int, store_file: str, layout: str, args: argparse.Namespace, answers) -> None:
     from verity.algorithms.configs import KLConfig, PolicyLossConfig
     from verity.batch import Batch
     from verity.engines.fsdp2 import FSDP2Engine
@@ -130,18 +129,7 @@ def _rank(rank: int, layout: str, store_file: str, args: argparse.Namespace, ans
 
 def run_layout(layout: str, args: argparse.Namespace) -> float:
     """The slower rank's median seconds per train step."""
-    ctx = mp.get_context("spawn")
-    answers = ctx.Queue()
-    with tempfile.TemporaryDirectory() as folder:
-        store = os.path.join(folder, "store")
-        procs = [ctx.Process(target=_rank, args=(r, layout, store, args, answers)) for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join()
-            if p.exitcode != 0:
-                raise RuntimeError(f"layout {layout}: a rank exited with code {p.exitcode}")
-    return max(answers.get()[1] for _ in range(2))
+    return slower_rank_seconds(_rank, layout, args)
 
 
 def main() -> None:

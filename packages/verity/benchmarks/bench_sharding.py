@@ -23,18 +23,17 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from two_processes import slower_rank_seconds
 
 LAYOUTS = ("full", "replicate", "alone")
 
 
-def _rank(rank: int, layout: str, store_file: str, rows: int, repeats: int, answers) -> None:
+def _rank(rank: int, store_file: str, layout: str, rows: int, repeats: int, answers) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_logprob_layouts import quickstart_shaped_batch
     from verity.algorithms.configs import KLConfig, PolicyLossConfig
@@ -76,18 +75,7 @@ def _rank(rank: int, layout: str, store_file: str, rows: int, repeats: int, answ
 
 def run_layout(layout: str, rows: int, repeats: int) -> float:
     """The slower rank's median seconds per train step."""
-    ctx = mp.get_context("spawn")
-    answers = ctx.Queue()
-    with tempfile.TemporaryDirectory() as folder:
-        store = os.path.join(folder, "store")
-        procs = [ctx.Process(target=_rank, args=(r, layout, store, rows, repeats, answers)) for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join()
-            if p.exitcode != 0:
-                raise RuntimeError(f"layout {layout}: a rank exited with code {p.exitcode}")
-    return max(answers.get()[1] for _ in range(2))
+    return slower_rank_seconds(_rank, layout, rows, repeats)
 
 
 def main() -> None:
