@@ -2,7 +2,7 @@
 
     python ci/bench_trl.py [--out outputs/bench/bench_trl.json] [--shapes quickstart,512x8]
                            [--steps-quickstart 40] [--steps-512x8 10] [--rounds 1] [--trl-threads 2]
-                           [--verity-layouts 1x2] [--trl-micro-batches 32]
+                           [--verity-layouts 1x2] [--trl-micro-batches 32] [--verity-all-rows]
 
 Needs TRL (``pip install -c constraints.txt -e 'packages/verity[bench-trl]'``; ``nox -s bench``
 and ``nox -s nightly`` install it). Two shapes, each trained by both frameworks from the same
@@ -29,6 +29,10 @@ forward/backward passes (``per_device_train_batch_size=32``, ``gradient_accumula
 still one generation of the whole batch and one optimizer step per step), as a TRL user
 would to bound activation memory; each gets ``grpo_step_vs_trl_mb<N>_<shape>`` = its s/step
 over verity's preset (JSON only, not compared by the nightly).
+``--verity-all-rows`` adds a verity run with ``actor.skip_zero_advantage=off`` (forward +
+backward over every row, as TRL does, instead of leaving out rows whose advantage is
+exactly 0): side ``verity-all-rows``, ratio ``grpo_step_vs_trl_<shape>_verity_all_rows``.
+Every verity side records ``skipped_row_fraction``, the mean share of rows its updates left out.
 Each side runs in its own process; with ``--rounds R`` the sides alternate (TRL, verity, verity,
 TRL, ...) and each side's figure is the median over its rounds. Held-out accuracy of both is
 scored by :func:`verity.trainer.evaluate.evaluate` rules (greedy, the task's verifier), on the
@@ -56,7 +60,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SIDES = ("trl", "verity")  # the two sides every run has; "verity-WxT" and "trl-mbN" sides are extras
+SIDES = ("trl", "verity")  # the two sides every run has; "verity-WxT", "verity-all-rows", "trl-mbN" are extras
+ALL_ROWS_SIDE = "verity-all-rows"  # verity with actor.skip_zero_advantage=off
 
 
 def parse_layout(text: str) -> tuple[int, int]:
@@ -139,6 +144,7 @@ def side_figure(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "wall_seconds": [run.get("wall_seconds") for run in runs],
         "load_average": [run.get("load_average") for run in runs],  # (1, 5, 15 min) before and after each run
         "torch_threads": first.get("torch_threads"),
+        "skipped_row_fraction": first.get("skipped_row_fraction"),
     }
 
 
@@ -189,6 +195,8 @@ def format_table(result: Mapping[str, Any]) -> str:
             fig = figures[side]
             if side.startswith("trl-mb"):
                 label = f"TRL GRPOTrainer, {side.removeprefix('trl-mb')}-row passes"
+            elif side == ALL_ROWS_SIDE:
+                label = "verity, every row trained (actor.skip_zero_advantage=off)"
             else:
                 label = labels.get(side, f"verity, {side.removeprefix('verity-')} (workers x threads)")
             lines.append(f"| {shape} | {label} | {fig['steps']} | {fig['s_per_step']:.3f} | {acc(fig)} |")
@@ -228,6 +236,7 @@ class SideJob:
     response_len: int | None = None  # new tokens per sample; None: the shape's own
     layout: str | None = None  # verity only: "WxT" workers x threads; None: the preset's
     trl_micro_batch: int | None = None  # TRL only: rows per forward/backward pass; None: the whole batch
+    all_rows: bool = False  # verity only: actor.skip_zero_advantage=off
 
 
 def prepare_inputs(shape: Shape, workdir: Path, cache_dir: str) -> dict[str, str]:
@@ -266,6 +275,8 @@ def run_side_process(job: SideJob, out_file: Path) -> dict[str, Any]:
     layout = f" ({job.layout} workers x threads)" if job.layout else ""
     if job.trl_micro_batch:
         layout = f" ({job.trl_micro_batch}-row passes)"
+    if job.all_rows:
+        layout = " (every row trained)"
     print(f"--- {job.shape}: {job.side}{layout}, {job.steps} steps", flush=True)
     load_before = os.getloadavg()
     code = subprocess.call(cmd, cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": "0"})
@@ -284,6 +295,7 @@ def run_bench(
     response_lens: Mapping[str, int] | None = None,
     verity_layouts: Sequence[str] = (),
     trl_micro_batches: Sequence[int] = (),
+    all_rows: bool = False,
 ) -> dict[str, Any]:
     """Every shape, both sides alternating over ``rounds``; the :func:`build_result` document.
 
@@ -292,6 +304,7 @@ def run_bench(
     sample for some shapes instead of their own. ``verity_layouts``: extra verity sides
     (``"WxT"``), each run in every round beside the preset. ``trl_micro_batches``: extra
     TRL sides training in passes of that many rows (each must divide every shape's batch).
+    ``all_rows``: an extra verity side with ``actor.skip_zero_advantage=off``.
     """
     response_lens = dict(response_lens or {})
     unknown = sorted(set(shapes) - set(SHAPES))
@@ -311,7 +324,7 @@ def run_bench(
                     f"prompt that divides the {rows} rows of shape {name!r}"
                 )
     trl_sides = {trl_side_name(micro): micro for micro in trl_micro_batches}
-    all_sides = (*SIDES, *layouts, *trl_sides)
+    all_sides = (*SIDES, *layouts, *((ALL_ROWS_SIDE,) if all_rows else ()), *trl_sides)
     for name, count in steps.items():
         if count < 2:
             raise ValueError(f"steps for {name}: expected >= 2 (the first step is not counted), got {count}")
@@ -325,7 +338,7 @@ def run_bench(
             order = all_sides if r % 2 == 0 else all_sides[::-1]
             for side in order:
                 job = SideJob(
-                    "verity" if side in layouts else "trl" if side in trl_sides else side,
+                    "verity" if side in layouts or side == ALL_ROWS_SIDE else "trl" if side in trl_sides else side,
                     name,
                     steps.get(name, shape.steps),
                     str(workdir / f"{name}-{side}-{r}"),
@@ -334,6 +347,7 @@ def run_bench(
                     response_len=response_lens.get(name),
                     layout=layouts.get(side),
                     trl_micro_batch=trl_sides.get(side),
+                    all_rows=side == ALL_ROWS_SIDE,
                 )
                 runs[name][side].append(run_side_process(job, workdir / f"{name}-{side}-{r}.json"))
     settings = {
@@ -345,6 +359,7 @@ def run_bench(
         "trl_threads": trl_threads,
         "verity_layouts": list(layouts.values()),
         "trl_micro_batches": list(trl_sides.values()),
+        "verity_all_rows": all_rows,
         "cpus": os.cpu_count(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
@@ -395,6 +410,11 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated extra TRL runs training in passes of N rows each (e.g. 32), beside the default",
     )
     parser.add_argument(
+        "--verity-all-rows",
+        action="store_true",
+        help="add a verity run training every row (actor.skip_zero_advantage=off) beside the preset",
+    )
+    parser.add_argument(
         "--cache-dir", default="~/.cache/verity/embedded", help="the embedded default's cache"
     )
     parser.add_argument("--workdir", type=Path, help="default: a temporary folder, removed afterwards")
@@ -419,7 +439,16 @@ def main(argv: list[str] | None = None) -> int:
         layouts = [x for x in args.verity_layouts.split(",") if x]
         micros = [int(x) for x in args.trl_micro_batches.split(",") if x]
         result = run_bench(
-            shapes, steps, args.rounds, workdir, args.cache_dir, args.trl_threads, lens, layouts, micros
+            shapes,
+            steps,
+            args.rounds,
+            workdir,
+            args.cache_dir,
+            args.trl_threads,
+            lens,
+            layouts,
+            micros,
+            all_rows=args.verity_all_rows,
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

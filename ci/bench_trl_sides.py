@@ -43,6 +43,8 @@ def verity_overrides(job: Any, shape: Any, out_dir: Path) -> list[str]:
     if layout:  # "WxT": W Ray workers with T torch threads each, instead of the preset's
         workers, threads = (int(n) for n in layout.split("x"))
         overrides += [f"trainer.n_workers={workers}", f"trainer.cpus_per_worker={threads}"]
+    if getattr(job, "all_rows", False):  # train every row, as TRL does
+        overrides.append("actor.skip_zero_advantage=off")
     if shape.model is None:  # the preset's own embedded default (same folder and files as TRL gets)
         overrides.append(f"model.embedded_cache_dir={Path(job.model_dir).parents[1]}")
     else:
@@ -79,6 +81,7 @@ def run_verity(job: Any, shape: Any) -> dict[str, Any]:
     stage_seconds = {
         k.removeprefix("timing/"): statistics.median(r.get(k, 0.0) for r in steps[1:]) for k in stage_keys
     }
+    skipped = [r["actor/skipped_row_fraction"] for r in steps if "actor/skipped_row_fraction" in r]
     return {
         "step_seconds": [r["timing/step_s"] for r in steps],
         "accuracy_before": summary.get("accuracy_before") if shape.held_out else None,
@@ -87,6 +90,7 @@ def run_verity(job: Any, shape: Any) -> dict[str, Any]:
         "n_params": None,
         "wall_seconds": wall,
         "workers": cfg.trainer.n_workers,
+        "skipped_row_fraction": statistics.fmean(skipped) if skipped else None,
         "torch_threads": f"{cfg.trainer.cpus_per_worker:g} per worker",
     }
 

@@ -149,6 +149,36 @@ def critic_scenarios(batch, out: dict, **engine_kwargs) -> None:
     out["values"] = engine.compute_values(batch, micro_batch_size=3)
 
 
+ZERO_ROWS = (0, 1, 2, 3, 5)  # all of rank 0's rows and one of rank 1's
+
+
+def policy_only_loss(mode: str):
+    """Dual-clip PPO without KL or entropy: rows with zero advantage add exactly nothing."""
+    from verity.algorithms.configs import KLConfig, PolicyLossConfig
+    from verity.workers.actor_loss import make_actor_loss
+
+    policy = PolicyLossConfig(loss_agg_mode=mode, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
+    return make_actor_loss(policy, KLConfig(), entropy_coeff=0.0)
+
+
+def skip_scenarios(engine_factory, shard_of, out: dict, skip: bool) -> None:
+    """Rows with zero advantage left out of forward + backward (``train_rows``) when ``skip``."""
+    from verity.engines.train_rows import rows_with_advantage
+
+    full = add_rl_keys(make_padded_batch())
+    full["advantages"][list(ZERO_ROWS)] = 0.0
+    batch = shard_of(full)
+    keep = rows_with_advantage(batch["advantages"], batch["response_mask"]) if skip else None
+    engine = engine_factory()
+    for mode in ("token-mean", "seq-mean-token-sum-norm"):
+        for mbs in (1, 4):
+            metrics = engine.forward_backward(batch, policy_only_loss(mode), mbs, train_rows=keep)
+            out[f"skip/grad/{mode}/{mbs}"] = engine.full_gradients()
+            out[f"skip/loss/{mode}/{mbs}"] = metrics["loss"]
+            out[f"skip/fraction/{mode}/{mbs}"] = metrics["skipped_row_fraction"]
+            engine.optimizer.zero_grad(set_to_none=True)
+
+
 def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
@@ -156,6 +186,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         out: dict = {}
         run_scenarios(lambda: FSDP2Engine(tiny_qwen2(), CFG), lambda b: shard(b, rank), out)
         out["sharded"] = type(next(iter(FSDP2Engine(tiny_qwen2(), None).model.parameters()))).__name__
+        skip_scenarios(lambda: FSDP2Engine(tiny_qwen2(), CFG), lambda b: shard(b, rank), out, skip=True)
         budget_scenario(rank, out)
         ckpt_dir = os.path.join(out_dir, "dcp")
         checkpoint_scenario(rank, ckpt_dir, out)
@@ -166,6 +197,12 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             lambda b: shard(b, rank),
             replicated,
             sharding="replicate",
+        )
+        skip_scenarios(
+            lambda: FSDP2Engine(tiny_qwen2(), CFG, sharding="replicate"),
+            lambda b: shard(b, rank),
+            replicated,
+            skip=True,
         )
         replicated["sharded"] = type(
             next(iter(FSDP2Engine(tiny_qwen2(), None, sharding="replicate").model.parameters()))
@@ -232,6 +269,7 @@ def two_ranks(tmp_path_factory):
 def reference():
     out: dict = {}
     run_scenarios(lambda: FSDP2Engine(tiny_qwen2(), CFG), lambda b: b, out)
+    skip_scenarios(lambda: FSDP2Engine(tiny_qwen2(), CFG), lambda b: b, out, skip=False)
     return out
 
 
@@ -389,3 +427,18 @@ def test_a_replicated_checkpoint_resumes_into_full_sharding(two_ranks):
         got = two_ranks[rank]["replicate"]
         assert got["ckpt_step"] == 2
         assert got["ckpt_max_diff"] < 1e-5  # gradient norms are summed in another order
+
+
+@pytest.mark.parametrize("sharding", ["full", "replicate"])
+def test_skipping_zero_advantage_rows_keeps_the_gradient_on_two_ranks(two_ranks, reference, sharding):
+    """Rank 0 has only zero-advantage rows (it runs one, with zero gradient), rank 1 skips one of
+    three; the gradient summed over ranks equals one process training all 7 rows."""
+    for rank_out in two_ranks:
+        got = rank_out if sharding == "full" else rank_out["replicate"]
+        for mode in ("token-mean", "seq-mean-token-sum-norm"):
+            for mbs in (1, 4):
+                key = f"{mode}/{mbs}"
+                assert_same_tensors(got[f"skip/grad/{key}"], reference[f"skip/grad/{key}"], f"{sharding} {key}")
+                assert got[f"skip/loss/{key}"] == pytest.approx(reference[f"skip/loss/{key}"], rel=1e-5, abs=1e-7)
+                assert got[f"skip/fraction/{key}"] == pytest.approx(len(ZERO_ROWS) / 7)
+                assert reference[f"skip/fraction/{key}"] == 0.0

@@ -73,6 +73,35 @@ def run_scenarios(make_engine, batch, out: dict, prefix: str) -> None:
         out[f"{prefix}/sync_tensors"] = stats.num_tensors
 
 
+ZERO_ROWS = [0, 1, 2, 3, 5]  # at DP=2 all of rank 0's rows and one of rank 1's
+
+
+def policy_only_loss():
+    """Dual-clip PPO without KL or entropy: rows with zero advantage add exactly nothing."""
+    from verity.algorithms.configs import KLConfig, PolicyLossConfig
+    from verity.workers.actor_loss import make_actor_loss
+
+    return make_actor_loss(PolicyLossConfig(clip_ratio_c=3.0), KLConfig(), entropy_coeff=0.0)
+
+
+def zero_advantage_batch(tied: bool) -> dict[str, torch.Tensor]:
+    batch = rl_batch(tied)
+    batch["advantages"] = batch["advantages"].clone()
+    batch["advantages"][ZERO_ROWS] = 0.0
+    return batch
+
+
+def skip_scenario(engine, batch, out: dict, prefix: str, skip: bool) -> None:
+    """Gradient of the policy-only loss with the zero-advantage rows left out (``skip``) or run."""
+    from verity.engines.train_rows import rows_with_advantage
+
+    keep = rows_with_advantage(batch["advantages"], batch["response_mask"]) if skip else None
+    metrics = engine.forward_backward(batch, policy_only_loss(), 2, train_rows=keep)
+    out[f"{prefix}/skip/grad"] = engine.full_gradients()
+    out[f"{prefix}/skip/fraction"] = metrics["skipped_row_fraction"]
+    engine.optimizer.zero_grad(set_to_none=True)
+
+
 def full_weights(engine) -> dict[str, torch.Tensor]:
     if hasattr(engine, "iter_full_weights"):
         return {n: t.detach().clone() for bucket in engine.iter_full_weights(4096) for n, t in bucket}
@@ -106,6 +135,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 run_scenarios(
                     lambda tied=tied, tp=tp, pp=pp: _megatron(tied, tp, pp), batch, out, f"{name}/{tied}"
                 )
+            skipping = _shard(zero_advantage_batch(False), dp_rank, dp)
+            skip_scenario(_megatron(False, tp, pp), skipping, out, name, skip=True)
         padded_vocab_scenario(out)
         checkpoint_scenarios(rank, out_dir, out)
         torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -179,6 +210,8 @@ def reference():
             out,
             f"ref/{tied}",
         )
+    untied = FSDP2Engine(tiny_qwen2(tie_word_embeddings=False), CFG)
+    skip_scenario(untied, zero_advantage_batch(False), out, "ref", skip=False)
     return out
 
 
@@ -300,3 +333,14 @@ def test_tp2_checkpoint_exports_to_hf(ranks, tmp_path):
     assert_close_dicts(weights, ranks[0]["ckpt/saved_weights"], "exported", atol=0)
     model = tiny_qwen2(seed=4)
     model.load_state_dict(weights, strict=True)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_skipping_zero_advantage_rows_keeps_the_gradient(ranks, reference, layout):
+    """At DP=2 rank 0's rows all have zero advantage (it runs one, with zero gradient); at TP=2 and
+    PP=2 both ranks skip the same 5 of 7 rows. The gradient equals FSDP2 training all rows."""
+    want = reference["ref/skip/grad"]
+    assert max(float(g.abs().max()) for g in want.values()) > 1e-3
+    for rank in range(WORLD):
+        assert_close_dicts(ranks[rank][f"{layout}/skip/grad"], want, f"{layout} rank {rank} skipping")
+        assert ranks[rank][f"{layout}/skip/fraction"] == pytest.approx(len(ZERO_ROWS) / 7)

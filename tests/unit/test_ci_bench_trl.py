@@ -233,3 +233,26 @@ def test_a_trl_micro_batch_that_does_not_divide_the_batch_is_refused(bad: int, t
     with pytest.raises(ValueError, match=f"trl micro-batch {bad}"):
         bench_trl.run_bench(["512x8"], {}, 1, tmp_path, str(tmp_path), trl_micro_batches=[bad])
     assert not any(tmp_path.iterdir())
+
+
+def test_the_all_rows_side_trains_every_row_and_gets_its_own_ratio(tmp_path: Path) -> None:
+    from verity.cli.quickstart import preset_path
+    from verity.config import load_config
+
+    runs = {
+        "512x8": {
+            "trl": [_run([9.0, 50.0])],
+            "verity": [_run([9.0, 10.0])],
+            "verity-all-rows": [_run([9.0, 25.0])],
+        }
+    }
+    result = bench_trl.build_result(runs, {})
+    assert result["ratios"]["grpo_step_vs_trl_512x8"] == pytest.approx(5.0)
+    assert result["ratios"]["grpo_step_vs_trl_512x8_verity_all_rows"] == pytest.approx(2.0)
+    table = bench_trl.format_table(result)
+    assert "| 512x8 | verity, every row trained (actor.skip_zero_advantage=off) | 2 | 25.000 |" in table
+    job = bench_trl.SideJob("verity", "512x8", 3, str(tmp_path / "w"), str(tmp_path / "m"), "", "", all_rows=True)
+    overrides = sides.verity_overrides(job, bench_trl.SHAPES["512x8"], tmp_path / "out")
+    assert "actor.skip_zero_advantage=off" in overrides
+    preset = [o for o in overrides if not o.startswith(("model.path", "data.train_files", "data.val_files"))]
+    assert load_config(preset, config_file=preset_path()).actor.skip_zero_advantage == "off"

@@ -23,7 +23,9 @@ for start-up and is left out when there is more than one step):
 - ``tokens_per_s``: prompt + response tokens (padding excluded) per second of step time;
 - ``generated_tokens_per_s``: response tokens per second of the ``generate`` stage;
 - ``train_tokens_per_s``: tokens through the actor's forward + backward per second
-  of actor training, ``sum(total_tokens * ppo_epochs) / sum(update_actor_s - weight_sync_s)``;
+  of actor training, ``sum(actor_trained_tokens) / sum(update_actor_s - weight_sync_s)``
+  (``perf/actor_trained_tokens``: what the update actually ran, rows skipped for a zero
+  advantage left out; runs that do not log it count ``total_tokens * ppo_epochs``);
 - ``stage_seconds``: mean seconds per step of each stage (``timing/<stage>_s``);
 - ``mfu``: ``6 * n_params * train_tokens_per_s / (peak_flops * devices)``
   (:func:`verity.hardware.mfu`), ``None`` where the device's peak is unknown. On CPU the
@@ -116,7 +118,11 @@ def throughput(
     for stage in list(stage_seconds):
         stage_seconds[stage] = _mean(column(f"timing/{stage}_s")) or 0.0
 
-    train_tokens = sum(column("perf/total_tokens")) * max(1, ppo_epochs)
+    trained = column("perf/actor_trained_tokens")
+    if trained and len(trained) == len(rows):
+        train_tokens = sum(trained)
+    else:
+        train_tokens = sum(column("perf/total_tokens")) * max(1, ppo_epochs)
     train_seconds = sum(column("timing/update_actor_s")) - sum(column("timing/weight_sync_s"))
     train_tps = train_tokens / train_seconds if train_tokens > 0 and train_seconds > 0 else None
     utilisation = None

@@ -8,9 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["needs_baseline", "needs_critic", "needs_reference", "old_logprobs_source", "on_policy"]
+__all__ = [
+    "needs_baseline",
+    "needs_critic",
+    "needs_reference",
+    "old_logprobs_source",
+    "on_policy",
+    "skips_zero_advantage_rows",
+    "zero_advantage_rows_matter",
+]
 
 OLD_LOGPROBS_MODES = ("auto", "recompute", "rollout")
+SKIP_ZERO_ADVANTAGE_MODES = ("auto", "on", "off")
+VANISHING_POLICY_LOSSES = frozenset({"ppo", "vanilla", "gspo", "gpg", "cispo"})
+"""Built-in policy losses whose every token term is ``A_t`` times a finite factor: exactly 0, with
+gradient exactly 0, where the advantage is 0 (clip-cov / kl-cov pick tokens by statistics of
+the whole batch, so leaving rows out changes them)."""
 
 
 def needs_reference(cfg: Any) -> bool:
@@ -60,3 +73,32 @@ def old_logprobs_source(cfg: Any) -> str:
     if on_policy(cfg) and not cfg.algorithm.kl.use_kl_in_reward:
         return "policy"
     return "recompute"
+
+
+def zero_advantage_rows_matter(cfg: Any) -> str | None:
+    """Why rows whose advantage is 0 on every token still change the actor's gradient in this run,
+    or ``None`` when they add exactly nothing (then ``actor.skip_zero_advantage`` may skip them)."""
+    if cfg.algorithm.kl.use_kl_loss:
+        return "algorithm.kl.use_kl_loss adds a KL term with a gradient on every row"
+    if cfg.actor.entropy_coeff:
+        return f"actor.entropy_coeff={cfg.actor.entropy_coeff} adds an entropy bonus with a gradient on every row"
+    name = cfg.actor.policy_loss.name
+    if name not in VANISHING_POLICY_LOSSES:
+        return (
+            f"actor.policy_loss.name={name!r} is not one of the losses known to vanish at zero advantage "
+            f"({', '.join(sorted(VANISHING_POLICY_LOSSES))})"
+        )
+    return None
+
+
+def skips_zero_advantage_rows(cfg: Any) -> bool:
+    """Whether the actor update runs forward + backward only over rows with a non-zero advantage.
+
+    ``actor.skip_zero_advantage``: ``auto`` (on exactly when :func:`zero_advantage_rows_matter`
+    finds no reason against, i.e. the gradient is unchanged) | ``on`` (the same, but a run where
+    it would change the gradient is rejected) | ``off``. Whether the engine can is checked
+    where it is built (``TrainingEngine.supports_train_rows``).
+    """
+    if cfg.actor.skip_zero_advantage == "off":
+        return False
+    return zero_advantage_rows_matter(cfg) is None

@@ -95,6 +95,9 @@ class ActorConfig:
     # where the PPO ratio's behaviour log-probs come from: auto (recompute, skipped when on-policy) |
     # recompute (a forward before the update) | rollout (the sampler's own log-probs); see docs/algorithms.md
     old_logprobs: str = "auto"
+    # run forward + backward only over rows with a non-zero advantage (the loss still normalised
+    # over all rows): auto (where that leaves the gradient exactly unchanged) | on | off; docs/engines.md
+    skip_zero_advantage: str = "auto"
     # off-policy correction of the PPO ratio against the sampler's own log-probs (docs/algorithms.md)
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
 

@@ -22,6 +22,22 @@ ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3
 TRAINER_MODES = ("sync", "async")
 
 
+def _validate_skip_zero_advantage(cfg: VerityConfig) -> None:
+    from verity.config.derived import SKIP_ZERO_ADVANTAGE_MODES, zero_advantage_rows_matter
+
+    mode = cfg.actor.skip_zero_advantage
+    if mode not in SKIP_ZERO_ADVANTAGE_MODES:
+        raise ConfigError(
+            f"actor.skip_zero_advantage must be one of {'|'.join(SKIP_ZERO_ADVANTAGE_MODES)}, got {mode!r}"
+        )
+    reason = zero_advantage_rows_matter(cfg) if mode == "on" else None
+    if reason:
+        raise ConfigError(
+            f"actor.skip_zero_advantage=on would change the gradient: {reason}; use auto (skips only "
+            "where it is exact) or off"
+        )
+
+
 def _validate_off_policy(cfg: VerityConfig) -> None:
     """``trainer.mode``, ``trainer.max_staleness``, ``rollout.n_workers`` and ``actor.off_policy.is_cap``."""
     t, cap = cfg.trainer, cfg.actor.off_policy.is_cap
@@ -103,6 +119,7 @@ def validate_config(cfg: VerityConfig) -> None:
             "actor.old_logprobs=rollout with algorithm.kl.use_kl_in_reward: the KL in the reward needs the "
             "trainer's own log-probs; use actor.old_logprobs=recompute (or auto)"
         )
+    _validate_skip_zero_advantage(cfg)
     _validate_off_policy(cfg)
     _validate_engines(cfg)
     _validate_lora(cfg)

@@ -62,6 +62,9 @@ class TrainingEngine(abc.ABC):
 
     #: the engine's registered name (``fsdp2``, ``megatron``, ...): what a run records as having trained
     name: str = "engine"
+    #: whether ``train_step`` takes ``train_rows`` (a ``[B]`` bool mask of the rows to run
+    #: forward + backward on, the loss normalised over all rows; :mod:`verity.engines.train_rows`)
+    supports_train_rows: bool = False
     #: rank and size of the data-parallel group (0 and 1 in a single process)
     rank: int
     world_size: int

@@ -52,6 +52,7 @@ from verity.engines.micro_batches import (
 )
 from verity.engines.optim import OptimConfig, build_lr_scheduler, build_optimizer, clip_gradients
 from verity.engines.replicate import SHARDING_MODES, all_reduce_gradients
+from verity.engines.train_rows import rows_to_run
 from verity.engines.values import response_values
 
 
@@ -101,6 +102,7 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
     """
 
     name = "fsdp2"  # what a run records as the engine that trained
+    supports_train_rows = True
 
     def __init__(
         self,
@@ -305,6 +307,7 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         micro_batch_size: int,
         micro_loss: MicroLossFn,
         max_response_len: int | None = None,
+        train_rows: torch.Tensor | None = None,
     ) -> tuple[dict[str, float], dict[str, float]]:
         """The micro-batch loop shared by the train steps: global counts, forward + loss, backward.
 
@@ -318,6 +321,11 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         skipped entirely; a rank with fewer micro-batches than another runs zero-weight
         passes so that the FSDP collectives of all ranks match.
         ``agg.max_response_len`` is ``max_response_len`` or else the widest ``R`` over ranks.
+
+        ``train_rows`` (``[B]`` bool, optional): run forward + backward over these rows only,
+        with the counts (``agg``) of the whole mini-batch (:mod:`verity.engines.train_rows`);
+        ``out`` then also has ``skipped_row_fraction`` and ``trained_tokens`` (attention-mask
+        tokens of the rows run, over all ranks).
         """
         self._require_optimizer()
         validate_layout(batch, TRAIN_KEYS)
@@ -334,6 +342,8 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         if token_sum <= 0:
             raise ValueError("response_mask is all zero over the whole mini-batch: nothing to train on")
         agg = make_aggregation_context(token_sum, seq_sum, max_response_len)
+        real_rows = rows
+        batch, rows, row_counts = rows_to_run(batch, rows, train_rows)
         ranges, max_count = self._micro_ranges(batch, rows, micro_batch_size)
         local_count = len(ranges)
 
@@ -361,15 +371,21 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
             all_reduce_gradients(self._module.parameters())
         keys, extra_keys = sorted(metric_sums), sorted(extra_sums)
         reduced = self._all_reduce(
-            [loss_total, float(local_count)]
+            [loss_total, float(local_count), float(real_rows), *row_counts]
             + [metric_sums[k] for k in keys]
             + [extra_sums[k] for k in extra_keys]
         )
-        loss_global, count_global = reduced[:2]
-        out = {"loss": loss_global, "response_tokens": token_sum, "tokens": all_tokens}
-        for key, value in zip(keys, reduced[2 : 2 + len(keys)], strict=True):
+        loss_global, count_global, rows_global, skipped_global, run_tokens_global = reduced[:5]
+        out = {
+            "loss": loss_global,
+            "response_tokens": token_sum,
+            "tokens": all_tokens,
+            "skipped_row_fraction": skipped_global / max(rows_global, 1.0),
+            "trained_tokens": run_tokens_global,
+        }
+        for key, value in zip(keys, reduced[5 : 5 + len(keys)], strict=True):
             out[key] = value / count_global
-        return out, dict(zip(extra_keys, reduced[2 + len(keys) :], strict=True))
+        return out, dict(zip(extra_keys, reduced[5 + len(keys) :], strict=True))
 
     def forward_backward(
         self,
@@ -380,6 +396,7 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         *,
         entropy_requires_grad: bool = False,
         max_response_len: int | None = None,
+        train_rows: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """Accumulate gradients of ``loss_fn`` over the local mini-batch (no optimizer step).
 
@@ -389,11 +406,16 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         ``agg.global_seqs`` (rows with >= 1 response token over all ranks) and
         ``agg.max_response_len`` (``max_response_len``, default the widest ``R`` over
         ranks). The ``batch.pad_rows`` trailing rows of a ``Batch.split`` part are skipped.
+        ``train_rows`` (``[B]`` bool): only these rows run forward + backward, the counts
+        stay the whole mini-batch's — exact for a loss whose other rows add exactly zero
+        (:mod:`verity.engines.train_rows`).
 
         Returns:
             ``loss`` (global mini-batch loss), ``entropy`` (token-mean over the
-            mini-batch), ``response_tokens``, ``tokens`` (attention-mask tokens of the
-            non-padding rows over all ranks) and each ``loss_fn`` metric averaged over micro-batches and ranks.
+            response tokens of the rows run), ``response_tokens``, ``tokens`` (attention-mask
+            tokens of the non-padding rows over all ranks), ``skipped_row_fraction``,
+            ``trained_tokens`` (attention-mask tokens of the rows run) and each ``loss_fn``
+            metric averaged over micro-batches and ranks.
         """
 
         def micro_loss(micro: Any, agg: Any) -> tuple[torch.Tensor, Any, dict[str, float]]:
@@ -405,10 +427,15 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
                 entropy = entropy.detach()
             loss, metrics = loss_fn(micro, logprobs, entropy, agg)
             mask = get_tensor(micro, "response_mask").float()
-            return loss, metrics, {"entropy_sum": float((entropy.detach() * mask).sum())}
+            return loss, metrics, {
+                "entropy_sum": float((entropy.detach() * mask).sum()),
+                "entropy_tokens": float(mask.sum()),
+            }
 
-        out, sums = self._accumulate_gradients(batch, micro_batch_size, micro_loss, max_response_len)
-        out["entropy"] = sums["entropy_sum"] / out["response_tokens"]
+        out, sums = self._accumulate_gradients(
+            batch, micro_batch_size, micro_loss, max_response_len, train_rows=train_rows
+        )
+        out["entropy"] = sums["entropy_sum"] / max(sums["entropy_tokens"], 1.0)
         return out
 
     def forward_backward_values(
@@ -473,6 +500,7 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         *,
         entropy_requires_grad: bool = False,
         max_response_len: int | None = None,
+        train_rows: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """:meth:`forward_backward` then :meth:`optimizer_step`; adds ``step_seconds`` and ``tokens_per_s``."""
         return self._timed_step(
@@ -483,6 +511,7 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
                 temperature,
                 entropy_requires_grad=entropy_requires_grad,
                 max_response_len=max_response_len,
+                train_rows=train_rows,
             )
         )
 

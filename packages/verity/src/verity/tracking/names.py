@@ -12,7 +12,8 @@ Per-step training metrics (one value per RL step):
 | ``actor/pg_loss`` | policy-gradient loss of the update (mean over mini-batches) | — |
 | ``actor/kl`` | KL(actor ‖ reference), mean per response token | nats |
 | ``actor/kl_loss`` | the KL term added to the loss (before its coefficient) | nats |
-| ``actor/entropy`` | policy entropy, mean per response token | nats |
+| ``actor/entropy`` | policy entropy, mean per response token (of the rows the update ran, see below) | nats |
+| ``actor/skipped_row_fraction`` | share of the update's rows left out of forward + backward because their advantage is 0 on every token (``actor.skip_zero_advantage``) | 0..1 |
 | ``actor/clip_frac`` | fraction of response tokens whose ratio was clipped | 0..1 |
 | ``actor/grad_norm`` | global gradient L2 norm before clipping | — |
 | ``actor/lr`` | learning rate in effect | — |
@@ -22,6 +23,7 @@ Per-step training metrics (one value per RL step):
 | ``perf/generated_tokens_per_s`` | response tokens sampled per second of the generate stage | tokens/s |
 | ``perf/generated_tokens`` | response tokens sampled in the step, when a stage generated more than the batch keeps (dynamic sampling); else the batch's | tokens |
 | ``perf/total_tokens`` | prompt + response tokens in the step's batch | tokens |
+| ``perf/actor_trained_tokens`` | prompt + response tokens the actor update ran forward + backward on, summed over its optimizer steps | tokens |
 | ``perf/driver_bytes_sent`` | tensor bytes the driver sent to workers in the step's group calls | bytes |
 | ``perf/driver_bytes_received`` | tensor bytes the driver got back from workers in the step | bytes |
 | ``perf/mfu`` | model-FLOPs utilisation of the actor update (see verity.hardware.mfu) | 0..1 |
@@ -50,6 +52,7 @@ ACTOR_PG_LOSS = "actor/pg_loss"
 ACTOR_KL = "actor/kl"
 ACTOR_KL_LOSS = "actor/kl_loss"
 ACTOR_ENTROPY = "actor/entropy"
+ACTOR_SKIPPED_ROW_FRACTION = "actor/skipped_row_fraction"
 ACTOR_CLIP_FRAC = "actor/clip_frac"
 ACTOR_GRAD_NORM = "actor/grad_norm"
 ACTOR_LR = "actor/lr"
@@ -58,6 +61,7 @@ CRITIC_VF_CLIP_FRAC = "critic/vf_clip_frac"
 PERF_TOKENS_PER_S = "perf/tokens_per_s"
 PERF_GENERATED_TOKENS_PER_S = "perf/generated_tokens_per_s"
 PERF_TOTAL_TOKENS = "perf/total_tokens"
+PERF_ACTOR_TRAINED_TOKENS = "perf/actor_trained_tokens"
 PERF_MFU = "perf/mfu"
 PERF_MAX_MEMORY_GB = "perf/max_memory_gb"
 VAL_ACC = "val/acc"

@@ -28,10 +28,12 @@ import torch
 from verity.batch import Batch
 from verity.checkpoint.faults import maybe_stall
 from verity.checkpoint.sharded import load_engine, save_engine
+from verity.config.derived import skips_zero_advantage_rows
 from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines import EngineBuildContext, TrainingEngine, build_training_engine
 from verity.engines.fsdp2 import load_causal_lm
+from verity.engines.train_rows import rows_with_advantage
 from verity.hardware import get_backend
 from verity.resharding import iter_engine_weights, sync_weights
 from verity.resharding.object_store import publish_weight_buckets
@@ -118,6 +120,12 @@ class ActorRolloutRefWorker(Worker):
         self.loss_fn = make_actor_loss(
             cfg.actor.policy_loss, kl, cfg.actor.entropy_coeff, cfg.actor.off_policy.is_cap
         )
+        self.skip_zero_advantage = skips_zero_advantage_rows(cfg) and self.actor.supports_train_rows
+        if cfg.actor.skip_zero_advantage == "on" and not self.actor.supports_train_rows:
+            raise RuntimeError(
+                f"actor.skip_zero_advantage=on: the {self.actor.name!r} engine cannot train a subset of "
+                "rows (TrainingEngine.supports_train_rows); use auto or off"
+            )
         facts = {
             "rank": self.rank,
             "device": str(device),
@@ -128,6 +136,7 @@ class ActorRolloutRefWorker(Worker):
             "rollout_engine": self.rollout.name,
             "rollout_wrappers": list(self.rollout.wrappers),
             "reference_engine": self.ref.name if self.ref is not None else None,
+            "skip_zero_advantage": self.skip_zero_advantage,
         }
         if cfg.actor.lora.enabled:
             facts["adapter"] = cfg.actor.lora.describe()
@@ -200,10 +209,14 @@ class ActorRolloutRefWorker(Worker):
                 cfg.actor.micro_batch_size,
                 temperature=cfg.rollout.temperature,
                 entropy_requires_grad=cfg.actor.entropy_coeff != 0,  # the bonus needs d(entropy)
+                **self._train_rows(mini),
             ),
         )
+        trained_tokens = sums.pop("trained_tokens", None)
         out = {k if k.startswith("actor/") else f"actor/{k}": v / steps for k, v in sums.items()}
         out["actor/optimizer_steps"] = float(steps)
+        if trained_tokens is not None:  # tokens through forward + backward, all optimizer steps
+            out["perf/actor_trained_tokens"] = trained_tokens
         if hasattr(actor, "optimizer_state_bytes"):
             out["perf/optimizer_state_bytes"] = float(actor.optimizer_state_bytes())
         start = time.perf_counter()
@@ -212,6 +225,12 @@ class ActorRolloutRefWorker(Worker):
         out["timing/weight_sync_s"] = time.perf_counter() - start
         out["perf/weight_sync_bytes"] = float(stats.num_bytes)
         return out
+
+    def _train_rows(self, mini: Batch) -> dict[str, torch.Tensor]:
+        """``{"train_rows": [b] bool}`` (rows with a non-zero advantage) when skipping the others is on."""
+        if not self.skip_zero_advantage:
+            return {}
+        return {"train_rows": rows_with_advantage(mini["advantages"], mini["response_mask"])}
 
     # --------------------------------------------------- cross-process weight sync
     @register(Dispatch.BROADCAST, collect=Collect.RANK_ZERO)

@@ -68,6 +68,7 @@ from verity.engines.micro_batches import (
     validate_layout,
 )
 from verity.engines.optim import OptimConfig, build_lr_scheduler, build_optimizer, scale_gradients
+from verity.engines.train_rows import rows_to_run
 from verity.resharding.gather import DEFAULT_BUCKET_BYTES
 
 
@@ -84,6 +85,7 @@ class MegatronEngine(TrainingEngine):
     """
 
     name = "megatron"  # what a run records as the engine that trained
+    supports_train_rows = True
     #: LoRA adapters are not implemented for this engine
     supports_adapters = False
     #: value models (a critic's scalar head) are not implemented for this engine
@@ -226,9 +228,10 @@ class MegatronEngine(TrainingEngine):
         *,
         entropy_requires_grad: bool = False,
         max_response_len: int | None = None,
+        train_rows: torch.Tensor | None = None,
     ) -> dict[str, float]:
-        """Accumulate the mini-batch gradient of ``loss_fn`` (no optimizer step); same contract and
-        metrics as :meth:`verity.engines.fsdp2.FSDP2Engine.forward_backward`.
+        """Accumulate the mini-batch gradient of ``loss_fn`` (no optimizer step); same contract,
+        ``train_rows`` and metrics as :meth:`verity.engines.fsdp2.FSDP2Engine.forward_backward`.
 
         After it, ``.grad`` holds the gradient SUMMED over data-parallel ranks (and, with
         tied embeddings under PP, over the two embedding copies).
@@ -253,6 +256,8 @@ class MegatronEngine(TrainingEngine):
         if token_sum <= 0:
             raise ValueError("response_mask is all zero over the whole mini-batch: nothing to train on")
         agg = make_aggregation_context(token_sum, seq_sum, max_response_len)
+        real_rows = rows
+        batch, rows, row_counts = rows_to_run(batch, rows, train_rows)
         micros = [take_rows(batch, s, e, self.device) for s, e in self._micro_ranges(rows, micro_batch_size)]
 
         def last_fn(index: int, logits: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -267,7 +272,7 @@ class MegatronEngine(TrainingEngine):
                 raise TypeError("loss_fn must return (scalar loss tensor, metrics dict)")
             mask = get_tensor(micro, "response_mask").float()
             entropy_sum = float((entropy.detach() * mask).sum())
-            return loss, (float(loss.detach()), dict(metrics or {}), entropy_sum)
+            return loss, (float(loss.detach()), dict(metrics or {}), entropy_sum, float(mask.sum()))
 
         self._module.train()
         # gradients already accumulated by an earlier call are set aside so that only this
@@ -285,22 +290,30 @@ class MegatronEngine(TrainingEngine):
         out = None
         if lay.is_last_stage:
             metric_sums: dict[str, float] = {}
-            loss_total = entropy_total = 0.0
-            for loss_value, metrics, entropy_sum in results:
+            loss_total = entropy_total = entropy_tokens = 0.0
+            for loss_value, metrics, entropy_sum, response_tokens in results:
                 loss_total += loss_value
                 entropy_total += entropy_sum
+                entropy_tokens += response_tokens
                 for key, value in metrics.items():
                     metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
             keys = sorted(metric_sums)
             reduced = all_reduce_floats(
-                [loss_total, entropy_total, float(len(results))] + [metric_sums[k] for k in keys],
+                [loss_total, entropy_total, entropy_tokens, float(len(results)), float(real_rows), *row_counts]
+                + [metric_sums[k] for k in keys],
                 lay.dp_group,
                 self.device,
             )
-            count = max(reduced[2], 1.0)
-            out = {"loss": reduced[0], "response_tokens": token_sum, "tokens": all_tokens}
-            out.update({k: v / count for k, v in zip(keys, reduced[3:], strict=True)})
-            out["entropy"] = reduced[1] / token_sum
+            loss_sum, entropy_sum_all, entropy_tokens_all, count, rows_all, skipped, run_tokens = reduced[:7]
+            out = {
+                "loss": loss_sum,
+                "response_tokens": token_sum,
+                "tokens": all_tokens,
+                "skipped_row_fraction": skipped / max(rows_all, 1.0),
+                "trained_tokens": run_tokens,
+            }
+            out.update({k: v / max(count, 1.0) for k, v in zip(keys, reduced[7:], strict=True)})
+            out["entropy"] = entropy_sum_all / max(entropy_tokens_all, 1.0)
         return broadcast_from_last_stage(out, lay)
 
     def _tied_pair(self) -> tuple[nn.Parameter | None, nn.Parameter | None]:
@@ -350,6 +363,7 @@ class MegatronEngine(TrainingEngine):
         *,
         entropy_requires_grad: bool = False,
         max_response_len: int | None = None,
+        train_rows: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """:meth:`forward_backward` then :meth:`optimizer_step`; adds ``step_seconds`` and ``tokens_per_s``."""
         start = time.perf_counter()
@@ -360,6 +374,7 @@ class MegatronEngine(TrainingEngine):
             temperature,
             entropy_requires_grad=entropy_requires_grad,
             max_response_len=max_response_len,
+            train_rows=train_rows,
         )
         metrics.update(self.optimizer_step())
         seconds = time.perf_counter() - start
