@@ -156,3 +156,28 @@ def test_store_without_template_cache_is_built_in_place_quietly(tmp_path, monkey
         names.REWARD_MEAN: 1.0
     }
     assert tracker.ui_command == f"mlflow ui --backend-store-uri sqlite:///{run_dir.resolve()}/mlflow.db"
+
+
+def test_buffered_metrics_are_written_on_flush_and_on_finish(tmp_path):
+    tracker = Tracker(tmp_path, buffer_seconds=3600.0)
+    client = MlflowClient(tracking_uri=tracker.tracking_uri)
+    for step in range(3):
+        tracker.log_metrics({names.REWARD_MEAN: float(step)}, step)
+    assert client.get_metric_history(tracker.run_id, names.REWARD_MEAN) == []  # still in memory
+    tracker.flush()
+    assert [m.step for m in client.get_metric_history(tracker.run_id, names.REWARD_MEAN)] == [0, 1, 2]
+    tracker.log_metrics({names.REWARD_MEAN: 3.0}, 3)
+    tracker.finish("FAILED")  # a failing run still keeps what it logged
+    history = client.get_metric_history(tracker.run_id, names.REWARD_MEAN)
+    assert sorted((m.step, m.value) for m in history) == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0)]
+    assert client.get_run(tracker.run_id).info.status == "FAILED"
+
+
+def test_unbuffered_metrics_are_written_at_once_and_a_bad_buffer_is_named(tmp_path):
+    tracker = Tracker(tmp_path)
+    tracker.log_metrics({names.REWARD_MEAN: 1.0}, 0)
+    client = MlflowClient(tracking_uri=tracker.tracking_uri)
+    assert len(client.get_metric_history(tracker.run_id, names.REWARD_MEAN)) == 1
+    tracker.finish()
+    with pytest.raises(ValueError, match="buffer_seconds"):
+        Tracker(tmp_path / "other", buffer_seconds=-1.0)

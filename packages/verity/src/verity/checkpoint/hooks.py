@@ -96,11 +96,19 @@ class CheckpointHook:
         )
 
     def save(self, step: int, result: Any) -> Path:
-        """Save checkpoint ``step_<step>`` now; logs ``timing/checkpoint_s`` to the tracker."""
+        """Save checkpoint ``step_<step>`` now; logs ``timing/checkpoint_s`` to the tracker.
+
+        The tracker's buffered metrics are written first, so that the MLflow run holds every
+        step up to the checkpoint (a resume replays only the steps after it).
+        """
         start = time.perf_counter()
+        if self.tracker is not None and hasattr(self.tracker, "flush"):
+            self.tracker.flush()
         path = self.manager.save(step, self.trainer_state(step, result))
         if self.tracker is not None:
             self.tracker.log_metrics({"timing/checkpoint_s": time.perf_counter() - start}, step=step)
+            if hasattr(self.tracker, "flush"):
+                self.tracker.flush()
         return path
 
     def __call__(self, step: int, result: Any) -> None:

@@ -64,15 +64,21 @@ def plan_resume(cfg: VerityConfig, cfg_dict: dict[str, Any] | None = None) -> Re
     return ResumePlan(path, state)
 
 
+METRICS_BUFFER_SECONDS = 2.0
+"""A training run's tracker writes metrics to MLflow at most this often (and at every checkpoint)."""
+
+
 def open_tracker(cfg: VerityConfig, out_dir: Path, plan: ResumePlan, **kwargs: Any) -> Any:
     """A :class:`verity.tracking.Tracker` continuing the checkpoint's run when its store holds it.
 
+    Metrics are buffered for up to :data:`METRICS_BUFFER_SECONDS` (``Tracker(buffer_seconds=...)``).
     ``kwargs`` go to the Tracker (experiment, tracking_uri, run_name, tags). A resumed
     run whose tracking store does not hold the saved run id (another store) starts a
     new MLflow run, with a warning.
     """
     from verity.tracking import Tracker
 
+    kwargs.setdefault("buffer_seconds", METRICS_BUFFER_SECONDS)
     run_id = plan.state.run_id if plan.state is not None else None
     if run_id:
         try:
