@@ -92,6 +92,18 @@ def make_grouped_batch(rows: int = 8, group: int = 4, seed: int = 1) -> dict[str
     }
 
 
+def initial_logprobs(batch: dict[str, torch.Tensor], model=None) -> torch.Tensor:
+    """``[B, R]`` log-probs of ``batch["responses"]`` under ``model`` (default: ``tiny_qwen2()``), no grad."""
+    model = model if model is not None else tiny_qwen2()
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+        ).logits[:, P - 1 : P + R - 1]
+    return torch.log_softmax(logits, -1).gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+
+
 def make_unpadded_batch(rows: int, seed: int) -> dict[str, torch.Tensor]:
     """Full-length prompts and responses (every mask all ones), no advantages."""
     g = torch.Generator().manual_seed(seed)

@@ -17,6 +17,7 @@ from helpers.spawn import spawn_and_load
 from helpers.tiny_models import (
     P,
     R,
+    initial_logprobs,
     make_grouped_batch,
     make_padded_batch,
     seq_mean_token_mean_loss,
@@ -76,13 +77,7 @@ def actor_loss(mode: str):
 def add_rl_keys(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``old_logprobs``/``ref_logprobs`` = the initial policy's log-probs + noise (ratios on both sides
     of the clip range); ``values``/``returns`` for the critic's loss."""
-    with torch.no_grad():
-        logits = tiny_qwen2()(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-        ).logits[:, P - 1 : P + R - 1]
-    logprobs = torch.log_softmax(logits, -1).gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    logprobs = initial_logprobs(batch)
     g = torch.Generator().manual_seed(11)
     shape = logprobs.shape
     return {

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.tiny_models import P, R, make_grouped_batch, tiny_qwen2
+from helpers.tiny_models import R, initial_logprobs, make_grouped_batch, tiny_qwen2
 from verity.algorithms.configs import KLConfig, PolicyLossConfig
 from verity.config import ConfigError, load_config
 from verity.config.derived import skips_zero_advantage_rows, zero_advantage_rows_matter
@@ -34,13 +34,7 @@ def grpo_batch(zero_groups: tuple[int, ...], rows: int = 16, group: int = 4, see
     for index in zero_groups:
         per_row[index * group : (index + 1) * group] = 0.0
     batch["advantages"] = per_row[:, None].expand(rows, R).clone()
-    with torch.no_grad():
-        logits = tiny_qwen2()(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-        ).logits[:, P - 1 : P + R - 1]
-    logprobs = torch.log_softmax(logits, -1).gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    logprobs = initial_logprobs(batch)
     batch["old_logprobs"] = logprobs + 0.3 * torch.randn(logprobs.shape, generator=g)
     batch["ref_logprobs"] = logprobs + 0.3 * torch.randn(logprobs.shape, generator=g)
     return batch

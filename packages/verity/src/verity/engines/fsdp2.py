@@ -52,7 +52,7 @@ from verity.engines.micro_batches import (
 )
 from verity.engines.optim import OptimConfig, build_lr_scheduler, build_optimizer, clip_gradients
 from verity.engines.replicate import SHARDING_MODES, all_reduce_gradients
-from verity.engines.train_rows import rows_to_run
+from verity.engines.train_rows import rows_to_run, step_totals
 from verity.engines.values import response_values
 
 
@@ -376,13 +376,7 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
             + [extra_sums[k] for k in extra_keys]
         )
         loss_global, count_global, rows_global, skipped_global, run_tokens_global = reduced[:5]
-        out = {
-            "loss": loss_global,
-            "response_tokens": token_sum,
-            "tokens": all_tokens,
-            "skipped_row_fraction": skipped_global / max(rows_global, 1.0),
-            "trained_tokens": run_tokens_global,
-        }
+        out = step_totals(loss_global, token_sum, all_tokens, rows_global, skipped_global, run_tokens_global)
         for key, value in zip(keys, reduced[5 : 5 + len(keys)], strict=True):
             out[key] = value / count_global
         return out, dict(zip(extra_keys, reduced[5 + len(keys) :], strict=True))

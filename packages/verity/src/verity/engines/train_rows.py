@@ -96,4 +96,18 @@ def rows_to_run(batch: Any, rows: int, train_rows: torch.Tensor | None) -> tuple
     return run, count, [skipped, tokens]
 
 
-__all__ = ["rows_to_run", "rows_with_advantage", "select_rows", "trained_row_index"]
+def step_totals(
+    loss: float, response_tokens: float, tokens: float, rows: float, skipped: float, run_tokens: float
+) -> dict[str, float]:
+    """The totals every train step reports, from values summed over the ranks: ``loss``,
+    ``response_tokens``, ``tokens``, ``skipped_row_fraction`` (skipped / rows) and ``trained_tokens``."""
+    return {
+        "loss": loss,
+        "response_tokens": response_tokens,
+        "tokens": tokens,
+        "skipped_row_fraction": skipped / max(rows, 1.0),
+        "trained_tokens": run_tokens,
+    }
+
+
+__all__ = ["rows_to_run", "rows_with_advantage", "select_rows", "step_totals", "trained_row_index"]

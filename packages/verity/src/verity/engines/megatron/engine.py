@@ -68,7 +68,7 @@ from verity.engines.micro_batches import (
     validate_layout,
 )
 from verity.engines.optim import OptimConfig, build_lr_scheduler, build_optimizer, scale_gradients
-from verity.engines.train_rows import rows_to_run
+from verity.engines.train_rows import rows_to_run, step_totals
 from verity.resharding.gather import DEFAULT_BUCKET_BYTES
 
 
@@ -305,13 +305,7 @@ class MegatronEngine(TrainingEngine):
                 self.device,
             )
             loss_sum, entropy_sum_all, entropy_tokens_all, count, rows_all, skipped, run_tokens = reduced[:7]
-            out = {
-                "loss": loss_sum,
-                "response_tokens": token_sum,
-                "tokens": all_tokens,
-                "skipped_row_fraction": skipped / max(rows_all, 1.0),
-                "trained_tokens": run_tokens,
-            }
+            out = step_totals(loss_sum, token_sum, all_tokens, rows_all, skipped, run_tokens)
             out.update({k: v / max(count, 1.0) for k, v in zip(keys, reduced[7:], strict=True)})
             out["entropy"] = entropy_sum_all / max(entropy_tokens_all, 1.0)
         return broadcast_from_last_stage(out, lay)
