@@ -82,6 +82,18 @@ def test_throughput_leaves_out_step_one_and_computes_mfu() -> None:
     assert t["step_seconds"] == pytest.approx(1.0)
 
 
+def test_train_tokens_count_what_the_update_ran_when_the_run_logs_it() -> None:
+    """Rows skipped for a zero advantage are not work done: MFU counts perf/actor_trained_tokens."""
+    steps = [{**row, "perf/actor_trained_tokens": 40.0} for row in _steps()]
+    t = throughput(steps, ppo_epochs=2, n_params=1000, peak_flops=1e9, num_devices=2)
+    # 11 steps x 40 tokens (already summed over epochs) over 11 x 0.4 s = 100 tokens/s
+    assert t["train_tokens_per_s"] == pytest.approx(100.0)
+    assert t["mfu"] == pytest.approx(3e-4)
+    # a run that logs it on some steps only (an older run resumed) falls back to the batch's tokens
+    steps[3].pop("perf/actor_trained_tokens")
+    assert throughput(steps, ppo_epochs=2)["train_tokens_per_s"] == pytest.approx(500.0)
+
+
 def test_no_peak_no_mfu_and_single_step_is_kept() -> None:
     t = throughput(_steps()[:1], n_params=1000, peak_flops=None)
     assert t["mfu"] is None and t["measured_steps"] == 1
