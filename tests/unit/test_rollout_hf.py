@@ -218,6 +218,32 @@ def test_top_k_top_p_filter():
     assert torch.isfinite(kept).tolist() == [[True, False, False, False]]
 
 
+def test_draw_categorical_follows_the_probabilities_and_never_draws_a_zero():
+    from verity.rollout.sampling import draw_categorical
+
+    probs = torch.tensor([[0.5, 0.3, 0.0, 0.15, 0.05], [0.0, 0.0, 1.0, 0.0, 0.0], [0.2] * 5])
+    rows = probs.repeat(40_000, 1)
+    drawn = draw_categorical(rows, torch.Generator().manual_seed(3)).view(40_000, 3)
+    for row in range(3):
+        freq = torch.bincount(drawn[:, row], minlength=5).double() / 40_000
+        # 40k draws: a frequency's standard error is at most 0.0025; 4 of them is 0.01
+        torch.testing.assert_close(freq, probs[row].double(), rtol=0, atol=0.01)
+        assert freq[probs[row] == 0].sum() == 0
+    again = draw_categorical(rows, torch.Generator().manual_seed(3)).view(40_000, 3)
+    assert torch.equal(drawn, again)  # the same generator state draws the same tokens
+
+
+def test_the_ends_of_the_uniform_land_on_tokens_that_can_be_drawn():
+    from verity.rollout.sampling import categorical_from_uniform
+
+    probs = torch.tensor([[0.0, 0.25, 0.75, 0.0], [0.0, 0.25, 0.75, 0.0]])
+    below_one = torch.nextafter(torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64))
+    u = torch.stack([torch.tensor(0.0, dtype=torch.float64), below_one]).view(2, 1)
+    assert categorical_from_uniform(probs, u).tolist() == [1, 2]
+    # rows that do not quite sum to 1 (float32 softmax) are scaled by their own total
+    assert categorical_from_uniform(probs * 0.999, u).tolist() == [1, 2]
+
+
 def test_load_weights_copies_in_place(model, tokenizer):
     target = build_tiny_qwen2_for(tokenizer, seed=11)
     rollout = HFRollout(target, tokenizer)
