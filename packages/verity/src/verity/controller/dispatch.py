@@ -165,6 +165,7 @@ class CallPlan:
     calls: list[tuple[int, tuple, dict]]
     shard_rows: list[int] = field(default_factory=list)  # rows of each dp shard (DP_SPLIT only)
     shard_pads: list[int] = field(default_factory=list)  # padding rows of each dp shard
+    payload: tuple = ()  # (args, kwargs) as prepared for sending, before any split or share
 
 
 def _check_batch(label: str, where: str, batch: Batch) -> None:
@@ -207,14 +208,16 @@ def plan_call(
     kwargs: dict,
     layouts: Sequence[DPLayout],
     share: Callable[[Any], Any] = lambda value: value,
+    prepare: Callable[[Any], Any] = lambda value: value,
 ) -> CallPlan:
     """Work out the per-rank arguments of one group call.
 
     ``label`` names the method in errors (``"actor.compute_logprobs"``); ``layouts`` has
     one :class:`DPLayout` per rank; ``share`` turns a value sent to many ranks into
-    something cheaper to send many times (the worker group passes ``ray.put``).
+    something cheaper to send many times (the worker group passes ``ray.put``);
+    ``prepare`` maps the arguments after their schema is checked and before they are split
+    or shared (the worker group packs them for the wire, :mod:`verity.controller.wire`).
     """
-    world = len(layouts)
     if spec.check_schema:
         for i, value in enumerate(args):
             if isinstance(value, Batch):
@@ -222,7 +225,21 @@ def plan_call(
         for key, value in kwargs.items():
             if isinstance(value, Batch):
                 _check_batch(label, f"argument {key!r}", value)
+    args, kwargs = prepare(args), prepare(kwargs)
+    plan = _plan(label, spec, args, kwargs, layouts, share)
+    plan.payload = (args, kwargs)
+    return plan
 
+
+def _plan(
+    label: str,
+    spec: MethodSpec,
+    args: tuple,
+    kwargs: dict,
+    layouts: Sequence[DPLayout],
+    share: Callable[[Any], Any],
+) -> CallPlan:
+    world = len(layouts)
     mode = spec.dispatch
     if mode in (Dispatch.BROADCAST, Dispatch.DP_COLLECT):
         if mode is Dispatch.DP_COLLECT:

@@ -20,6 +20,7 @@ from typing import Any
 
 from verity.batch import Batch, materialize
 from verity.controller.dispatch import DPLayout
+from verity.controller.wire import pack, unpack
 from verity.controller.worker import Worker, open_rendezvous_store
 
 __all__ = ["ColocatedRoles", "RoleSpec", "WorkerHost", "colocate", "role"]
@@ -112,16 +113,17 @@ class WorkerHost:
     def call(self, role_name: str, method: str, /, *args: Any, **kwargs: Any) -> tuple[Any, DPLayout]:
         """Run ``role.method(*args, **kwargs)``; return the answer and the role's current layout.
 
-        Batch arguments with resident rows (:mod:`verity.batch.resident`) are materialized
-        first: the method always sees whole rows.
+        Batch arguments packed for the wire are restored (:mod:`verity.controller.wire`) and
+        those with resident rows (:mod:`verity.batch.resident`) materialized first: the method
+        always sees whole rows, as sent. A Batch answer is packed for the way back.
         """
         obj = self._roles[role_name]
         self._busy = (role_name, method, time.time(), threading.get_ident())
         try:
             # rows that stayed on the workers that made them are fetched here, never through the driver
-            args = tuple(materialize(a) if isinstance(a, Batch) else a for a in args)
-            kwargs = {k: materialize(v) if isinstance(v, Batch) else v for k, v in kwargs.items()}
-            answer = getattr(obj, method)(*args, **kwargs)
+            args = tuple(materialize(a) if isinstance(a, Batch) else a for a in unpack(args))
+            kwargs = {k: materialize(v) if isinstance(v, Batch) else v for k, v in unpack(kwargs).items()}
+            answer = pack(getattr(obj, method)(*args, **kwargs))
         finally:
             self._busy = None
         return answer, _layout_of(obj)

@@ -8,8 +8,9 @@ rank's answer to ``received``. The RL loop reads and resets the meter after each
 data it routes through the controller — the figure to drive towards "per-row scalars
 and the prompts" as more data stays on the ranks that made it.
 
-Only tensors are counted (``Tensor.nbytes``, inside a ``Batch``, list, tuple or dict);
-per-row Python values (strings, ints) are small beside them and are left out.
+Only tensors are counted (``Tensor.nbytes``, inside a ``Batch``, list, tuple or dict),
+as they travel: after :mod:`verity.controller.wire` has packed them. Per-row Python
+values (strings, ints) are small beside them and are left out.
 """
 
 from __future__ import annotations

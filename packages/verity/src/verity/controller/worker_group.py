@@ -40,6 +40,7 @@ from verity.controller.host import SINGLE_ROLE, ColocatedRoles, RoleSpec, Worker
 from verity.controller.rank_failures import explain_failure
 from verity.controller.resource_pool import ResourcePool
 from verity.controller.transfer_meter import DRIVER_TRANSFERS
+from verity.controller.wire import pack, unpack
 
 __all__ = ["GroupCall", "GroupMethod", "RoleView", "WorkerGroup"]
 
@@ -78,7 +79,8 @@ class GroupCall:
         group = self._group
         ranks = [rank for rank, _, _ in self._plan.calls]
         answers = group._gather(self.refs, ranks, self._role, self._method, timeout_s or group.call_timeout_s)
-        DRIVER_TRANSFERS.add(received=[answer for answer, _ in answers.values()])
+        DRIVER_TRANSFERS.add(received=[answer for answer, _ in answers.values()])  # as they travelled
+        answers = {rank: (unpack(answer), layout) for rank, (answer, layout) in answers.items()}
         for rank, (_, layout) in answers.items():
             group._layouts[self._role][rank] = layout
         layouts = self._layouts if self._spec.dispatch is Dispatch.DP_SPLIT else group._layouts[self._role]
@@ -281,8 +283,9 @@ class WorkerGroup:
         if self._closed:
             raise ControllerError(f"worker group {self.name!r} was shut down; cannot call {method}")
         label = self._label(role, method)
-        plan = plan_call(label, spec, args, kwargs, self._layouts[role], share=ray.put)
-        DRIVER_TRANSFERS.add(sent=(args, kwargs))
+        # smallest exact tensors on the wire (controller.wire), packed after the schema check
+        plan = plan_call(label, spec, args, kwargs, self._layouts[role], share=ray.put, prepare=pack)
+        DRIVER_TRANSFERS.add(sent=plan.payload)
         refs = [self._hosts[rank].call.remote(role, method, *a, **kw) for rank, a, kw in plan.calls]
         return GroupCall(self, role, method, spec, plan, refs)
 

@@ -1,0 +1,158 @@
+"""Smaller tensors on the wire between the driver and the workers, restored exactly on arrival.
+
+Group calls move ``Batch`` es between the driver and the worker processes. Many of their
+tensors carry far fewer bits than their dtype: masks and token ids are ``int64`` with values
+that fit 8, 16 or 32 bits, and an outcome-reward advantage is one number per row broadcast
+over its ``R`` response positions. Before a batch leaves (:func:`pack`), each tensor
+is stored in its smallest exact form:
+
+- a 2-D tensor whose every row repeats its first column, bit for bit (``-0.0`` and NaN
+  payloads included), as that column ``[B, 1]``;
+- an integer tensor in the narrowest integer dtype that holds its values (``int8``,
+  ``int16``, ``int32``).
+
+The batch's ``meta`` records what was done under :data:`WIRE_META`, so the receiver
+(:func:`unpack`) restores the original shapes and dtypes: the method on the other side
+sees the tensors it would have seen without packing, bit for bit. Packing happens before
+a split call is planned, so each rank's shard (``Batch.split``) carries its part packed.
+Float tensors other than row-constant ones, bool tensors and tensors of other ranks are
+left as they are. ``perf/driver_bytes_*`` count the packed bytes: what actually moved.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from verity.batch import Batch
+
+WIRE_META = "_wire"
+"""``batch.meta`` key of a packed batch: ``{key: (width or None, dtype name or None)}``."""
+
+_NARROW_INTS = (torch.int8, torch.int16, torch.int32)
+_BITS_VIEW = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+}
+
+
+def _rows_repeat_first_column(tensor: torch.Tensor) -> bool:
+    """Whether every row of a 2-D tensor equals its first column bit for bit."""
+    bits = tensor.view(_BITS_VIEW[tensor.dtype]) if tensor.dtype in _BITS_VIEW else tensor
+    return bool((bits == bits[:, :1]).all())
+
+
+def _narrowest_int(tensor: torch.Tensor) -> torch.dtype | None:
+    """The narrowest integer dtype holding every value of an integer tensor (None: no narrower one)."""
+    if tensor.numel() == 0:
+        return None
+    low, high = int(tensor.min()), int(tensor.max())
+    for dtype in _NARROW_INTS:
+        if torch.iinfo(dtype).bits >= torch.iinfo(tensor.dtype).bits:
+            return None
+        info = torch.iinfo(dtype)
+        if info.min <= low and high <= info.max:
+            return dtype
+    return None
+
+
+def pack_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int | None, str | None] | None]:
+    """``(packed tensor, code)``; ``code`` is None when the tensor is sent as it is.
+
+    ``code = (width, dtype)``: ``width`` is the original second dimension when the rows were
+    cut to their first column, ``dtype`` the original dtype's name when the values were
+    narrowed (see the module docstring).
+    """
+    if tensor.device.type != "cpu" or tensor.dim() == 0 or tensor.shape[0] == 0:
+        return tensor, None
+    width = None
+    if (
+        tensor.dim() == 2
+        and tensor.shape[1] > 1
+        and tensor.dtype != torch.bool
+        and _rows_repeat_first_column(tensor)
+    ):
+        width = int(tensor.shape[1])
+        tensor = tensor[:, :1].contiguous()
+    dtype_name = None
+    if not tensor.dtype.is_floating_point and not tensor.dtype.is_complex and tensor.dtype != torch.bool:
+        narrow = _narrowest_int(tensor)
+        if narrow is not None:
+            dtype_name = str(tensor.dtype).removeprefix("torch.")
+            tensor = tensor.to(narrow)
+    if width is None and dtype_name is None:
+        return tensor, None
+    return tensor, (width, dtype_name)
+
+
+def unpack_tensor(tensor: torch.Tensor, code: tuple[int | None, str | None]) -> torch.Tensor:
+    """The tensor :func:`pack_tensor` was given, from its packed form and ``code``."""
+    width, dtype_name = code
+    if dtype_name is not None:
+        tensor = tensor.to(getattr(torch, dtype_name))
+    if width is not None:
+        tensor = tensor.expand(tensor.shape[0], width).contiguous()
+    return tensor
+
+
+def pack_batch(batch: Batch) -> Batch:
+    """A copy of ``batch`` with its tensors packed (the same object when nothing shrinks)."""
+    if WIRE_META in batch.meta:
+        return batch  # already packed
+    codes: dict[str, tuple[int | None, str | None]] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    for key in batch.tensor_keys():
+        packed, code = pack_tensor(batch.tensors[key])
+        tensors[key] = packed
+        if code is not None:
+            codes[key] = code
+    if not codes:
+        return batch
+    return _rebuilt(batch, tensors, {**batch.meta, WIRE_META: codes})
+
+
+def unpack_batch(batch: Batch) -> Batch:
+    """``batch`` as it was before :func:`pack_batch` (the same object when it was not packed)."""
+    codes = batch.meta.get(WIRE_META)
+    if not codes:
+        return batch
+    tensors = {key: batch.tensors[key] for key in batch.tensor_keys()}
+    for key, code in codes.items():
+        tensors[key] = unpack_tensor(tensors[key], code)
+    meta = {k: v for k, v in batch.meta.items() if k != WIRE_META}
+    return _rebuilt(batch, tensors, meta)
+
+
+def _rebuilt(batch: Batch, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Batch:
+    from tensordict import TensorDict
+
+    td = TensorDict(tensors, batch_size=[len(batch)])
+    return Batch(td, dict(batch.non_tensors), meta, batch.pad_rows)
+
+
+def pack(value: Any) -> Any:
+    """``value`` with every ``Batch`` in it (directly, or in a tuple, list or dict) packed."""
+    return _map_batches(value, pack_batch)
+
+
+def unpack(value: Any) -> Any:
+    """``value`` with every packed ``Batch`` in it restored."""
+    return _map_batches(value, unpack_batch)
+
+
+def _map_batches(value: Any, fn: Any) -> Any:
+    if isinstance(value, Batch):
+        return fn(value)
+    if isinstance(value, tuple):
+        return tuple(_map_batches(v, fn) for v in value)
+    if isinstance(value, list):
+        return [_map_batches(v, fn) for v in value]
+    if isinstance(value, dict):
+        return {k: _map_batches(v, fn) for k, v in value.items()}
+    return value
+
+
+__all__ = ["WIRE_META", "pack", "pack_batch", "pack_tensor", "unpack", "unpack_batch", "unpack_tensor"]

@@ -1,0 +1,79 @@
+"""Packing batches for the wire (``verity.controller.wire``): smaller, and restored bit for bit."""
+
+from __future__ import annotations
+
+import torch
+from verity.batch import Batch
+from verity.controller.wire import WIRE_META, pack, pack_batch, pack_tensor, unpack, unpack_batch
+
+
+def rl_batch(rows: int = 6, width: int = 5) -> Batch:
+    g = torch.Generator().manual_seed(0)
+    advantages = torch.randn(rows, 1, generator=g).expand(rows, width).clone()
+    advantages[2] = -0.0  # a signed zero must come back signed
+    return Batch.from_dict(
+        {
+            "responses": torch.randint(0, 150_000, (rows, width), generator=g),  # needs int32
+            "response_mask": (torch.rand(rows, width, generator=g) > 0.3).long(),  # fits int8
+            "advantages": advantages,  # one number per row
+            "old_logprobs": torch.randn(rows, width, generator=g),  # left as it is
+            "big": torch.tensor([2**40, -(2**40), 0, 1, 2, 3, 4, 5])[:rows],  # needs int64
+            "flags": torch.tensor([True, False] * 4)[:rows],
+            "scores": torch.tensor([0.0, float("nan"), 1.0, 0.5, -0.0, 2.0, 3.0, 4.0])[:rows],
+        },
+        non_tensors={"uid": [f"u{i}" for i in range(rows)]},
+        meta={"step": 3},
+    )
+
+
+def assert_identical(got: Batch, want: Batch) -> None:
+    assert got.tensor_keys() == want.tensor_keys()
+    for key in want.tensor_keys():
+        a, b = got[key], want[key]
+        assert a.dtype == b.dtype and a.shape == b.shape, key
+        if a.dtype.is_floating_point:
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32)), key  # bit for bit
+        else:
+            assert torch.equal(a, b), key
+    assert got.non_tensors == want.non_tensors and got.meta == want.meta and got.pad_rows == want.pad_rows
+
+
+def test_a_packed_batch_is_smaller_and_comes_back_bit_for_bit():
+    batch = rl_batch()
+    packed = pack_batch(batch)
+    codes = packed.meta[WIRE_META]
+    assert codes["advantages"] == (5, None) and packed["advantages"].shape == (6, 1)
+    assert codes["response_mask"] == (None, "int64") and packed["response_mask"].dtype == torch.int8
+    assert packed["responses"].dtype == torch.int32
+    assert {"old_logprobs", "big", "flags", "scores"}.isdisjoint(codes)
+    size = lambda b: sum(b[k].nbytes for k in b.tensor_keys())  # noqa: E731
+    assert size(packed) < size(batch) / 2
+    assert_identical(unpack_batch(packed), batch)
+
+
+def test_split_shards_of_a_packed_batch_unpack_to_the_split_of_the_original():
+    batch = rl_batch(rows=7)
+    for got, want in zip(pack_batch(batch).split(2), batch.split(2), strict=True):
+        assert_identical(unpack_batch(got), want)
+
+
+def test_pack_reaches_into_call_arguments_and_leaves_the_rest():
+    batch = rl_batch()
+    args = (batch, 3, {"b": batch, "x": "text"}, [batch])
+    packed = pack(args)
+    assert WIRE_META in packed[0].meta and WIRE_META in packed[2]["b"].meta and WIRE_META in packed[3][0].meta
+    assert packed[1] == 3 and packed[2]["x"] == "text"
+    restored = unpack(packed)
+    for got in (restored[0], restored[2]["b"], restored[3][0]):
+        assert_identical(got, batch)
+    # nothing to shrink: the same object goes out
+    plain = Batch.from_dict({"x": torch.randn(4, 3)})
+    assert pack_batch(plain) is plain and unpack_batch(plain) is plain
+
+
+def test_tensors_that_cannot_shrink_are_sent_unchanged():
+    for tensor in (torch.randn(4, 3), torch.tensor([True, False]), torch.zeros(0, 3, dtype=torch.long)):
+        out, code = pack_tensor(tensor)
+        assert code is None and out is tensor
+    out, code = pack_tensor(torch.full((3, 4), 7, dtype=torch.int32))
+    assert code == (4, "int32") and out.dtype == torch.int8 and out.shape == (3, 1)
