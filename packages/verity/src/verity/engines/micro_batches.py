@@ -69,27 +69,35 @@ def validate_layout(batch: Any, keys: tuple[str, ...]) -> None:
         )
 
 
-def take_rows(batch: Any, start: int, end: int, device: torch.device) -> Any:
-    """Rows ``start:end`` of the mini-batch, moved to ``device``, same type as ``batch``.
+def pick_rows(batch: Any, rows: slice | torch.Tensor, device: torch.device | None = None) -> Any:
+    """The ``rows`` (a slice or an ``[n]`` int64 index) of the mini-batch, same type as ``batch``,
+    moved to ``device`` when given.
 
-    A ``verity.batch.Batch`` is cut with ``batch.index(slice)`` (views) and moved with
-    ``.to(device)``; a mapping becomes a ``dict`` with every tensor sliced and moved
-    (non-tensor values are kept as they are if not a list of length ``B``).
+    A ``verity.batch.Batch`` is cut with ``batch.index`` (views for a slice; ``pad_rows`` 0) and
+    moved with ``.to(device)``; a mapping becomes a ``dict`` with every tensor and every list of
+    length ``B`` cut (other values are kept as they are).
     """
     if hasattr(batch, "index") and hasattr(batch, "to") and not isinstance(batch, dict):
-        return batch.index(slice(start, end)).to(device)
+        picked = batch.index(rows)
+        return picked if device is None else picked.to(device)
     if isinstance(batch, Mapping):
-        rows = num_rows(batch)
+        size = num_rows(batch)
+        positions = range(size)[rows] if isinstance(rows, slice) else rows.tolist()
         out: dict[str, Any] = {}
         for key, value in batch.items():
             if isinstance(value, torch.Tensor):
-                out[key] = value[start:end].to(device)
-            elif isinstance(value, list) and len(value) == rows:
-                out[key] = value[start:end]
+                out[key] = value[rows] if device is None else value[rows].to(device)
+            elif isinstance(value, list) and len(value) == size:
+                out[key] = [value[i] for i in positions]
             else:
                 out[key] = value
         return out
     raise TypeError(f"batch must be a verity.batch.Batch or a mapping of tensors, got {type(batch).__name__}")
+
+
+def take_rows(batch: Any, start: int, end: int, device: torch.device) -> Any:
+    """Rows ``start:end`` of the mini-batch, moved to ``device``, same type as ``batch`` (:func:`pick_rows`)."""
+    return pick_rows(batch, slice(start, end), device)
 
 
 def padding_rows(batch: Any) -> int:

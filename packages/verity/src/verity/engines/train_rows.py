@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from verity.engines.micro_batches import get_tensor
+from verity.engines.micro_batches import get_tensor, pick_rows
 
 
 def rows_with_advantage(advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -59,23 +59,6 @@ def trained_row_index(train_rows: torch.Tensor | None, rows: int) -> torch.Tenso
     return index
 
 
-def select_rows(batch: Any, index: torch.Tensor) -> Any:
-    """The rows ``index`` of a mini-batch (a ``verity.batch.Batch`` or a mapping), same type, no padding rows."""
-    if hasattr(batch, "index") and hasattr(batch, "to") and not isinstance(batch, dict):
-        return batch.index(index)
-    rows = int(get_tensor(batch, "input_ids").shape[0])
-    out: dict[str, Any] = {}
-    picks = index.tolist()
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor):
-            out[key] = value[index]
-        elif isinstance(value, list) and len(value) == rows:
-            out[key] = [value[i] for i in picks]
-        else:
-            out[key] = value
-    return out
-
-
 def rows_to_run(batch: Any, rows: int, train_rows: torch.Tensor | None) -> tuple[Any, int, list[float]]:
     """``(batch to run, its row count, [rows skipped, tokens run])`` for ``train_rows`` of the first ``rows``.
 
@@ -90,7 +73,7 @@ def rows_to_run(batch: Any, rows: int, train_rows: torch.Tensor | None) -> tuple
     elif index.numel() == 0:  # no real rows here at all (only Batch.split padding)
         run, count = batch, 0
     else:
-        run, count = select_rows(batch, index), int(index.numel())
+        run, count = pick_rows(batch, index), int(index.numel())
     skipped = float(rows - int(train_rows[:rows].sum())) if train_rows is not None else 0.0
     tokens = float(get_tensor(run, "attention_mask")[:count].sum()) if count else 0.0
     return run, count, [skipped, tokens]
@@ -110,4 +93,4 @@ def step_totals(
     }
 
 
-__all__ = ["rows_to_run", "rows_with_advantage", "select_rows", "step_totals", "trained_row_index"]
+__all__ = ["rows_to_run", "rows_with_advantage", "step_totals", "trained_row_index"]
