@@ -2,7 +2,7 @@
 
     python ci/bench_trl.py [--out outputs/bench/bench_trl.json] [--shapes quickstart,512x8]
                            [--steps-quickstart 40] [--steps-512x8 10] [--rounds 1] [--trl-threads 2]
-                           [--verity-layouts 1x2] [--trl-micro-batches 32] [--verity-all-rows]
+                           [--verity-layouts 1x2] [--trl-micro-batches 32] [--verity-all-rows] [--bf16]
 
 Needs TRL (``pip install -c constraints.txt -e 'packages/verity[bench-trl]'``; ``nox -s bench``
 and ``nox -s nightly`` install it). Two shapes, each trained by both frameworks from the same
@@ -33,6 +33,17 @@ over verity's preset (JSON only, not compared by the nightly).
 backward over every row, as TRL does, instead of leaving out rows whose advantage is
 exactly 0): side ``verity-all-rows``, ratio ``grpo_step_vs_trl_<shape>_verity_all_rows``.
 Every verity side records ``skipped_row_fraction``, the mean share of rows its updates left out.
+``--bf16`` adds the same comparison in bfloat16: side ``trl-bf16`` is ``GRPOTrainer`` with
+``bf16=True`` (TRL's own default: float32 weights, bf16 autocast), side ``verity-bf16`` the preset
+with ``bench_trl_sides.VERITY_BF16_OVERRIDES``: ``actor.fsdp2.mixed_precision=true`` (float32 weights, gradients
+and AdamW state, bf16 autocast), ``rollout.dtype=bfloat16`` (the rollout serves a bf16 copy) and
+``actor.fsdp2.attn_implementation=eager`` (the trainer's attention kernel; the rollout keeps
+sdpa), plus ``verity-bf16-all-rows`` with ``--verity-all-rows``; ``--trl-eager`` adds
+``trl-bf16-eager``, TRL's model loaded with eager attention (TRL generates and trains with one
+model, so it takes one kernel for both). Their ratios are taken against each other
+only: ``grpo_step_vs_trl_bf16_<shape>`` = ``trl-bf16`` s/step / ``verity-bf16`` s/step. bf16
+pays off on CPUs that multiply it in hardware (AMX, AVX-512 BF16); the JSON records whether this
+one does (``settings.cpu_native_bf16``).
 Each side runs in its own process; with ``--rounds R`` the sides alternate (TRL, verity, verity,
 TRL, ...) and each side's figure is the median over its rounds. Held-out accuracy of both is
 scored by :func:`verity.trainer.evaluate.evaluate` rules (greedy, the task's verifier), on the
@@ -62,6 +73,19 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = ("trl", "verity")  # the two sides every run has; "verity-WxT", "verity-all-rows", "trl-mbN" are extras
 ALL_ROWS_SIDE = "verity-all-rows"  # verity with actor.skip_zero_advantage=off
+BF16_SIDES = ("trl-bf16", "verity-bf16")  # --bf16: the pair compared with each other
+BF16_ALL_ROWS_SIDE = "verity-bf16-all-rows"  # --bf16 --verity-all-rows
+TRL_BF16_EAGER_SIDE = "trl-bf16-eager"  # --bf16 --trl-eager: TRL's model on eager attention
+
+
+def is_bf16_side(side: str) -> bool:
+    """Whether ``side`` trains in bf16 (``trl-bf16``, ``verity-bf16``, ``verity-bf16-all-rows``)."""
+    return "-bf16" in side
+
+
+def reference_sides(side: str) -> tuple[str, str]:
+    """``(trl side, verity side)`` that ``side`` is compared with: the pair of its own precision."""
+    return BF16_SIDES if is_bf16_side(side) else SIDES
 
 
 def parse_layout(text: str) -> tuple[int, int]:
@@ -145,6 +169,7 @@ def side_figure(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "load_average": [run.get("load_average") for run in runs],  # (1, 5, 15 min) before and after each run
         "torch_threads": first.get("torch_threads"),
         "skipped_row_fraction": first.get("skipped_row_fraction"),
+        "ran": first.get("ran"),  # what the side reported running (dtypes, engines)
     }
 
 
@@ -167,14 +192,19 @@ def build_result(
         ratio = figures["trl"]["s_per_step"] / figures["verity"]["s_per_step"]
         shapes[shape] = {**figures, "ratio": ratio}
         ratios[ratio_name(shape)] = ratio
+        half = [s for s in BF16_SIDES if s in figures]
+        if half and len(half) != len(BF16_SIDES):
+            raise ValueError(f"runs[{shape!r}]: bf16 sides come in pairs {BF16_SIDES}, got only {half}")
         for side in sorted(s for s in figures if s.startswith("trl-")):
-            extra = figures[side]["s_per_step"] / figures["verity"]["s_per_step"]
+            extra = figures[side]["s_per_step"] / figures[reference_sides(side)[1]]["s_per_step"]
             shapes[shape][f"ratio_vs_{side}"] = extra
             ratios[ratio_name(shape, side)] = extra
-        for side in sorted(s for s in figures if s not in SIDES and not s.startswith("trl-")):
-            extra = figures["trl"]["s_per_step"] / figures[side]["s_per_step"]
+        extras = (s for s in figures if s not in (*SIDES, *BF16_SIDES) and not s.startswith("trl-"))
+        for side in sorted(extras):
+            trl_side = reference_sides(side)[0]
+            extra = figures[trl_side]["s_per_step"] / figures[side]["s_per_step"]
             shapes[shape][f"ratio_{side}"] = extra
-            ratios[f"{ratio_name(shape)}_{side.replace('-', '_')}"] = extra
+            ratios[f"{ratio_name(shape, trl_side)}_{side.replace('-', '_')}"] = extra
     return {"ratios": ratios, "shapes": shapes, "settings": dict(settings)}
 
 
@@ -197,6 +227,14 @@ def format_table(result: Mapping[str, Any]) -> str:
                 label = f"TRL GRPOTrainer, {side.removeprefix('trl-mb')}-row passes"
             elif side == ALL_ROWS_SIDE:
                 label = "verity, every row trained (actor.skip_zero_advantage=off)"
+            elif side == "trl-bf16":
+                label = "TRL GRPOTrainer, bf16=True"
+            elif side == TRL_BF16_EAGER_SIDE:
+                label = "TRL GRPOTrainer, bf16=True, eager attention"
+            elif side == "verity-bf16":
+                label = "verity, bf16 (mixed precision + bf16 rollout)"
+            elif side == BF16_ALL_ROWS_SIDE:
+                label = "verity, bf16, every row trained"
             else:
                 label = labels.get(side, f"verity, {side.removeprefix('verity-')} (workers x threads)")
             lines.append(f"| {shape} | {label} | {fig['steps']} | {fig['s_per_step']:.3f} | {acc(fig)} |")
@@ -210,9 +248,13 @@ def format_table(result: Mapping[str, Any]) -> str:
         for key in sorted(k for k in figures if k.startswith("ratio_")):
             if key.startswith("ratio_vs_"):
                 side = key.removeprefix("ratio_vs_")
-                lines.append(f"  vs {side}: its s/step / verity s/step = {figures[key]:.3f}")
+                mine = reference_sides(side)[1]
+                lines.append(f"  vs {side}: its s/step / {mine} s/step = {figures[key]:.3f}")
             else:
-                lines.append(f"  {key.removeprefix('ratio_')}: TRL s/step / its s/step = {figures[key]:.3f}")
+                side = key.removeprefix("ratio_")
+                trl_side = reference_sides(side)[0]
+                trl_label = "TRL" if trl_side == "trl" else trl_side
+                lines.append(f"  {side}: {trl_label} s/step / its s/step = {figures[key]:.3f}")
     return "\n".join(lines)
 
 
@@ -237,6 +279,8 @@ class SideJob:
     layout: str | None = None  # verity only: "WxT" workers x threads; None: the preset's
     trl_micro_batch: int | None = None  # TRL only: rows per forward/backward pass; None: the whole batch
     all_rows: bool = False  # verity only: actor.skip_zero_advantage=off
+    bf16: bool = False  # TRL: bf16=True; verity: bench_trl_sides.VERITY_BF16_OVERRIDES
+    attn_implementation: str | None = None  # TRL only: the model's attention kernel; None: transformers' default
 
 
 def prepare_inputs(shape: Shape, workdir: Path, cache_dir: str) -> dict[str, str]:
@@ -277,6 +321,10 @@ def run_side_process(job: SideJob, out_file: Path) -> dict[str, Any]:
         layout = f" ({job.trl_micro_batch}-row passes)"
     if job.all_rows:
         layout = " (every row trained)"
+    if job.bf16:
+        layout = f" (bf16{', every row trained' if job.all_rows else ''})"
+    if job.attn_implementation:
+        layout = f"{layout} ({job.attn_implementation} attention)"
     print(f"--- {job.shape}: {job.side}{layout}, {job.steps} steps", flush=True)
     load_before = os.getloadavg()
     code = subprocess.call(cmd, cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": "0"})
@@ -296,6 +344,8 @@ def run_bench(
     verity_layouts: Sequence[str] = (),
     trl_micro_batches: Sequence[int] = (),
     all_rows: bool = False,
+    bf16: bool = False,
+    trl_eager: bool = False,
 ) -> dict[str, Any]:
     """Every shape, both sides alternating over ``rounds``; the :func:`build_result` document.
 
@@ -304,8 +354,12 @@ def run_bench(
     sample for some shapes instead of their own. ``verity_layouts``: extra verity sides
     (``"WxT"``), each run in every round beside the preset. ``trl_micro_batches``: extra
     TRL sides training in passes of that many rows (each must divide every shape's batch).
-    ``all_rows``: an extra verity side with ``actor.skip_zero_advantage=off``.
+    ``all_rows``: an extra verity side with ``actor.skip_zero_advantage=off``. ``bf16``: the
+    ``trl-bf16`` / ``verity-bf16`` pair (and ``verity-bf16-all-rows`` with ``all_rows``);
+    ``trl_eager`` (with ``bf16``): ``trl-bf16-eager`` too.
     """
+    if trl_eager and not bf16:
+        raise ValueError("trl_eager adds a bf16 TRL side: it needs bf16=True")
     response_lens = dict(response_lens or {})
     unknown = sorted(set(shapes) - set(SHAPES))
     if unknown:
@@ -324,7 +378,12 @@ def run_bench(
                     f"prompt that divides the {rows} rows of shape {name!r}"
                 )
     trl_sides = {trl_side_name(micro): micro for micro in trl_micro_batches}
-    all_sides = (*SIDES, *layouts, *((ALL_ROWS_SIDE,) if all_rows else ()), *trl_sides)
+    bf16_sides = (
+        (*BF16_SIDES, *((BF16_ALL_ROWS_SIDE,) if all_rows else ()), *((TRL_BF16_EAGER_SIDE,) if trl_eager else ()))
+        if bf16
+        else ()
+    )
+    all_sides = (*SIDES, *layouts, *((ALL_ROWS_SIDE,) if all_rows else ()), *trl_sides, *bf16_sides)
     for name, count in steps.items():
         if count < 2:
             raise ValueError(f"steps for {name}: expected >= 2 (the first step is not counted), got {count}")
@@ -338,7 +397,7 @@ def run_bench(
             order = all_sides if r % 2 == 0 else all_sides[::-1]
             for side in order:
                 job = SideJob(
-                    "verity" if side in layouts or side == ALL_ROWS_SIDE else "trl" if side in trl_sides else side,
+                    "trl" if side.startswith("trl") else "verity",
                     name,
                     steps.get(name, shape.steps),
                     str(workdir / f"{name}-{side}-{r}"),
@@ -347,7 +406,9 @@ def run_bench(
                     response_len=response_lens.get(name),
                     layout=layouts.get(side),
                     trl_micro_batch=trl_sides.get(side),
-                    all_rows=side == ALL_ROWS_SIDE,
+                    all_rows=side in (ALL_ROWS_SIDE, BF16_ALL_ROWS_SIDE),
+                    bf16=is_bf16_side(side),
+                    attn_implementation="eager" if side == TRL_BF16_EAGER_SIDE else None,
                 )
                 runs[name][side].append(run_side_process(job, workdir / f"{name}-{side}-{r}.json"))
     settings = {
@@ -360,6 +421,10 @@ def run_bench(
         "verity_layouts": list(layouts.values()),
         "trl_micro_batches": list(trl_sides.values()),
         "verity_all_rows": all_rows,
+        "bf16": bf16,
+        "trl_eager": trl_eager,
+        "verity_bf16_overrides": _verity_bf16_overrides() if bf16 else [],
+        "cpu_native_bf16": _cpu_native_bf16(),
         "cpus": os.cpu_count(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
@@ -371,6 +436,18 @@ def run_bench(
 
 def _with_response_len(shape: Shape, response_len: int | None) -> Shape:
     return shape if response_len is None else replace(shape, response_len=response_len)
+
+
+def _verity_bf16_overrides() -> list[str]:
+    from bench_trl_sides import VERITY_BF16_OVERRIDES  # ci/ is on sys.path: this file's folder
+
+    return list(VERITY_BF16_OVERRIDES)
+
+
+def _cpu_native_bf16() -> bool:
+    from verity.hardware import cpu_has_native_bf16
+
+    return cpu_has_native_bf16()
 
 
 def _versions() -> dict[str, str]:
@@ -415,6 +492,16 @@ def main(argv: list[str] | None = None) -> int:
         help="add a verity run training every row (actor.skip_zero_advantage=off) beside the preset",
     )
     parser.add_argument(
+        "--bf16",
+        action="store_true",
+        help="add TRL with bf16=True and verity with bf16 mixed precision and a bf16 rollout, compared pairwise",
+    )
+    parser.add_argument(
+        "--trl-eager",
+        action="store_true",
+        help="with --bf16: add TRL with bf16=True on eager attention (compared with verity's bf16 side)",
+    )
+    parser.add_argument(
         "--cache-dir", default="~/.cache/verity/embedded", help="the embedded default's cache"
     )
     parser.add_argument("--workdir", type=Path, help="default: a temporary folder, removed afterwards")
@@ -449,6 +536,8 @@ def main(argv: list[str] | None = None) -> int:
             layouts,
             micros,
             all_rows=args.verity_all_rows,
+            bf16=args.bf16,
+            trl_eager=args.trl_eager,
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

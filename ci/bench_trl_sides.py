@@ -13,6 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+# verity's bf16 sides: float32 weights and AdamW state, bf16 matmuls, a bf16 rollout copy, and eager
+# attention in the trainer (on CPU, sdpa's bf16 backward is the slower kernel; the rollout keeps sdpa)
+VERITY_BF16_OVERRIDES = (
+    "actor.fsdp2.mixed_precision=true",
+    "rollout.dtype=bfloat16",
+    "actor.fsdp2.attn_implementation=eager",
+)
+
 
 def run_side(job: Any, shape: Any) -> dict[str, Any]:
     """Dispatch a ``SideJob`` of ``ci/bench_trl.py`` to :func:`run_verity` or :func:`run_trl`."""
@@ -45,6 +53,8 @@ def verity_overrides(job: Any, shape: Any, out_dir: Path) -> list[str]:
         overrides += [f"trainer.n_workers={workers}", f"trainer.cpus_per_worker={threads}"]
     if getattr(job, "all_rows", False):  # train every row, as TRL does
         overrides.append("actor.skip_zero_advantage=off")
+    if getattr(job, "bf16", False):  # float32 weights and AdamW state, bf16 matmuls; a bf16 rollout copy
+        overrides += list(VERITY_BF16_OVERRIDES)
     if shape.model is None:  # the preset's own embedded default (same folder and files as TRL gets)
         overrides.append(f"model.embedded_cache_dir={Path(job.model_dir).parents[1]}")
     else:
@@ -81,6 +91,10 @@ def run_verity(job: Any, shape: Any) -> dict[str, Any]:
     stage_seconds = {
         k.removeprefix("timing/"): statistics.median(r.get(k, 0.0) for r in steps[1:]) for k in stage_keys
     }
+    ran = summary.get("ran") or {}
+    want = "bfloat16" if getattr(job, "bf16", False) else "float32"
+    if (ran.get("actor_compute_dtype"), ran.get("rollout_dtype")) != (want, want):
+        raise RuntimeError(f"the verity side should train and generate in {want}; its run reports {ran}")
     skipped = [r["actor/skipped_row_fraction"] for r in steps if "actor/skipped_row_fraction" in r]
     return {
         "step_seconds": [r["timing/step_s"] for r in steps],
@@ -92,6 +106,7 @@ def run_verity(job: Any, shape: Any) -> dict[str, Any]:
         "workers": cfg.trainer.n_workers,
         "skipped_row_fraction": statistics.fmean(skipped) if skipped else None,
         "torch_threads": f"{cfg.trainer.cpus_per_worker:g} per worker",
+        "ran": summary.get("ran"),
     }
 
 
@@ -115,7 +130,10 @@ def run_trl(job: Any, shape: Any, threads: int) -> dict[str, Any]:
     micro = getattr(job, "trl_micro_batch", None) or rows  # rows per forward/backward pass
     set_seed(job.seed)
     tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=torch.float32)
+    attn = getattr(job, "attn_implementation", None)
+    model = AutoModelForCausalLM.from_pretrained(
+        job.model_dir, dtype=torch.float32, **({"attn_implementation": attn} if attn else {})
+    )
     train_rows = read_parquet_rows(job.train_file)
     dataset = Dataset.from_list(
         [
@@ -179,7 +197,7 @@ def run_trl(job: Any, shape: Any, threads: int) -> dict[str, Any]:
         report_to="none",
         disable_tqdm=True,
         use_cpu=True,
-        bf16=False,
+        bf16=bool(getattr(job, "bf16", False)),  # TRL's default is True; the issue's table ran float32
         fp16=False,
         gradient_checkpointing=False,
         remove_unused_columns=False,
@@ -195,6 +213,9 @@ def run_trl(job: Any, shape: Any, threads: int) -> dict[str, Any]:
         processing_class=tokenizer,
         callbacks=[timer],
     )
+    precision = trainer.accelerator.mixed_precision  # what TRL's accelerator actually runs: "bf16" | "no"
+    if precision != ("bf16" if args.bf16 else "no"):
+        raise RuntimeError(f"TRL was asked for bf16={args.bf16} but its accelerator runs {precision!r}")
     started = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - started
@@ -209,4 +230,5 @@ def run_trl(job: Any, shape: Any, threads: int) -> dict[str, Any]:
         "n_params": sum(p.numel() for p in model.parameters()),
         "wall_seconds": wall,
         "torch_threads": torch.get_num_threads(),
+        "ran": {"mixed_precision": precision, "attention": model.config._attn_implementation},
     }

@@ -130,3 +130,33 @@ def test_a_cpu_run_gets_a_measured_peak_and_says_so() -> None:
     assert with_measured_cpu_peak(gpu, cfg) == (gpu, "spec sheet")
     text = format_throughput({"mfu": 0.125, "peak_flops_source": source, "stage_seconds": {}})
     assert "12.50% (peak measured: float32" in text
+
+
+def test_the_cpu_peak_is_measured_in_the_dtype_the_actor_computes_in() -> None:
+    from types import SimpleNamespace
+
+    from verity_harness.machine import Machine
+    from verity_harness.runner import actor_compute_dtype, check_peak_dtype, with_measured_cpu_peak
+
+    def cfg(mixed, model_dtype="float32", engine="fsdp2"):
+        return SimpleNamespace(
+            trainer=SimpleNamespace(n_workers=1, cpus_per_worker=1.0),
+            model=SimpleNamespace(dtype=model_dtype),
+            actor=SimpleNamespace(engine=engine, fsdp2=SimpleNamespace(mixed_precision=mixed)),
+        )
+
+    assert actor_compute_dtype(cfg(None)) == "float32"
+    assert actor_compute_dtype(cfg(True)) == "bfloat16"
+    assert actor_compute_dtype(cfg(True, engine="megatron")) == "float32"
+    assert actor_compute_dtype(cfg(None, model_dtype="bfloat16")) == "bfloat16"
+    cpu = Machine(label="cpu", family="cpu", device_name="test cpu", peak_flops=None, device_count=1)
+    _, source = with_measured_cpu_peak(cpu, cfg(True))
+    assert source.startswith("measured: bfloat16 512x512 matmul on 1 threads")
+
+    throughput = {"mfu": 0.3}
+    check_peak_dtype(throughput, {"ran": {"actor_compute_dtype": "bfloat16"}}, "bfloat16")
+    assert throughput == {"mfu": 0.3}
+    check_peak_dtype(throughput, {"ran": {"actor_compute_dtype": "bfloat16"}}, "float32")
+    assert throughput["mfu"] is None and "measured in float32 but the actor computed in bfloat16" in (
+        throughput["mfu_note"]
+    )

@@ -122,7 +122,10 @@ def test_multi_turn_rl_on_two_workers_trains_only_the_models_tokens(tmp_path, mo
     assert summary["ran"] == {
         "actor": "fsdp2_grad_probe",
         "actor_sharding": "full",
+        "actor_compute_dtype": "float32",
+        "actor_attention": "sdpa",
         "rollout": "scripted",
+        "rollout_dtype": "float32",
         "rollout_wrappers": "agent",
         "device": "cpu",
     }

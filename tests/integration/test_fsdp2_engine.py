@@ -183,6 +183,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         out["sharded"] = type(next(iter(FSDP2Engine(tiny_qwen2(), None).model.parameters()))).__name__
         skip_scenarios(lambda: FSDP2Engine(tiny_qwen2(), CFG), lambda b: shard(b, rank), out, skip=True)
         budget_scenario(rank, out)
+        bf16_scenario(rank, out)
         ckpt_dir = os.path.join(out_dir, "dcp")
         checkpoint_scenario(rank, ckpt_dir, out)
         # replicated: a full copy per rank, gradients summed in one all-reduce per step
@@ -209,6 +210,19 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+def bf16_scenario(rank: int, out: dict) -> None:
+    """bf16 mixed precision on CPU over gloo, sharded (FSDP2 gathers bf16) and replicated (autocast)."""
+    batch = shard(add_rl_keys(make_padded_batch()), rank)
+    for sharding in ("full", "replicate"):
+        engine = FSDP2Engine(tiny_qwen2(), CFG, sharding=sharding, mixed_precision=True)
+        engine.forward_backward(batch, LOSSES["token_mean"], 4)
+        out[f"bf16/{sharding}/grad"] = engine.full_gradients()
+        engine.optimizer.zero_grad(set_to_none=True)
+        engine.train_step(batch, token_mean_loss, 4)
+        out[f"bf16/{sharding}/param_dtypes"] = sorted({str(p.dtype) for p in engine.model.parameters()})
+        out[f"bf16/{sharding}/compute_dtype"] = str(engine.compute_dtype)
 
 
 BUDGET_TOKENS = 20  # cuts rank 0's 4 rows into 3 micro-batches and rank 1's 3 into 2
@@ -437,3 +451,20 @@ def test_skipping_zero_advantage_rows_keeps_the_gradient_on_two_ranks(two_ranks,
                 assert got[f"skip/loss/{key}"] == pytest.approx(reference[f"skip/loss/{key}"], rel=1e-5, abs=1e-7)
                 assert got[f"skip/fraction/{key}"] == pytest.approx(len(ZERO_ROWS) / 7)
                 assert reference[f"skip/fraction/{key}"] == 0.0
+
+
+def test_bf16_mixed_precision_on_two_cpu_ranks_stays_near_the_float32_gradient(two_ranks, reference):
+    want = reference["grad/token_mean/4"]
+    flat_want = torch.cat([want[k].flatten() for k in sorted(want)])
+    for sharding in ("full", "replicate"):
+        for rank_out in two_ranks:
+            got = rank_out[f"bf16/{sharding}/grad"]
+            assert set(got) == set(want), sharding
+            flat_got = torch.cat([got[k].flatten() for k in sorted(want)])
+            relative = float((flat_got - flat_want).norm() / flat_want.norm())
+            # bf16 rounding moves it a little (so the bf16 path ran); a wrong shard or sum moves it a lot
+            assert 0 < relative < 0.05, (sharding, relative)
+            assert rank_out[f"bf16/{sharding}/param_dtypes"] == ["torch.float32"], sharding
+            assert rank_out[f"bf16/{sharding}/compute_dtype"] == "torch.bfloat16", sharding
+        # every rank holds the same summed gradient
+        torch.testing.assert_close(two_ranks[0][f"bf16/{sharding}/grad"], two_ranks[1][f"bf16/{sharding}/grad"])

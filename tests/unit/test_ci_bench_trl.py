@@ -256,3 +256,45 @@ def test_the_all_rows_side_trains_every_row_and_gets_its_own_ratio(tmp_path: Pat
     assert "actor.skip_zero_advantage=off" in overrides
     preset = [o for o in overrides if not o.startswith(("model.path", "data.train_files", "data.val_files"))]
     assert load_config(preset, config_file=preset_path()).actor.skip_zero_advantage == "off"
+
+
+def test_bf16_sides_are_compared_with_each_other_only(tmp_path: Path) -> None:
+    from verity.cli.quickstart import preset_path
+    from verity.config import load_config
+
+    runs = {
+        "512x8": {
+            "trl": [_run([9.0, 30.0])],
+            "verity": [_run([9.0, 20.0])],
+            "verity-all-rows": [_run([9.0, 24.0])],
+            "trl-mb32": [_run([9.0, 19.0])],
+            "trl-bf16": [_run([9.0, 18.0])],
+            "verity-bf16": [_run([9.0, 6.0])],
+            "verity-bf16-all-rows": [_run([9.0, 9.0])],
+            "trl-bf16-eager": [_run([9.0, 15.0])],
+        }
+    }
+    result = bench_trl.build_result(runs, {})
+    ratios = result["ratios"]
+    assert ratios["grpo_step_vs_trl_512x8"] == pytest.approx(1.5)  # float32 pair untouched
+    assert ratios["grpo_step_vs_trl_512x8_verity_all_rows"] == pytest.approx(30 / 24)
+    assert ratios["grpo_step_vs_trl_mb32_512x8"] == pytest.approx(19 / 20)
+    assert ratios["grpo_step_vs_trl_bf16_512x8"] == pytest.approx(3.0)  # trl-bf16 / verity-bf16
+    assert ratios["grpo_step_vs_trl_bf16_512x8_verity_bf16_all_rows"] == pytest.approx(2.0)
+    assert ratios["grpo_step_vs_trl_bf16_eager_512x8"] == pytest.approx(2.5)  # against verity-bf16
+    assert not any("verity_bf16" in k and "trl_bf16" not in k for k in ratios)  # never across precisions
+    table = bench_trl.format_table(result)
+    assert "| 512x8 | TRL GRPOTrainer, bf16=True | 2 | 18.000 |" in table
+    assert "vs trl-bf16: its s/step / verity-bf16 s/step = 3.000" in table
+    assert "verity-bf16-all-rows: trl-bf16 s/step / its s/step = 2.000" in table
+    with pytest.raises(ValueError, match="bf16 sides come in pairs"):
+        bench_trl.build_result({"512x8": {k: v for k, v in runs["512x8"].items() if k != "trl-bf16"}}, {})
+
+    job = bench_trl.SideJob("verity", "512x8", 3, str(tmp_path / "w"), str(tmp_path / "m"), "", "", bf16=True)
+    overrides = sides.verity_overrides(job, bench_trl.SHAPES["512x8"], tmp_path / "out")
+    preset = [o for o in overrides if not o.startswith(("model.path", "data.train_files", "data.val_files"))]
+    cfg = load_config(preset, config_file=preset_path())
+    assert cfg.actor.fsdp2.mixed_precision is True and cfg.rollout.dtype == "bfloat16"
+    assert cfg.actor.fsdp2.attn_implementation == "eager" and cfg.model.attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match="trl_eager adds a bf16 TRL side"):
+        bench_trl.run_bench(["512x8"], {}, 1, tmp_path, str(tmp_path), trl_eager=True)

@@ -10,6 +10,7 @@ per day and combination; a later run of the same day replaces it). Contents::
       "hardware": "cpu", "family": "cpu", "device_name": "AMD EPYC", "device_count": 1,
       "backend": "hf",                      # the rollout engine
       "train_engine": "fsdp2",
+      "ran": {"actor": "fsdp2", "actor_compute_dtype": "float32", "rollout_dtype": "float32", ...},
       "date": "2026-11-22", "finished_at": "2026-11-22T01:02:03+00:00",
       "git_commit": "8faab24...", "git_dirty": false,
       "versions": {"verity": "0.1.0", "torch": "2.13.0+cpu", ...},

@@ -75,21 +75,46 @@ def harness_overrides(
     return out
 
 
+def actor_compute_dtype(cfg: Any) -> str:
+    """The dtype the config asks the actor's matmuls to run in: ``bfloat16`` or ``float32``.
+
+    bf16 where the weights are bf16 (``model.dtype``) or the fsdp2 engine is told to use
+    mixed precision; the run's own record (``ran.actor_compute_dtype``) is checked against it.
+    """
+    actor = getattr(cfg, "actor", None)
+    mixed = getattr(actor, "engine", None) == "fsdp2" and getattr(actor.fsdp2, "mixed_precision", None) is True
+    model_bf16 = getattr(getattr(cfg, "model", None), "dtype", "float32") == "bfloat16"
+    return "bfloat16" if mixed or model_bf16 else "float32"
+
+
 def with_measured_cpu_peak(machine: Machine, cfg: Any) -> tuple[Machine, str | None]:
     """On CPU, ``machine`` with the matmul peak measured on the threads the actor's workers get.
 
     Returns ``(machine, source)``: ``source`` says where ``peak_flops`` came from
     (``"spec sheet"`` for known accelerators, the measurement on CPU, None when unknown).
-    Measured before the run starts, so the run's own workers do not compete with it.
+    Measured before the run starts, so the run's own workers do not compete with it, in the
+    dtype the actor will compute in (:func:`actor_compute_dtype`).
     """
     if machine.family != "cpu":
         return machine, "spec sheet" if machine.peak_flops else None
+    import torch
     from verity.hardware.cpu_peak import measure_matmul_flops
 
     threads = max(1, round(cfg.trainer.n_workers * cfg.trainer.cpus_per_worker))
-    peak = measure_matmul_flops(threads)
-    source = f"measured: float32 512x512 matmul on {threads} threads, {peak / 1e9:.1f} GFLOP/s"
+    dtype = actor_compute_dtype(cfg)
+    peak = measure_matmul_flops(threads, dtype=getattr(torch, dtype))
+    source = f"measured: {dtype} 512x512 matmul on {threads} threads, {peak / 1e9:.1f} GFLOP/s"
     return dataclasses.replace(machine, peak_flops=peak), source
+
+
+def check_peak_dtype(throughput: dict[str, Any], summary: dict[str, Any], measured_dtype: str) -> None:
+    """Drop a CPU MFU whose peak was measured in another dtype than the actor ran in (``mfu_note`` says so)."""
+    ran = (summary.get("ran") or {}).get("actor_compute_dtype")
+    if ran is not None and ran != measured_dtype and throughput.get("mfu") is not None:
+        throughput["mfu"] = None
+        throughput["mfu_note"] = (
+            f"the CPU peak was measured in {measured_dtype} but the actor computed in {ran}: no MFU"
+        )
 
 
 def ran_engine(summary: dict[str, Any], role: str) -> str:
@@ -131,6 +156,7 @@ def build_result(
         "device_count": machine.device_count,
         "backend": ran_engine(summary, "rollout"),
         "train_engine": ran_engine(summary, "actor"),
+        "ran": dict(summary.get("ran") or {}),  # everything the workers reported running (dtypes included)
         "date": now.date().isoformat(),
         "finished_at": now.isoformat(timespec="seconds"),
         "git_commit": commit,
@@ -210,6 +236,8 @@ def run_recipe(
         recipe, config, machine, cfg, summary, run_dir, overrides, _n_params(uri, summary.get("run_id"))
     )
     result["throughput"]["peak_flops_source"] = peak_source
+    if machine.family == "cpu":
+        check_peak_dtype(result["throughput"], summary, actor_compute_dtype(cfg))
     checks = attach_checks(result, recipe, machine.lookup_labels)
     if summary.get("run_id"):
         log_result(

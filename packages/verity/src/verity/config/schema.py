@@ -63,6 +63,9 @@ class RolloutConfig:
     val_n: int = 1
     val_top_p: float | None = None  # nucleus sampling of the k held-out samples; None: top_p
     micro_batch_size: int = 256  # rows per generate call inside a worker
+    # the dtype the rollout serves the policy in: float32 | bfloat16; null: model.dtype. A bf16 rollout of
+    # float32 training weights gets each weight sync rounded to bf16 (docs/rollout-engines.md, "Serving dtype")
+    dtype: str | None = None
     n_workers: int = 1  # trainer.mode=async: Ray workers of the rollout's own worker group
     # the vllm and sglang engines' own settings, read when rollout.engine names them
     # (docs/rollout-engines.md)

@@ -14,10 +14,9 @@ from pathlib import Path
 from verity.config.errors import ConfigError
 from verity.config.model_checks import check_model_folders
 from verity.config.schema import VerityConfig
+from verity.engines.options import ATTN_IMPLEMENTATIONS
 
 PLACEMENTS = ("colocated", "separate")
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
-
 
 TRAINER_MODES = ("sync", "async")
 
@@ -155,6 +154,10 @@ def validate_config(cfg: VerityConfig) -> None:
     _validate_embedded_preset(cfg)
     if cfg.model.dtype not in ("float32", "bfloat16"):
         raise ConfigError(f"model.dtype must be float32 or bfloat16, got {cfg.model.dtype!r}")
+    if cfg.rollout.dtype not in (None, "float32", "bfloat16"):
+        raise ConfigError(
+            f"rollout.dtype must be float32, bfloat16 or null (the model's dtype), got {cfg.rollout.dtype!r}"
+        )
     if cfg.model.path != "embedded" and not Path(cfg.model.path).expanduser().is_dir():
         raise ConfigError(f"model.path {cfg.model.path!r} is not a local HF checkpoint folder")
     if cfg.model.path != "embedded" and not (Path(cfg.model.path).expanduser() / "config.json").is_file():

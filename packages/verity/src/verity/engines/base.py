@@ -116,6 +116,19 @@ class TrainingEngine(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not train value models")
 
     @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the engine's matmuls run in (what a run records; MFU is taken against its peak).
+
+        The default is the dtype of the model's first parameter; an engine that computes in
+        another dtype than it stores (mixed precision) says so by overriding this.
+        """
+        model = getattr(self, "model", None)
+        if not isinstance(model, torch.nn.Module):
+            return torch.float32
+        first = next(model.parameters(), None)
+        return torch.float32 if first is None else first.dtype
+
+    @property
     def dp_layout(self) -> tuple[int, int, bool]:
         """``(dp_rank, dp_size, is_collector)`` of this rank, for ``Worker.set_dp_layout``.
 

@@ -26,6 +26,7 @@ import contextlib
 import math
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from verity.engines.base import LossFn, MicroLossFn, TrainingEngine, ValueLossFn, make_aggregation_context
 from verity.engines.fsdp2_state import FSDP2StateMixin
-from verity.engines.hf_loading import load_causal_lm
+from verity.engines.hf_loading import load_causal_lm, use_attention_kernel
 from verity.engines.logprobs import DEFAULT_CHUNK_TOKENS, response_logprobs
 from verity.engines.micro_batches import (
     LOGPROB_KEYS,
@@ -54,6 +55,7 @@ from verity.engines.optim import OptimConfig, build_lr_scheduler, build_optimize
 from verity.engines.replicate import SHARDING_MODES, all_reduce_gradients
 from verity.engines.train_rows import rows_to_run, step_totals
 from verity.engines.values import response_values
+from verity.hardware.cpu_peak import cpu_has_native_bf16
 
 
 def default_device() -> torch.device:
@@ -88,8 +90,11 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
             engine (e.g. the reference policy): :meth:`train_step` then raises.
         total_steps: optimizer steps of the whole run, the horizon of the LR schedule.
         device: where this rank computes; default :func:`default_device`.
-        mixed_precision: bf16 compute / fp32 reduction; default True on CUDA, False
-            on CPU (where it is refused).
+        mixed_precision: bf16 compute with float32 master weights, gradients, gradient
+            reduction and AdamW state; default True on CUDA, False on CPU. On CPU it pays
+            off where the cores multiply bf16 natively (AMX or AVX-512 BF16:
+            :func:`verity.hardware.cpu_has_native_bf16`); elsewhere bf16 matmuls are
+            emulated and slower than float32.
         gradient_checkpointing: recompute activations in backward (HF models).
         reshard_after_forward: free gathered layer weights after forward (saves
             memory, costs an extra all-gather in backward).
@@ -99,6 +104,8 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         micro_batch_tokens: most positions (rows x padding-free window width) per
             micro-batch, on top of the ``micro_batch_size`` rows each call is given; 0: rows
             only (see :func:`verity.engines.micro_batches.micro_batch_ranges`).
+        attn_implementation: switch the model to this HF attention kernel (``eager``,
+            ``sdpa``, ...); None keeps the one it was loaded with.
     """
 
     name = "fsdp2"  # what a run records as the engine that trained
@@ -117,6 +124,7 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         logprob_chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
         sharding: str = "full",
         micro_batch_tokens: int = 0,
+        attn_implementation: str | None = None,
     ) -> None:
         if sharding not in SHARDING_MODES:
             raise ValueError(f"sharding must be one of {list(SHARDING_MODES)}, got {sharding!r}")
@@ -133,9 +141,13 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         self.device = torch.device(device) if device is not None else default_device()
         if mixed_precision is None:
             mixed_precision = self.device.type == "cuda"
-        if mixed_precision and self.device.type == "cpu":
-            raise ValueError("mixed_precision=True needs a GPU device; on CPU training runs in float32")
-        self.mixed_precision = mixed_precision
+        self.mixed_precision = bool(mixed_precision)
+        if self.mixed_precision and self.device.type == "cpu" and not cpu_has_native_bf16():
+            warnings.warn(
+                "mixed_precision=True on a CPU without native bf16 multiplies (no amx_bf16 or avx512_bf16 "
+                "flag): bf16 matmuls are emulated there and run slower than float32",
+                stacklevel=2,
+            )
         self.logprob_chunk_tokens = logprob_chunk_tokens
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -147,6 +159,8 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         if not isinstance(module, nn.Module):
             raise TypeError(f"model must be an nn.Module or a checkpoint path, got {type(model).__name__}")
         module.to(self.device)
+        if attn_implementation is not None:
+            use_attention_kernel(module, attn_implementation)
         if getattr(module, "config", None) is not None and hasattr(module.config, "use_cache"):
             module.config.use_cache = False
         if gradient_checkpointing:
@@ -204,6 +218,13 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
     def model(self) -> nn.Module:
         """The (possibly FSDP2-sharded) module; its parameters are ``DTensor`` shards when distributed."""
         return self._module
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the matmuls run in: bfloat16 under mixed precision, else the parameters' dtype."""
+        if self.mixed_precision:
+            return torch.bfloat16
+        return next(self._module.parameters()).dtype
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.mixed_precision and not self.fsdp_modules:  # FSDP2's policy casts sharded modules

@@ -67,3 +67,18 @@ def _model_type(path: Path) -> str | None:
         return json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def use_attention_kernel(model: nn.Module, attn_implementation: str) -> None:
+    """Switch an HF model, already built, to the attention kernel ``attn_implementation`` (``eager``, ``sdpa``, ...).
+
+    Uses ``PreTrainedModel.set_attn_implementation``, which checks that the model supports
+    the kernel; a module that is not an HF model raises ``TypeError`` naming it.
+    """
+    setter = getattr(model, "set_attn_implementation", None)
+    if setter is None:
+        raise TypeError(
+            f"attn_implementation={attn_implementation!r}: {type(model).__name__} is not an HF model "
+            "with set_attn_implementation()"
+        )
+    setter(attn_implementation)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["FSDP2Options", "MegatronOptions"]
+__all__ = ["ATTN_IMPLEMENTATIONS", "FSDP2Options", "MegatronOptions"]
+
+# the HF attention kernels a model may be loaded or switched to
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 
 
 @dataclass
@@ -27,11 +30,19 @@ class FSDP2Options:
     # micro_batch_size rows; 0: rows only. On CPU ~2k positions keep activations cache- and
     # allocator-friendly (docs/engines.md, "Micro-batches by tokens")
     micro_batch_tokens: int = 0
+    # the attention kernel this engine's copy of the model computes with; null: model.attn_implementation.
+    # The rollout keeps its own (on CPU under bf16, eager trains faster and sdpa decodes faster)
+    attn_implementation: str | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that is out of range."""
         if self.sharding not in ("full", "replicate"):
             raise ValueError(f"fsdp2.sharding must be 'full' or 'replicate', got {self.sharding!r}")
+        if self.attn_implementation is not None and self.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise ValueError(
+                f"fsdp2.attn_implementation must be null or one of {'|'.join(ATTN_IMPLEMENTATIONS)}, "
+                f"got {self.attn_implementation!r}"
+            )
         tokens = self.micro_batch_tokens
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             raise ValueError(f"fsdp2.micro_batch_tokens must be an int >= 0 (0: rows only), got {tokens!r}")

@@ -138,6 +138,7 @@ def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
         "reshard_after_forward": getattr(options, "reshard_after_forward", True),
         "sharding": getattr(options, "sharding", "full"),
         "micro_batch_tokens": getattr(options, "micro_batch_tokens", 0),
+        "attn_implementation": getattr(options, "attn_implementation", None),
     }
     if ctx.adapters:
         from verity.engines.fsdp2_lora import FSDP2LoRAEngine

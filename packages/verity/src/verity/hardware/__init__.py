@@ -12,6 +12,7 @@ See docs/hardware.md for what has and has not run on real hardware.
 from __future__ import annotations
 
 from verity.hardware.backend import DEFAULT_PROBES, HardwareBackend, Probes, make_backend
+from verity.hardware.cpu_peak import cpu_has_native_bf16, measure_matmul_flops
 from verity.hardware.detect import (
     BACKEND_NAMES,
     DEVICE_ENV,
@@ -33,10 +34,12 @@ __all__ = [
     "Probes",
     "UnknownBackendError",
     "available_backends",
+    "cpu_has_native_bf16",
     "detect_backend",
     "get_backend",
     "lookup_device",
     "make_backend",
+    "measure_matmul_flops",
     "mfu",
     "peak_flops_for",
     "training_flops_per_token",

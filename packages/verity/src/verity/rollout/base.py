@@ -56,6 +56,16 @@ class RolloutEngine(abc.ABC):
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Copy ``(parameter name, full tensor)`` pairs into the serving model in place; returns how many."""
 
+    @property
+    def serving_dtype(self) -> str | None:
+        """The dtype the engine serves the policy in (``"float32"``, ``"bfloat16"``); None when unknown.
+
+        What a run records as the rollout's dtype; read from the engine's ``dtype``
+        attribute where it has one.
+        """
+        dtype = getattr(self, "dtype", None)
+        return None if dtype is None else str(dtype).removeprefix("torch.")
+
     def sleep(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Free accelerator memory held by the engine (weights, caches) until :meth:`wake`."""
 

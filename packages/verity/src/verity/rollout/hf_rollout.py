@@ -108,6 +108,11 @@ class HFRollout(RolloutEngine):
         """The device the model's parameters live on."""
         return next(self.model.parameters()).device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the model's parameters (the dtype it generates in)."""
+        return next(self.model.parameters()).dtype
+
     def _new_generator(self, seed: int) -> torch.Generator:
         generator = torch.Generator(device=self.device)
         generator.manual_seed(seed)

@@ -48,7 +48,7 @@ class RolloutBuildContext:
         model_path: the local HF folder of the initial policy.
         tokenizer: the policy's tokenizer (pad and EOS ids, chat template).
         device: where this rank generates.
-        dtype: the serving dtype (``model.dtype``).
+        dtype: the serving dtype (``rollout.dtype``, or ``model.dtype`` when that is null).
         seed: the engine's base seed (already offset by rank).
         rank / world_size: this rank's place in the rollout's data-parallel group.
         max_model_len: prompt + response tokens the engine must fit (``data.*_length``).
@@ -122,7 +122,7 @@ def _build_hf(ctx: RolloutBuildContext) -> RolloutEngine:
         raise ValueError(
             "the hf rollout serves the policy in-process: RolloutBuildContext.load_policy is required"
         )
-    model = ctx.load_policy().to(ctx.device).eval()
+    model = ctx.load_policy().to(device=ctx.device, dtype=ctx.dtype).eval()
     return HFRollout(model, ctx.tokenizer, seed=ctx.seed)
 
 

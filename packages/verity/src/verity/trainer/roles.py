@@ -45,6 +45,12 @@ class RoleGroups:
                 out["rollout"] = str(facts["rollout_engine"])
             if facts.get("train_sharding"):
                 out[f"{name}_sharding"] = str(facts["train_sharding"])
+            if facts.get("train_compute_dtype"):
+                out[f"{name}_compute_dtype"] = str(facts["train_compute_dtype"])
+            if facts.get("train_attention"):
+                out[f"{name}_attention"] = str(facts["train_attention"])
+            if facts.get("rollout_dtype"):
+                out["rollout_dtype"] = str(facts["rollout_dtype"])
             if facts.get("adapter"):
                 out[f"{name}_adapter"] = str(facts["adapter"])
             if facts.get("rollout_wrappers"):

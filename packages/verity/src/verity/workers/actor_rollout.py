@@ -33,13 +33,20 @@ from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines import EngineBuildContext, TrainingEngine, build_training_engine
 from verity.engines.fsdp2 import load_causal_lm
+from verity.engines.shared_prompt import attention_implementation
 from verity.engines.train_rows import rows_with_advantage
 from verity.hardware import get_backend
 from verity.resharding import iter_engine_weights, sync_weights
 from verity.resharding.object_store import publish_weight_buckets
 from verity.rollout import RolloutEngine
 from verity.workers.actor_loss import make_actor_loss
-from verity.workers.role_training import build_role_engine, minibatch_epochs, role_device, role_model_dtype
+from verity.workers.role_training import (
+    build_role_engine,
+    minibatch_epochs,
+    role_device,
+    role_model_dtype,
+    rollout_dtype,
+)
 from verity.workers.rollout_side import build_role_rollout, generate_batch, pad_id, rows_for_driver
 
 
@@ -63,7 +70,8 @@ class ActorRolloutRefWorker(Worker):
         """Form the process group, build actor / rollout / reference; returns this rank's facts.
 
         The facts name what actually runs here — ``train_engine`` and ``rollout_engine``
-        are the built engines' own names, not the config's strings; ``rollout_wrappers``
+        are the built engines' own names, not the config's strings, ``train_compute_dtype``
+        and ``rollout_dtype`` the dtypes they compute in; ``rollout_wrappers``
         what wraps the rollout engine (``["agent"]`` with the agent loop) — plus ``device``
         and ``n_params``.
         """
@@ -88,7 +96,7 @@ class ActorRolloutRefWorker(Worker):
             model_path=self.model_path,
             tokenizer=tokenizer,
             device=device,
-            dtype=dtype,
+            dtype=rollout_dtype(cfg),
             rank=self.rank,
             world_size=self.world_size,
             load_policy=lambda: copy.deepcopy(policy),
@@ -133,7 +141,10 @@ class ActorRolloutRefWorker(Worker):
             "n_trainable_params": _trainable_parameters(self.actor, n_params),
             "train_engine": self.actor.name,
             "train_sharding": getattr(self.actor, "sharding", None),  # fsdp2: full | replicate
+            "train_compute_dtype": str(self.actor.compute_dtype).removeprefix("torch."),
+            "train_attention": attention_implementation(self.actor.model),
             "rollout_engine": self.rollout.name,
+            "rollout_dtype": self.rollout.serving_dtype,
             "rollout_wrappers": list(self.rollout.wrappers),
             "reference_engine": self.ref.name if self.ref is not None else None,
             "skip_zero_advantage": self.skip_zero_advantage,

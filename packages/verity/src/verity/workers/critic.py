@@ -171,6 +171,7 @@ class CriticWorker(Worker):
             "n_params": n_params,
             "train_engine": self.engine.name,
             "train_sharding": getattr(self.engine, "sharding", None),
+            "train_compute_dtype": str(self.engine.compute_dtype).removeprefix("torch."),
         }
 
     @register(Dispatch.DP_SPLIT)

@@ -47,6 +47,12 @@ def role_model_dtype(cfg: VerityConfig) -> torch.dtype:
     return torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
 
 
+def rollout_dtype(cfg: VerityConfig) -> torch.dtype:
+    """The dtype the rollout serves the policy in: ``rollout.dtype``, or ``model.dtype`` when null."""
+    name = cfg.rollout.dtype or cfg.model.dtype
+    return torch.bfloat16 if name == "bfloat16" else torch.float32
+
+
 def build_role_engine(
     role_name: str,
     load_model: Callable[[], torch.nn.Module],

@@ -23,7 +23,7 @@ from verity.engines.fsdp2 import load_causal_lm
 from verity.hardware import get_backend
 from verity.resharding.object_store import load_weight_buckets
 from verity.rollout import RolloutEngine
-from verity.workers.role_training import role_device, role_model_dtype
+from verity.workers.role_training import role_device, rollout_dtype
 from verity.workers.rollout_side import build_role_rollout, generate_batch, pad_id, rows_for_driver
 
 
@@ -47,7 +47,7 @@ class RolloutWorker(Worker):
         backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
         torch.set_num_threads(max(1, int(cfg.trainer.cpus_per_worker)))
         device = role_device(backend, self.local_rank)
-        dtype = role_model_dtype(cfg)
+        dtype = rollout_dtype(cfg)
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.pad_token_id = pad_id(tokenizer)
         self.rollout = build_role_rollout(
@@ -66,6 +66,7 @@ class RolloutWorker(Worker):
             "rank": self.rank,
             "device": str(device),
             "rollout_engine": self.rollout.name,
+            "rollout_dtype": self.rollout.serving_dtype,
             "rollout_wrappers": list(self.rollout.wrappers),
         }
 

@@ -94,6 +94,11 @@ class AgentRollout(RolloutEngine):
         return self.engine.name
 
     @property
+    def serving_dtype(self) -> str | None:
+        """The wrapped engine's serving dtype."""
+        return self.engine.serving_dtype
+
+    @property
     def sampling(self) -> SamplingParams:  # type: ignore[override]
         """The wrapped engine's default sampling parameters."""
         return self.engine.sampling
