@@ -40,7 +40,8 @@ and AdamW state, bf16 autocast), ``rollout.dtype=bfloat16`` (the rollout serves 
 ``actor.fsdp2.attn_implementation=eager`` (the trainer's attention kernel; the rollout keeps
 sdpa), plus ``verity-bf16-all-rows`` with ``--verity-all-rows``; ``--trl-eager`` adds
 ``trl-bf16-eager``, TRL's model loaded with eager attention (TRL generates and trains with one
-model, so it takes one kernel for both). Their ratios are taken against each other
+model, so it takes one kernel for both); with ``--trl-micro-batches N`` a ``trl-bf16-mbN`` side
+joins each ``trl-mbN``. Their ratios are taken against each other
 only: ``grpo_step_vs_trl_bf16_<shape>`` = ``trl-bf16`` s/step / ``verity-bf16`` s/step. bf16
 pays off on CPUs that multiply it in hardware (AMX, AVX-512 BF16); the JSON records whether this
 one does (``settings.cpu_native_bf16``).
@@ -134,9 +135,9 @@ def ratio_name(shape: str, trl_side: str = "trl") -> str:
     return f"grpo_step_vs_trl{variant}_{shape}"
 
 
-def trl_side_name(micro_batch: int) -> str:
-    """The side name of a TRL run with ``micro_batch``-row passes (``"trl-mb32"``)."""
-    return f"trl-mb{micro_batch}"
+def trl_side_name(micro_batch: int, bf16: bool = False) -> str:
+    """The side name of a TRL run with ``micro_batch``-row passes (``"trl-mb32"``, ``"trl-bf16-mb32"``)."""
+    return f"trl{'-bf16' if bf16 else ''}-mb{micro_batch}"
 
 
 def steady_median(step_seconds: Sequence[float]) -> float:
@@ -225,6 +226,8 @@ def format_table(result: Mapping[str, Any]) -> str:
             fig = figures[side]
             if side.startswith("trl-mb"):
                 label = f"TRL GRPOTrainer, {side.removeprefix('trl-mb')}-row passes"
+            elif side.startswith("trl-bf16-mb"):
+                label = f"TRL GRPOTrainer, bf16=True, {side.removeprefix('trl-bf16-mb')}-row passes"
             elif side == ALL_ROWS_SIDE:
                 label = "verity, every row trained (actor.skip_zero_advantage=off)"
             elif side == "trl-bf16":
@@ -377,13 +380,15 @@ def run_bench(
                     f"trl micro-batch {micro}: expected a multiple of the {SHAPES[name].samples} samples per "
                     f"prompt that divides the {rows} rows of shape {name!r}"
                 )
-    trl_sides = {trl_side_name(micro): micro for micro in trl_micro_batches}
+    trl_sides = {
+        trl_side_name(micro, half): micro for half in ((False, True) if bf16 else (False,)) for micro in trl_micro_batches
+    }
     bf16_sides = (
         (*BF16_SIDES, *((BF16_ALL_ROWS_SIDE,) if all_rows else ()), *((TRL_BF16_EAGER_SIDE,) if trl_eager else ()))
         if bf16
         else ()
     )
-    all_sides = (*SIDES, *layouts, *((ALL_ROWS_SIDE,) if all_rows else ()), *trl_sides, *bf16_sides)
+    all_sides = (*SIDES, *layouts, *((ALL_ROWS_SIDE,) if all_rows else ()), *bf16_sides, *trl_sides)
     for name, count in steps.items():
         if count < 2:
             raise ValueError(f"steps for {name}: expected >= 2 (the first step is not counted), got {count}")
@@ -419,7 +424,7 @@ def run_bench(
         "rounds": rounds,
         "trl_threads": trl_threads,
         "verity_layouts": list(layouts.values()),
-        "trl_micro_batches": list(trl_sides.values()),
+        "trl_micro_batches": list(trl_micro_batches),
         "verity_all_rows": all_rows,
         "bf16": bf16,
         "trl_eager": trl_eager,

@@ -272,6 +272,7 @@ def test_bf16_sides_are_compared_with_each_other_only(tmp_path: Path) -> None:
             "verity-bf16": [_run([9.0, 6.0])],
             "verity-bf16-all-rows": [_run([9.0, 9.0])],
             "trl-bf16-eager": [_run([9.0, 15.0])],
+            "trl-bf16-mb32": [_run([9.0, 12.0])],
         }
     }
     result = bench_trl.build_result(runs, {})
@@ -282,11 +283,14 @@ def test_bf16_sides_are_compared_with_each_other_only(tmp_path: Path) -> None:
     assert ratios["grpo_step_vs_trl_bf16_512x8"] == pytest.approx(3.0)  # trl-bf16 / verity-bf16
     assert ratios["grpo_step_vs_trl_bf16_512x8_verity_bf16_all_rows"] == pytest.approx(2.0)
     assert ratios["grpo_step_vs_trl_bf16_eager_512x8"] == pytest.approx(2.5)  # against verity-bf16
+    assert ratios["grpo_step_vs_trl_bf16_mb32_512x8"] == pytest.approx(2.0)
+    assert bench_trl.trl_side_name(32, bf16=True) == "trl-bf16-mb32"
     assert not any("verity_bf16" in k and "trl_bf16" not in k for k in ratios)  # never across precisions
     table = bench_trl.format_table(result)
     assert "| 512x8 | TRL GRPOTrainer, bf16=True | 2 | 18.000 |" in table
     assert "vs trl-bf16: its s/step / verity-bf16 s/step = 3.000" in table
     assert "verity-bf16-all-rows: trl-bf16 s/step / its s/step = 2.000" in table
+    assert "| 512x8 | TRL GRPOTrainer, bf16=True, 32-row passes | 2 | 12.000 |" in table
     with pytest.raises(ValueError, match="bf16 sides come in pairs"):
         bench_trl.build_result({"512x8": {k: v for k, v in runs["512x8"].items() if k != "trl-bf16"}}, {})
 
