@@ -319,15 +319,14 @@ def run_side_process(job: SideJob, out_file: Path) -> dict[str, Any]:
         "--side-out",
         str(out_file),
     ]
-    layout = f" ({job.layout} workers x threads)" if job.layout else ""
-    if job.trl_micro_batch:
-        layout = f" ({job.trl_micro_batch}-row passes)"
-    if job.all_rows:
-        layout = " (every row trained)"
-    if job.bf16:
-        layout = f" (bf16{', every row trained' if job.all_rows else ''})"
-    if job.attn_implementation:
-        layout = f"{layout} ({job.attn_implementation} attention)"
+    notes = [
+        f"{job.layout} workers x threads" if job.layout else "",
+        "bf16" if job.bf16 else "",
+        f"{job.trl_micro_batch}-row passes" if job.trl_micro_batch else "",
+        "every row trained" if job.all_rows else "",
+        f"{job.attn_implementation} attention" if job.attn_implementation else "",
+    ]
+    layout = f" ({', '.join(n for n in notes if n)})" if any(notes) else ""
     print(f"--- {job.shape}: {job.side}{layout}, {job.steps} steps", flush=True)
     load_before = os.getloadavg()
     code = subprocess.call(cmd, cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": "0"})

@@ -82,8 +82,9 @@ class ScriptedLM(torch.nn.Module):
         self.fed: list[torch.Tensor] = []
 
     def forward(self, input_ids, attention_mask, position_ids, past_key_values=None, use_cache=True, **_):
-        if past_key_values is None:
+        if past_key_values is None or past_key_values.get_seq_length() == 0:  # the prefill
             self.prompt_len = attention_mask.shape[1]
+            past_key_values = SimpleNamespace(get_seq_length=lambda: self.prompt_len)
             self.fed = []
         else:
             self.fed.append(input_ids[:, 0].clone())
@@ -91,7 +92,7 @@ class ScriptedLM(torch.nn.Module):
         logits = torch.zeros(input_ids.shape[0], 1, self.vocab)
         for row, tokens in enumerate(self.script):
             logits[row, 0, tokens[min(step, len(tokens) - 1)]] = 10.0
-        return SimpleNamespace(logits=logits, past_key_values="cache")
+        return SimpleNamespace(logits=logits, past_key_values=past_key_values)
 
 
 def test_eos_stops_a_row_and_pads_after(tokenizer, prompts):
@@ -281,7 +282,8 @@ def test_repeated_prompts_prefill_once_and_sample_as_if_each_had_its_own(
     forward = model.forward
 
     def counting_forward(*args, **kwargs):
-        if kwargs.get("past_key_values") is None:
+        cache = kwargs.get("past_key_values")
+        if cache is None or cache.get_seq_length() == 0:  # the prefill
             prefill_rows.append(kwargs["input_ids"].shape[0])
         return forward(*args, **kwargs)
 
@@ -297,3 +299,29 @@ def test_repeated_prompts_prefill_once_and_sample_as_if_each_had_its_own(
     torch.testing.assert_close(shared["rollout_logprobs"], separate["rollout_logprobs"], rtol=0, atol=1e-5)
     rescored = full_forward_logprobs(model, shared, prompts["input_ids"].shape[1], 1.0)
     torch.testing.assert_close(shared["rollout_logprobs"], rescored, rtol=0, atol=1e-4)
+
+
+def test_the_reserved_kv_cache_decodes_what_a_growing_one_does(model, tokenizer, prompts, monkeypatch):
+    """Keys/values appended in place (rollout.kv_cache): the same tokens and log-probs as torch.cat's cache."""
+    import verity.rollout.hf_rollout as hf_rollout
+    from transformers import DynamicCache
+    from verity.rollout.kv_cache import ReservedLayer, reserved_cache
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=7, n=3, ignore_eos=True)
+    reserved = HFRollout(model, tokenizer, sampling=params, seed=4).generate(dict(prompts))
+    monkeypatch.setattr(hf_rollout, "reserved_cache", lambda capacity: DynamicCache())
+    growing = HFRollout(model, tokenizer, sampling=params, seed=4).generate(dict(prompts))
+    assert torch.equal(reserved["responses"], growing["responses"])
+    torch.testing.assert_close(reserved["rollout_logprobs"], growing["rollout_logprobs"], rtol=0, atol=1e-6)
+
+    # a buffer that runs out of room grows; reorder and crop keep the filled positions right
+    layer = ReservedLayer(capacity=2)
+    keys = torch.randn(2, 1, 5, 3)
+    for t in range(5):
+        out_keys, _ = layer.update(keys[:, :, t : t + 1], keys[:, :, t : t + 1])
+    assert torch.equal(out_keys, keys) and layer.get_seq_length() == 5
+    layer.reorder_cache(torch.tensor([1, 1, 0]))
+    assert torch.equal(layer.keys, keys[[1, 1, 0]])
+    layer.crop(-2)
+    assert torch.equal(layer.keys, keys[[1, 1, 0], :, :3]) and layer.get_seq_length() == 3
+    assert reserved_cache(8).get_seq_length() == 0

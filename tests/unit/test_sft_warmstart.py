@@ -80,13 +80,14 @@ class AnswerLM(torch.nn.Module):
         self.prompt_len = 0
 
     def forward(self, input_ids, attention_mask, position_ids, past_key_values=None, **_):
-        if past_key_values is None:
+        if past_key_values is None or past_key_values.get_seq_length() == 0:  # the prefill
             self.prompt_len = attention_mask.shape[1]
+            past_key_values = SimpleNamespace(get_seq_length=lambda: self.prompt_len)
         step = attention_mask.shape[1] - self.prompt_len
         logits = torch.zeros(input_ids.shape[0], 1, 260)
         for row, script in enumerate(self.scripts[: input_ids.shape[0]]):
             logits[row, 0, script[min(step, len(script) - 1)]] = 5.0
-        return SimpleNamespace(logits=logits, past_key_values="cache")
+        return SimpleNamespace(logits=logits, past_key_values=past_key_values)
 
 
 def test_evaluate_scores_each_row_with_its_verifier(tokenizer):

@@ -40,6 +40,7 @@ from verity.data.vision_inputs import (
 )
 from verity.rollout.base import RolloutEngine
 from verity.rollout.batch_io import build_rollout_output, read_prompt_rows, resolve_sampling
+from verity.rollout.kv_cache import reserved_cache
 from verity.rollout.prompts import position_ids_from_mask
 from verity.rollout.sampling import SamplingParams, sample_next_token
 
@@ -179,7 +180,10 @@ class HFRollout(RolloutEngine):
                 prefill, _ = vision_forward_inputs(self.model, prompt_ids, attention_mask, *images)
                 mrope = prefill["position_ids"]  # [3, B, P]; padding columns read 0
                 next_position = (mrope.amax(dim=(0, 2)) + 1).reshape(-1, 1).unsqueeze(0).expand(3, -1, -1)
-            next_logits, cache = self._prefill(prompt_ids, attention_mask, prefill, shared=images is None)
+            cache = reserved_cache(prompt_ids.shape[1] + length)  # appends in place (rollout.kv_cache)
+            next_logits, cache = self._prefill(
+                prompt_ids, attention_mask, prefill, cache, shared=images is None
+            )
             banned = vision_token_ids(self.model) if images is not None else []
             for step in range(length):
                 if banned:
@@ -210,9 +214,9 @@ class HFRollout(RolloutEngine):
         return responses, response_mask, logprobs
 
     def _prefill(
-        self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor, inputs: dict, *, shared: bool
+        self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor, inputs: dict, cache: Any, *, shared: bool
     ) -> tuple[torch.Tensor, Any]:
-        """The prompts' forward pass: ``(logits of the last position [B, V], KV cache of B rows)``.
+        """The prompts' forward pass into ``cache``: ``(logits of the last position [B, V], KV cache of B rows)``.
 
         With ``shared``, rows repeating a prompt (the ``n`` samples of a group) are computed
         once and the cache is copied out to every row (``Cache.reorder_cache``), so a group
@@ -229,16 +233,21 @@ class HFRollout(RolloutEngine):
                 output = self.model(
                     input_ids=prompt_ids[first],
                     attention_mask=attention_mask[first],
+                    past_key_values=cache,
                     use_cache=True,
                     logits_to_keep=1,
                     **{k: v[first] for k, v in inputs.items()},
                 )
                 cache = output.past_key_values
-                if hasattr(cache, "reorder_cache"):
-                    cache.reorder_cache(inverse)
-                    return output.logits[inverse, -1, :], cache
+                cache.reorder_cache(inverse)
+                return output.logits[inverse, -1, :], cache
         output = self.model(
-            input_ids=prompt_ids, attention_mask=attention_mask, use_cache=True, logits_to_keep=1, **inputs
+            input_ids=prompt_ids,
+            attention_mask=attention_mask,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **inputs,
         )
         return output.logits[:, -1, :], output.past_key_values
 

@@ -1,0 +1,112 @@
+"""A KV cache whose layers reserve room for the whole generation, so each decode step writes in place.
+
+transformers' ``DynamicLayer`` appends a step's keys and values with ``torch.cat``: every
+step copies the whole cache so far, ``O(T^2)`` bytes over ``T`` steps. :class:`ReservedLayer`
+keeps keys and values ``[B, H, capacity, D]`` in one buffer sized for prompt + new tokens and
+hands the attention a view of the filled part ``[B, H, length, D]``; an append is a copy of the
+new ``[B, H, 1, D]`` slice. Attention reads exactly the positions a ``DynamicLayer`` would
+return (same values, same length), so the logits are the same; a buffer that runs out of room
+grows (doubling), so ``capacity`` is a hint, not a limit.
+
+    cache = reserved_cache(capacity=prompt_len + max_new_tokens)
+    model(input_ids, past_key_values=cache, use_cache=True)     # prefill, then decode steps
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+__all__ = ["ReservedLayer", "reserved_cache"]
+
+
+class ReservedLayer(DynamicLayer):
+    """A ``DynamicLayer`` whose keys/values live in a buffer with room for ``capacity`` positions."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1 position, got {capacity}")
+        self.capacity = capacity
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+        self._length = 0
+
+    def _view(self) -> None:
+        assert self._key_buffer is not None and self._value_buffer is not None
+        self.keys = self._key_buffer[..., : self._length, :]
+        self.values = self._value_buffer[..., : self._length, :]
+
+    def _reserve(self, like_keys: torch.Tensor, like_values: torch.Tensor, positions: int) -> None:
+        """(Re)allocate the buffers with room for ``positions``, keeping what is filled."""
+        keys = like_keys.new_empty((*like_keys.shape[:-2], positions, like_keys.shape[-1]))
+        values = like_values.new_empty((*like_values.shape[:-2], positions, like_values.shape[-1]))
+        if self._length:
+            assert self._key_buffer is not None and self._value_buffer is not None
+            keys[..., : self._length, :] = self._key_buffer[..., : self._length, :]
+            values[..., : self._length, :] = self._value_buffer[..., : self._length, :]
+        self._key_buffer, self._value_buffer = keys, values
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write ``[B, H, n, D]`` keys/values after the filled positions; return all ``[B, H, length, D]``."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self._length + key_states.shape[-2]
+        if self._key_buffer is None or end > self._key_buffer.shape[-2]:
+            grown = self.capacity if self._key_buffer is None else 2 * self._key_buffer.shape[-2]
+            self._reserve(key_states, value_states, max(end, grown))
+        assert self._key_buffer is not None and self._value_buffer is not None
+        self._key_buffer[..., self._length : end, :] = key_states
+        self._value_buffer[..., self._length : end, :] = value_states
+        self._length = end
+        self._view()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        """Positions filled so far."""
+        return self._length
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Rows ``beam_idx`` of the cache, in that order (the batch may grow or shrink)."""
+        if self._length:
+            assert self._key_buffer is not None and self._value_buffer is not None
+            self._key_buffer = self._key_buffer.index_select(0, beam_idx.to(self._key_buffer.device))
+            self._value_buffer = self._value_buffer.index_select(0, beam_idx.to(self._value_buffer.device))
+            self._view()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only rows ``indices``."""
+        if self._length:
+            assert self._key_buffer is not None and self._value_buffer is not None
+            self._key_buffer, self._value_buffer = self._key_buffer[indices], self._value_buffer[indices]
+            self._view()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat every row ``repeats`` times."""
+        if self._length:
+            assert self._key_buffer is not None and self._value_buffer is not None
+            self._key_buffer = self._key_buffer.repeat_interleave(repeats, dim=0)
+            self._value_buffer = self._value_buffer.repeat_interleave(repeats, dim=0)
+            self._view()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last ``|tokens_to_remove|`` positions (a positive value: keep that many, as HF's legacy form)."""
+        keep = tokens_to_remove if tokens_to_remove > 0 else self._length - abs(tokens_to_remove)
+        if 0 <= keep < self._length:
+            self._length = keep
+            self._view()
+
+    def reset(self) -> None:
+        """Forget every position and the buffers."""
+        self._key_buffer = self._value_buffer = None
+        self._length = 0
+        super().reset()
+
+
+def reserved_cache(capacity: int) -> DynamicCache:
+    """A ``DynamicCache`` whose layers (created on first use) are :class:`ReservedLayer` of ``capacity`` positions."""
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = lambda: ReservedLayer(capacity)  # type: ignore[assignment]
+    return cache
