@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers.scripted_cache import ScriptedCache
 from verity.batch import Batch
 from verity.data.char_tokenizer import CharTokenizer
 from verity.data.tiny_model import build_tiny_qwen2_for
@@ -84,18 +85,26 @@ class ScriptedLM(torch.nn.Module):
     def forward(self, input_ids, attention_mask, position_ids, past_key_values=None, use_cache=True, **_):
         if past_key_values is None or past_key_values.get_seq_length() == 0:  # the prefill
             self.prompt_len = attention_mask.shape[1]
-            past_key_values = SimpleNamespace(get_seq_length=lambda: self.prompt_len)
+            past_key_values = ScriptedCache(self.prompt_len, input_ids.shape[0])
             self.fed = []
         else:
-            self.fed.append(input_ids[:, 0].clone())
+            fed = torch.full((len(self.script),), -1)  # -1: the row had left the decode batch
+            fed[past_key_values.rows] = input_ids[:, 0]
+            self.fed.append(fed)
         step = attention_mask.shape[1] - self.prompt_len
         logits = torch.zeros(input_ids.shape[0], 1, self.vocab)
-        for row, tokens in enumerate(self.script):
+        for row, original in enumerate(past_key_values.rows.tolist()):
+            tokens = self.script[original]
             logits[row, 0, tokens[min(step, len(tokens) - 1)]] = 10.0
         return SimpleNamespace(logits=logits, past_key_values=past_key_values)
 
 
-def test_eos_stops_a_row_and_pads_after(tokenizer, prompts):
+@pytest.mark.parametrize("compact", [True, False])
+def test_eos_stops_a_row_and_pads_after(tokenizer, prompts, monkeypatch, compact):
+    import verity.rollout.hf_rollout as hf_rollout
+
+    if not compact:  # finished rows ride along in the batch
+        monkeypatch.setattr(hf_rollout, "COMPACT_FINISHED_FRACTION", 2.0)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     script = [[10, 11, eos, 12, 13], [eos, 10, 10, 10, 10], [10, 10, 10, 10, 10], [10, 11, 12, 13, eos]]
     model = ScriptedLM(script)
@@ -108,9 +117,15 @@ def test_eos_stops_a_row_and_pads_after(tokenizer, prompts):
         [10, 11, 12, 13, eos],
     ]
     assert out["response_mask"].tolist() == [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1] * 5, [1] * 5]
-    # fed[k] is response token k: EOS itself, then the pad id once a row is finished
-    assert model.fed[2].tolist() == [eos, pad, 10, 12]
-    assert model.fed[3].tolist() == [pad, pad, 10, 13]
+    # fed[k] is response token k of each row: EOS itself, then either nothing (-1: the row has
+    # left the decode batch, 1 of 4 rows finished is past COMPACT_FINISHED_FRACTION) or the pad id
+    if compact:
+        assert model.fed[0].tolist() == [10, -1, 10, 10]
+        assert model.fed[2].tolist() == [-1, -1, 10, 12]
+        assert model.fed[3].tolist() == [-1, -1, 10, 13]
+    else:
+        assert model.fed[2].tolist() == [eos, pad, 10, 12]
+        assert model.fed[3].tolist() == [pad, pad, 10, 13]
     # the loop stops as soon as every row is finished
     short = [[eos], [10, eos], [eos], [eos]]
     model = ScriptedLM(short)
@@ -325,3 +340,30 @@ def test_the_reserved_kv_cache_decodes_what_a_growing_one_does(model, tokenizer,
     layer.crop(-2)
     assert torch.equal(layer.keys, keys[[1, 1, 0], :, :3]) and layer.get_seq_length() == 3
     assert reserved_cache(8).get_seq_length() == 0
+
+
+def test_finished_rows_leaving_the_batch_changes_no_token(tokenizer, monkeypatch):
+    """Greedy decoding with and without dropping finished rows: the same responses and log-probs."""
+    import verity.rollout.hf_rollout as hf_rollout
+    from verity.data.tiny_model import build_tiny_qwen2_for
+
+    model = build_tiny_qwen2_for(tokenizer, seed=7).eval()
+    eos = tokenizer.eos_token_id
+
+    def eos_where_the_state_says(module, inputs, logits):  # rows finish at different steps (row-wise only)
+        logits[..., eos] += 8.0 * torch.tanh(4.0 * inputs[0][..., 0])
+        return logits
+
+    model.lm_head.register_forward_hook(eos_where_the_state_says)
+    many = [[{"role": "user", "content": f"{a}+{b}="}] for a in range(1, 9) for b in (3, 45)]
+    encoded = encode_prompts(tokenizer, many)
+    prompts = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+    greedy = SamplingParams(do_sample=False, max_new_tokens=12)
+    compacted = HFRollout(model, tokenizer, sampling=greedy).generate(dict(prompts))
+    lengths = compacted["response_mask"].sum(-1)
+    assert int(lengths.min()) >= 1 and len(set(lengths.tolist())) >= 3  # rows finish at different steps
+    monkeypatch.setattr(hf_rollout, "COMPACT_FINISHED_FRACTION", 2.0)
+    riding = HFRollout(model, tokenizer, sampling=greedy).generate(dict(prompts))
+    assert torch.equal(compacted["responses"], riding["responses"])
+    assert torch.equal(compacted["response_mask"], riding["response_mask"])
+    torch.testing.assert_close(compacted["rollout_logprobs"], riding["rollout_logprobs"], rtol=0, atol=1e-5)

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers.scripted_cache import ScriptedCache
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from verity.cli.sft import main as sft_main
 from verity.data.char_tokenizer import CharTokenizer
@@ -82,10 +83,11 @@ class AnswerLM(torch.nn.Module):
     def forward(self, input_ids, attention_mask, position_ids, past_key_values=None, **_):
         if past_key_values is None or past_key_values.get_seq_length() == 0:  # the prefill
             self.prompt_len = attention_mask.shape[1]
-            past_key_values = SimpleNamespace(get_seq_length=lambda: self.prompt_len)
+            past_key_values = ScriptedCache(self.prompt_len, input_ids.shape[0])
         step = attention_mask.shape[1] - self.prompt_len
         logits = torch.zeros(input_ids.shape[0], 1, 260)
-        for row, script in enumerate(self.scripts[: input_ids.shape[0]]):
+        for row, original in enumerate(past_key_values.rows.tolist()):
+            script = self.scripts[original]
             logits[row, 0, script[min(step, len(script) - 1)]] = 5.0
         return SimpleNamespace(logits=logits, past_key_values=past_key_values)
 

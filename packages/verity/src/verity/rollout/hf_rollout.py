@@ -7,9 +7,11 @@ The loop (prefill once, then one token per step)::
     logits_{t+1}    = model(token_t, mask + [1], position = last + 1 + t, cache)[:, -1]
 
 A row that has produced EOS is finished: from then on its response is the pad
-id, its ``response_mask`` is 0 and its log-prob 0 (it still rides along in
-the batched forward; its outputs are ignored). The loop stops early once every
-row is finished; responses are always padded to ``max_new_tokens`` so that
+id, its ``response_mask`` is 0 and its log-prob 0. Finished rows leave the decode
+batch (their KV-cache rows, mask and positions with them) once they make up
+``COMPACT_FINISHED_FRACTION`` of it, so later steps compute only rows still
+generating; until then they ride along and their outputs are ignored. The loop
+stops early once every row is finished; responses are always padded to ``max_new_tokens`` so that
 batches from different workers concatenate.
 
 Randomness comes only from the engine's own ``torch.Generator`` (seeded at
@@ -43,6 +45,9 @@ from verity.rollout.batch_io import build_rollout_output, read_prompt_rows, reso
 from verity.rollout.kv_cache import reserved_cache
 from verity.rollout.prompts import position_ids_from_mask
 from verity.rollout.sampling import SamplingParams, sample_next_token
+
+# a decode step drops the finished rows from the batch once they are at least this share of it
+COMPACT_FINISHED_FRACTION = 0.125
 
 
 def _resolve_eos_ids(
@@ -167,7 +172,8 @@ class HFRollout(RolloutEngine):
         response_mask = torch.zeros((rows, length), dtype=torch.long, device=device)
         logprobs = torch.zeros((rows, length), dtype=torch.float32, device=device)
         eos_ids = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
-        finished = torch.zeros(rows, dtype=torch.bool, device=device)
+        batch_rows = torch.arange(rows, device=device)  # the rows still in the decode batch
+        finished = torch.zeros(rows, dtype=torch.bool, device=device)  # per decode-batch row
         ones = torch.ones((rows, 1), dtype=torch.long, device=device)
 
         was_training = self.model.training
@@ -190,18 +196,27 @@ class HFRollout(RolloutEngine):
                     next_logits = mask_vision_tokens(next_logits, banned)  # see vision_inputs
                 tokens, token_logprobs = sample_next_token(next_logits, params, self._generator)
                 alive = ~finished
-                responses[:, step] = torch.where(alive, tokens, self.pad_token_id)
-                logprobs[:, step] = torch.where(alive, token_logprobs, 0.0)
-                response_mask[:, step] = alive.long()
+                responses[batch_rows, step] = torch.where(alive, tokens, self.pad_token_id)
+                logprobs[batch_rows, step] = torch.where(alive, token_logprobs, 0.0)
+                response_mask[batch_rows, step] = alive.long()
                 if not params.ignore_eos:
                     finished = finished | (alive & torch.isin(tokens, eos_ids))
                     if bool(finished.all()):
                         break
                 if step + 1 == length:
                     break
-                attention_mask = torch.cat([attention_mask, ones], dim=1)
+                fed = responses[batch_rows, step : step + 1]
+                done = int(finished.sum())
+                if done and done >= COMPACT_FINISHED_FRACTION * len(batch_rows):
+                    # finished rows leave the batch: their cache rows, mask and positions go too
+                    keep = (~finished).nonzero().squeeze(-1)
+                    cache.batch_select_indices(keep)
+                    attention_mask, fed = attention_mask[keep], fed[keep]
+                    next_position = next_position[..., keep, :]  # [B, 1], or [3, B, 1] with M-RoPE
+                    batch_rows, finished = batch_rows[keep], finished[keep]
+                attention_mask = torch.cat([attention_mask, ones[: len(batch_rows)]], dim=1)
                 output = self.model(
-                    input_ids=responses[:, step : step + 1],
+                    input_ids=fed,
                     attention_mask=attention_mask,
                     position_ids=next_position,
                     past_key_values=cache,
