@@ -176,9 +176,13 @@ def test_a_separate_prm_worker_group_trains_beside_the_actor(prime_tiny_model_an
     assert summary["ran"] == {
         "actor": "fsdp2",
         "actor_sharding": "full",
+        "actor_compute_dtype": "float32",
+        "actor_attention": "sdpa",
         "rollout": "hf",
+        "rollout_dtype": "float32",
         "prm": "fsdp2",
         "prm_sharding": "full",
+        "prm_compute_dtype": "float32",
         "device": "cpu",
     }
     assert any("prm/loss" in r for r in rows(out / "metrics.jsonl"))

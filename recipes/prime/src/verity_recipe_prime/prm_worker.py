@@ -140,6 +140,7 @@ class PRMWorker(Worker):
             "n_params": n_params,
             "train_engine": self.engine.name,
             "train_sharding": getattr(self.engine, "sharding", None),
+            "train_compute_dtype": str(self.engine.compute_dtype).removeprefix("torch."),
             "model_path": self.model_path,
         }
 
