@@ -222,9 +222,7 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
     @property
     def compute_dtype(self) -> torch.dtype:
         """The dtype the matmuls run in: bfloat16 under mixed precision, else the parameters' dtype."""
-        if self.mixed_precision:
-            return torch.bfloat16
-        return next(self._module.parameters()).dtype
+        return torch.bfloat16 if self.mixed_precision else super().compute_dtype
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.mixed_precision and not self.fsdp_modules:  # FSDP2's policy casts sharded modules

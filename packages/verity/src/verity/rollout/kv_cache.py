@@ -14,6 +14,8 @@ grows (doubling), so ``capacity`` is a hint, not a limit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
@@ -68,28 +70,24 @@ class ReservedLayer(DynamicLayer):
         """Positions filled so far."""
         return self._length
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Rows ``beam_idx`` of the cache, in that order (the batch may grow or shrink)."""
+    def _remap_rows(self, pick: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Replace both buffers by ``pick(buffer)`` (a new batch of rows), keeping the filled positions."""
         if self._length:
             assert self._key_buffer is not None and self._value_buffer is not None
-            self._key_buffer = self._key_buffer.index_select(0, beam_idx.to(self._key_buffer.device))
-            self._value_buffer = self._value_buffer.index_select(0, beam_idx.to(self._value_buffer.device))
+            self._key_buffer, self._value_buffer = pick(self._key_buffer), pick(self._value_buffer)
             self._view()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Rows ``beam_idx`` of the cache, in that order (the batch may grow or shrink)."""
+        self._remap_rows(lambda buffer: buffer.index_select(0, beam_idx.to(buffer.device)))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep only rows ``indices``."""
-        if self._length:
-            assert self._key_buffer is not None and self._value_buffer is not None
-            self._key_buffer, self._value_buffer = self._key_buffer[indices], self._value_buffer[indices]
-            self._view()
+        self._remap_rows(lambda buffer: buffer[indices])
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Repeat every row ``repeats`` times."""
-        if self._length:
-            assert self._key_buffer is not None and self._value_buffer is not None
-            self._key_buffer = self._key_buffer.repeat_interleave(repeats, dim=0)
-            self._value_buffer = self._value_buffer.repeat_interleave(repeats, dim=0)
-            self._view()
+        self._remap_rows(lambda buffer: buffer.repeat_interleave(repeats, dim=0))
 
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last ``|tokens_to_remove|`` positions (a positive value: keep that many, as HF's legacy form)."""
