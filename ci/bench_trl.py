@@ -77,6 +77,7 @@ ALL_ROWS_SIDE = "verity-all-rows"  # verity with actor.skip_zero_advantage=off
 BF16_SIDES = ("trl-bf16", "verity-bf16")  # --bf16: the pair compared with each other
 BF16_ALL_ROWS_SIDE = "verity-bf16-all-rows"  # --bf16 --verity-all-rows
 TRL_BF16_EAGER_SIDE = "trl-bf16-eager"  # --bf16 --trl-eager: TRL's model on eager attention
+COMPILED = "-compiled"  # --bf16 --compile: a compiled twin of each bf16 side (torch.compile, inductor)
 
 
 def is_bf16_side(side: str) -> bool:
@@ -227,7 +228,9 @@ def format_table(result: Mapping[str, Any]) -> str:
             if side.startswith("trl-mb"):
                 label = f"TRL GRPOTrainer, {side.removeprefix('trl-mb')}-row passes"
             elif side.startswith("trl-bf16-mb"):
-                label = f"TRL GRPOTrainer, bf16=True, {side.removeprefix('trl-bf16-mb')}-row passes"
+                rows_per_pass = side.removeprefix("trl-bf16-mb").removesuffix(COMPILED)
+                label = f"TRL GRPOTrainer, bf16=True, {rows_per_pass}-row passes"
+                label += ", torch_compile=True" if side.endswith(COMPILED) else ""
             elif side == ALL_ROWS_SIDE:
                 label = "verity, every row trained (actor.skip_zero_advantage=off)"
             elif side == "trl-bf16":
@@ -238,6 +241,12 @@ def format_table(result: Mapping[str, Any]) -> str:
                 label = "verity, bf16 (mixed precision + bf16 rollout)"
             elif side == BF16_ALL_ROWS_SIDE:
                 label = "verity, bf16, every row trained"
+            elif side == "trl-bf16" + COMPILED:
+                label = "TRL GRPOTrainer, bf16=True, torch_compile=True"
+            elif side == "verity-bf16" + COMPILED:
+                label = "verity, bf16, compiled layers (actor.fsdp2.compile=true)"
+            elif side == BF16_ALL_ROWS_SIDE + COMPILED:
+                label = "verity, bf16, compiled layers, every row trained"
             else:
                 label = labels.get(side, f"verity, {side.removeprefix('verity-')} (workers x threads)")
             lines.append(f"| {shape} | {label} | {fig['steps']} | {fig['s_per_step']:.3f} | {acc(fig)} |")
@@ -283,6 +292,7 @@ class SideJob:
     trl_micro_batch: int | None = None  # TRL only: rows per forward/backward pass; None: the whole batch
     all_rows: bool = False  # verity only: actor.skip_zero_advantage=off
     bf16: bool = False  # TRL: bf16=True; verity: bench_trl_sides.VERITY_BF16_OVERRIDES
+    compile: bool = False  # TRL: torch_compile=True (the whole model); verity: actor.fsdp2.compile=true
     attn_implementation: str | None = None  # TRL only: the model's attention kernel; None: transformers' default
 
 
@@ -325,6 +335,7 @@ def run_side_process(job: SideJob, out_file: Path) -> dict[str, Any]:
         f"{job.trl_micro_batch}-row passes" if job.trl_micro_batch else "",
         "every row trained" if job.all_rows else "",
         f"{job.attn_implementation} attention" if job.attn_implementation else "",
+        "torch.compile" if job.compile else "",
     ]
     layout = f" ({', '.join(n for n in notes if n)})" if any(notes) else ""
     print(f"--- {job.shape}: {job.side}{layout}, {job.steps} steps", flush=True)
@@ -348,6 +359,7 @@ def run_bench(
     all_rows: bool = False,
     bf16: bool = False,
     trl_eager: bool = False,
+    compile_sides: bool = False,
 ) -> dict[str, Any]:
     """Every shape, both sides alternating over ``rounds``; the :func:`build_result` document.
 
@@ -358,10 +370,13 @@ def run_bench(
     TRL sides training in passes of that many rows (each must divide every shape's batch).
     ``all_rows``: an extra verity side with ``actor.skip_zero_advantage=off``. ``bf16``: the
     ``trl-bf16`` / ``verity-bf16`` pair (and ``verity-bf16-all-rows`` with ``all_rows``);
-    ``trl_eager`` (with ``bf16``): ``trl-bf16-eager`` too.
+    ``trl_eager`` (with ``bf16``): ``trl-bf16-eager`` too. ``compile_sides`` (with ``bf16``):
+    ``trl-bf16-compiled`` (``torch_compile=True``) and a ``-compiled`` twin of each verity bf16 side.
     """
     if trl_eager and not bf16:
         raise ValueError("trl_eager adds a bf16 TRL side: it needs bf16=True")
+    if compile_sides and not bf16:
+        raise ValueError("compile_sides adds compiled bf16 sides: it needs bf16=True")
     response_lens = dict(response_lens or {})
     unknown = sorted(set(shapes) - set(SHAPES))
     if unknown:
@@ -387,6 +402,9 @@ def run_bench(
         if bf16
         else ()
     )
+    if compile_sides:  # a compiled twin of every bf16 side but the eager-attention TRL one
+        bf16_sides += tuple(s + COMPILED for s in bf16_sides if s in (*BF16_SIDES, BF16_ALL_ROWS_SIDE))
+        trl_sides.update({trl_side_name(micro, True) + COMPILED: micro for micro in trl_micro_batches})
     all_sides = (*SIDES, *layouts, *((ALL_ROWS_SIDE,) if all_rows else ()), *bf16_sides, *trl_sides)
     for name, count in steps.items():
         if count < 2:
@@ -410,9 +428,10 @@ def run_bench(
                     response_len=response_lens.get(name),
                     layout=layouts.get(side),
                     trl_micro_batch=trl_sides.get(side),
-                    all_rows=side in (ALL_ROWS_SIDE, BF16_ALL_ROWS_SIDE),
+                    all_rows=side.removesuffix(COMPILED) in (ALL_ROWS_SIDE, BF16_ALL_ROWS_SIDE),
                     bf16=is_bf16_side(side),
                     attn_implementation="eager" if side == TRL_BF16_EAGER_SIDE else None,
+                    compile=side.endswith(COMPILED),
                 )
                 runs[name][side].append(run_side_process(job, workdir / f"{name}-{side}-{r}.json"))
     settings = {
@@ -427,6 +446,7 @@ def run_bench(
         "verity_all_rows": all_rows,
         "bf16": bf16,
         "trl_eager": trl_eager,
+        "compile": compile_sides,
         "verity_bf16_overrides": _verity_bf16_overrides() if bf16 else [],
         "cpu_native_bf16": _cpu_native_bf16(),
         "cpus": os.cpu_count(),
@@ -506,6 +526,11 @@ def main(argv: list[str] | None = None) -> int:
         help="with --bf16: add TRL with bf16=True on eager attention (compared with verity's bf16 side)",
     )
     parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="with --bf16: add TRL with torch_compile=True and verity with actor.fsdp2.compile=true (bf16 sides)",
+    )
+    parser.add_argument(
         "--cache-dir", default="~/.cache/verity/embedded", help="the embedded default's cache"
     )
     parser.add_argument("--workdir", type=Path, help="default: a temporary folder, removed afterwards")
@@ -542,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
             all_rows=args.verity_all_rows,
             bf16=args.bf16,
             trl_eager=args.trl_eager,
+            compile_sides=args.compile,
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

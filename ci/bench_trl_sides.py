@@ -55,6 +55,8 @@ def verity_overrides(job: Any, shape: Any, out_dir: Path) -> list[str]:
         overrides.append("actor.skip_zero_advantage=off")
     if getattr(job, "bf16", False):  # float32 weights and AdamW state, bf16 matmuls; a bf16 rollout copy
         overrides += list(VERITY_BF16_OVERRIDES)
+    if getattr(job, "compile", False):  # the trainer's decoder layers compiled by inductor
+        overrides.append("actor.fsdp2.compile=true")
     if shape.model is None:  # the preset's own embedded default (same folder and files as TRL gets)
         overrides.append(f"model.embedded_cache_dir={Path(job.model_dir).parents[1]}")
     else:
@@ -95,6 +97,8 @@ def run_verity(job: Any, shape: Any) -> dict[str, Any]:
     want = "bfloat16" if getattr(job, "bf16", False) else "float32"
     if (ran.get("actor_compute_dtype"), ran.get("rollout_dtype")) != (want, want):
         raise RuntimeError(f"the verity side should train and generate in {want}; its run reports {ran}")
+    if bool(ran.get("actor_compiled_layers")) != bool(getattr(job, "compile", False)):
+        raise RuntimeError(f"the verity side was asked for compile={job.compile}; its run reports {ran}")
     skipped = [r["actor/skipped_row_fraction"] for r in steps if "actor/skipped_row_fraction" in r]
     return {
         "step_seconds": [r["timing/step_s"] for r in steps],
@@ -198,6 +202,7 @@ def run_trl(job: Any, shape: Any, threads: int) -> dict[str, Any]:
         disable_tqdm=True,
         use_cpu=True,
         bf16=bool(getattr(job, "bf16", False)),  # TRL's default is True; the table ran float32
+        torch_compile=bool(getattr(job, "compile", False)),  # accelerate compiles the whole model (inductor)
         fp16=False,
         gradient_checkpointing=False,
         remove_unused_columns=False,
@@ -219,6 +224,9 @@ def run_trl(job: Any, shape: Any, threads: int) -> dict[str, Any]:
     started = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - started
+    compiled = type(trainer.model_wrapped).__name__ == "OptimizedModule"  # what accelerate prepared
+    if compiled != args.torch_compile:
+        raise RuntimeError(f"TRL was asked for torch_compile={args.torch_compile}; its model is {type(trainer.model_wrapped)}")
     model = trainer.accelerator.unwrap_model(trainer.model)
     if len(timer.seconds) != job.steps:
         raise RuntimeError(f"TRL timed {len(timer.seconds)} steps, expected {job.steps}")
@@ -230,5 +238,5 @@ def run_trl(job: Any, shape: Any, threads: int) -> dict[str, Any]:
         "n_params": sum(p.numel() for p in model.parameters()),
         "wall_seconds": wall,
         "torch_threads": torch.get_num_threads(),
-        "ran": {"mixed_precision": precision, "attention": model.config._attn_implementation},
+        "ran": {"mixed_precision": precision, "attention": model.config._attn_implementation, "compiled": compiled},
     }

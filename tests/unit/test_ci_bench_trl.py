@@ -302,3 +302,44 @@ def test_bf16_sides_are_compared_with_each_other_only(tmp_path: Path) -> None:
     assert cfg.actor.fsdp2.attn_implementation == "eager" and cfg.model.attn_implementation == "sdpa"
     with pytest.raises(ValueError, match="trl_eager adds a bf16 TRL side"):
         bench_trl.run_bench(["512x8"], {}, 1, tmp_path, str(tmp_path), trl_eager=True)
+
+
+def test_compile_adds_a_compiled_twin_of_each_bf16_side(tmp_path: Path, monkeypatch) -> None:
+    from verity.cli.quickstart import preset_path
+    from verity.config import load_config
+
+    jobs: dict[str, object] = {}
+
+    def fake_side(job, out_file):  # noqa: ANN001, ANN202
+        side = Path(job.workdir).name.removeprefix("512x8-").removesuffix("-0")
+        jobs[side] = job
+        return _run([9.0, {"trl-bf16-compiled": 15.0, "verity-bf16-all-rows-compiled": 6.0}.get(side, 10.0)])
+
+    monkeypatch.syspath_prepend(str(ROOT / "ci"))  # as when ci/bench_trl.py runs as a script
+    monkeypatch.setattr(bench_trl, "run_side_process", fake_side)
+    monkeypatch.setattr(bench_trl, "prepare_inputs", lambda *a: {"model_dir": "m", "train_file": "", "test_file": ""})
+    result = bench_trl.run_bench(
+        ["512x8"], {"512x8": 2}, 1, tmp_path, str(tmp_path), trl_micro_batches=[32], all_rows=True,
+        bf16=True, compile_sides=True,
+    )
+    compiled = {side for side, job in jobs.items() if job.compile}
+    assert compiled == {
+        "trl-bf16-compiled", "verity-bf16-compiled", "verity-bf16-all-rows-compiled", "trl-bf16-mb32-compiled"
+    }
+    assert all(jobs[s].bf16 for s in compiled)  # compiled sides are bf16 sides, compared with bf16 ones
+    assert jobs["verity-bf16-all-rows-compiled"].all_rows and not jobs["verity-bf16-compiled"].all_rows
+    assert jobs["trl-bf16-mb32-compiled"].trl_micro_batch == 32
+    ratios = result["ratios"]
+    assert ratios["grpo_step_vs_trl_bf16_512x8_verity_bf16_all_rows_compiled"] == pytest.approx(10 / 6)
+    assert ratios["grpo_step_vs_trl_bf16_compiled_512x8"] == pytest.approx(15 / 10)  # against verity-bf16
+    table = bench_trl.format_table(result)
+    assert "| 512x8 | TRL GRPOTrainer, bf16=True, torch_compile=True | 2 | 15.000 |" in table
+    assert "| 512x8 | verity, bf16, compiled layers, every row trained | 2 | 6.000 |" in table
+    assert "TRL GRPOTrainer, bf16=True, 32-row passes, torch_compile=True" in table
+    with pytest.raises(ValueError, match="compile_sides adds compiled bf16 sides"):
+        bench_trl.run_bench(["512x8"], {}, 1, tmp_path, str(tmp_path), compile_sides=True)
+
+    overrides = sides.verity_overrides(jobs["verity-bf16-compiled"], bench_trl.SHAPES["512x8"], tmp_path / "o")
+    preset = [o for o in overrides if not o.startswith(("model.path", "data.train_files", "data.val_files"))]
+    cfg = load_config(preset, config_file=preset_path())
+    assert cfg.actor.fsdp2.compile is True and cfg.actor.fsdp2.mixed_precision is True

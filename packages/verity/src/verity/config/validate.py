@@ -342,8 +342,28 @@ def _validate_engines(cfg: VerityConfig) -> None:
             getattr(cfg, section).fsdp2.validate()
         except ValueError as err:
             raise ConfigError(f"{section}.{err}") from None
+        _check_compile(cfg, section, has_critic)
     if cfg.actor.engine == "megatron":
         _validate_megatron(cfg, has_critic)
+
+
+def _check_compile(cfg: VerityConfig, section: str, has_critic: bool) -> None:
+    """``<section>.fsdp2.compile=true`` on ``trainer.device=cpu``: a C++ compiler must be here for inductor.
+
+    With ``trainer.device=auto`` the device is the workers' to find, and each engine checks
+    the same before it builds (:func:`verity.engines.compiled_layers.compile_decoder_layers`).
+    """
+    role = getattr(cfg, section)
+    used = role.engine == "fsdp2" and (section == "actor" or has_critic)
+    if not (used and role.fsdp2.compile and cfg.trainer.device == "cpu"):
+        return
+    import torch
+
+    from verity.engines.compiled_layers import compile_unavailable_reason
+
+    reason = compile_unavailable_reason(torch.device("cpu"))
+    if reason is not None:
+        raise ConfigError(f"{section}.fsdp2.compile=true: {reason}; or set {section}.fsdp2.compile=false")
 
 
 def _validate_lora(cfg: VerityConfig) -> None:

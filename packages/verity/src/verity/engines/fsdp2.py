@@ -37,6 +37,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from verity.engines.base import LossFn, MicroLossFn, TrainingEngine, ValueLossFn, make_aggregation_context
+from verity.engines.compiled_layers import compile_decoder_layers
 from verity.engines.fsdp2_state import FSDP2StateMixin
 from verity.engines.hf_loading import load_causal_lm, use_attention_kernel
 from verity.engines.logprobs import DEFAULT_CHUNK_TOKENS, response_logprobs
@@ -106,6 +107,9 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
             only (see :func:`verity.engines.micro_batches.micro_batch_ranges`).
         attn_implementation: switch the model to this HF attention kernel (``eager``,
             ``sdpa``, ...); None keeps the one it was loaded with.
+        compile_layers: compile each decoder layer with ``torch.compile`` (inductor), before
+            sharding; see :mod:`verity.engines.compiled_layers`. Raises ``RuntimeError`` up
+            front when inductor cannot run on ``device`` (no C++ compiler on a CPU).
     """
 
     name = "fsdp2"  # what a run records as the engine that trained
@@ -125,6 +129,7 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         sharding: str = "full",
         micro_batch_tokens: int = 0,
         attn_implementation: str | None = None,
+        compile_layers: bool = False,
     ) -> None:
         if sharding not in SHARDING_MODES:
             raise ValueError(f"sharding must be one of {list(SHARDING_MODES)}, got {sharding!r}")
@@ -177,6 +182,8 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
                     "gradient_checkpointing=True needs an HF model with activation_checkpointing_enable() "
                     "or gradient_checkpointing_enable()"
                 )
+        # layers compiled in place, before sharding: names and state_dict keys stay the model's
+        self.compiled_layers = compile_decoder_layers(decoder_layers(module), self.device) if compile_layers else 0
         self._module = module
         self._loss_scale = 1.0
         self.fsdp_modules: list[nn.Module] = []

@@ -33,9 +33,14 @@ class FSDP2Options:
     # the attention kernel this engine's copy of the model computes with; null: model.attn_implementation.
     # The rollout keeps its own (on CPU under bf16, eager trains faster and sdpa decodes faster)
     attn_implementation: str | None = None
+    # torch.compile (inductor) each decoder layer: fused elementwise kernels, same weights and names.
+    # The first pass pays the compile (tens of seconds); on CPU it needs a C++ compiler (docs/engines.md)
+    compile: bool = False
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that is out of range."""
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"fsdp2.compile must be true or false, got {self.compile!r}")
         if self.sharding not in ("full", "replicate"):
             raise ValueError(f"fsdp2.sharding must be 'full' or 'replicate', got {self.sharding!r}")
         if self.attn_implementation is not None and self.attn_implementation not in ATTN_IMPLEMENTATIONS:

@@ -139,6 +139,7 @@ def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
         "sharding": getattr(options, "sharding", "full"),
         "micro_batch_tokens": getattr(options, "micro_batch_tokens", 0),
         "attn_implementation": getattr(options, "attn_implementation", None),
+        "compile_layers": bool(getattr(options, "compile", False)),
     }
     if ctx.adapters:
         from verity.engines.fsdp2_lora import FSDP2LoRAEngine

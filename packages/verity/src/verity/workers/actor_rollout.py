@@ -71,7 +71,8 @@ class ActorRolloutRefWorker(Worker):
 
         The facts name what actually runs here — ``train_engine`` and ``rollout_engine``
         are the built engines' own names, not the config's strings, ``train_compute_dtype``
-        and ``rollout_dtype`` the dtypes they compute in; ``rollout_wrappers``
+        and ``rollout_dtype`` the dtypes they compute in, ``train_compiled_layers`` how many
+        decoder layers the engine compiled; ``rollout_wrappers``
         what wraps the rollout engine (``["agent"]`` with the agent loop) — plus ``device``
         and ``n_params``.
         """
@@ -143,6 +144,7 @@ class ActorRolloutRefWorker(Worker):
             "train_sharding": getattr(self.actor, "sharding", None),  # fsdp2: full | replicate
             "train_compute_dtype": str(self.actor.compute_dtype).removeprefix("torch."),
             "train_attention": attention_implementation(self.actor.model),
+            "train_compiled_layers": getattr(self.actor, "compiled_layers", 0),
             "rollout_engine": self.rollout.name,
             "rollout_dtype": self.rollout.serving_dtype,
             "rollout_wrappers": list(self.rollout.wrappers),

@@ -172,6 +172,7 @@ class CriticWorker(Worker):
             "train_engine": self.engine.name,
             "train_sharding": getattr(self.engine, "sharding", None),
             "train_compute_dtype": str(self.engine.compute_dtype).removeprefix("torch."),
+            "train_compiled_layers": getattr(self.engine, "compiled_layers", 0),
         }
 
     @register(Dispatch.DP_SPLIT)
