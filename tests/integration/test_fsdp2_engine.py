@@ -184,6 +184,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         skip_scenarios(lambda: FSDP2Engine(tiny_qwen2(), CFG), lambda b: shard(b, rank), out, skip=True)
         budget_scenario(rank, out)
         bf16_scenario(rank, out)
+        compile_scenario(rank, out)
         ckpt_dir = os.path.join(out_dir, "dcp")
         checkpoint_scenario(rank, ckpt_dir, out)
         # replicated: a full copy per rank, gradients summed in one all-reduce per step
@@ -223,6 +224,19 @@ def bf16_scenario(rank: int, out: dict) -> None:
         engine.train_step(batch, token_mean_loss, 4)
         out[f"bf16/{sharding}/param_dtypes"] = sorted({str(p.dtype) for p in engine.model.parameters()})
         out[f"bf16/{sharding}/compute_dtype"] = str(engine.compute_dtype)
+
+
+def compile_scenario(rank: int, out: dict) -> None:
+    """Decoder layers compiled by inductor, then sharded by FSDP2: the gradient of the eager engine."""
+    from verity.engines.compiled_layers import compile_unavailable_reason
+
+    if compile_unavailable_reason(torch.device("cpu")) is not None:
+        return
+    engine = FSDP2Engine(tiny_qwen2(), CFG, compile_layers=True)
+    engine.forward_backward(shard(add_rl_keys(make_padded_batch()), rank), LOSSES["token_mean"], 4)
+    out["compiled/grad"] = engine.full_gradients()
+    out["compiled/layers"] = engine.compiled_layers
+    out["compiled/sharded"] = type(next(iter(engine.model.parameters()))).__name__
 
 
 BUDGET_TOKENS = 20  # cuts rank 0's 4 rows into 3 micro-batches and rank 1's 3 into 2
@@ -451,6 +465,18 @@ def test_skipping_zero_advantage_rows_keeps_the_gradient_on_two_ranks(two_ranks,
                 assert got[f"skip/loss/{key}"] == pytest.approx(reference[f"skip/loss/{key}"], rel=1e-5, abs=1e-7)
                 assert got[f"skip/fraction/{key}"] == pytest.approx(len(ZERO_ROWS) / 7)
                 assert reference[f"skip/fraction/{key}"] == 0.0
+
+
+def test_compiled_sharded_layers_give_the_eager_gradient_on_two_ranks(two_ranks, reference):
+    from verity.engines.compiled_layers import compile_unavailable_reason
+
+    reason = compile_unavailable_reason(torch.device("cpu"))
+    if reason is not None:
+        pytest.skip(f"inductor cannot compile here: {reason}")
+    for rank_out in two_ranks:
+        assert rank_out["compiled/layers"] == 2 and rank_out["compiled/sharded"] == "DTensor"
+        # fused kernels round differently from the eager ones: close, not bit for bit
+        assert_same_tensors(rank_out["compiled/grad"], reference["grad/token_mean/4"], "compiled", atol=1e-5)
 
 
 def test_bf16_mixed_precision_on_two_cpu_ranks_stays_near_the_float32_gradient(two_ranks, reference):
