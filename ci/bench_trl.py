@@ -162,6 +162,7 @@ def side_figure(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {
         "s_per_step": statistics.median(per_run),
         "s_per_step_per_round": per_run,
+        "step_seconds_per_round": [list(run["step_seconds"]) for run in runs],  # step 1 (warm-up, compile) too
         "steps": len(first["step_seconds"]),
         "accuracy_before": first.get("accuracy_before"),
         "accuracy_after": first.get("accuracy_after"),

@@ -332,6 +332,7 @@ def test_compile_adds_a_compiled_twin_of_each_bf16_side(tmp_path: Path, monkeypa
     ratios = result["ratios"]
     assert ratios["grpo_step_vs_trl_bf16_512x8_verity_bf16_all_rows_compiled"] == pytest.approx(10 / 6)
     assert ratios["grpo_step_vs_trl_bf16_compiled_512x8"] == pytest.approx(15 / 10)  # against verity-bf16
+    assert result["shapes"]["512x8"]["trl-bf16-compiled"]["step_seconds_per_round"] == [[9.0, 15.0]]
     table = bench_trl.format_table(result)
     assert "| 512x8 | TRL GRPOTrainer, bf16=True, torch_compile=True | 2 | 15.000 |" in table
     assert "| 512x8 | verity, bf16, compiled layers, every row trained | 2 | 6.000 |" in table
