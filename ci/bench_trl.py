@@ -179,35 +179,51 @@ def side_figure(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def build_result(
     runs: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], settings: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """The bench document: per shape each side's figures and ``ratio = trl s/step / verity s/step``.
+    """The bench document: per shape each side's figures and its ratio against its counterpart.
 
-    ``runs[shape][side]`` is the list of that side's runs (one per round). Extra
-    ``verity-WxT`` sides get their own ratio, ``ratio_<side>`` in the shape and
-    ``<ratio name>_<side with "-" as "_">`` in ``ratios``.
+    ``runs[shape][side]`` is the list of that side's runs (one per round). The reference pair
+    of each precision (``trl`` / ``verity``, ``trl-bf16`` / ``verity-bf16``) gives the shape's
+    ``ratio`` (float32) and ``grpo_step_vs_trl[_bf16]_<shape>`` = TRL s/step / verity s/step.
+    Every other verity side is compared with its precision's reference TRL side
+    (``ratio_<side>`` in the shape, ``<ratio name>_<side with "-" as "_">`` in ``ratios``),
+    every other TRL side with its precision's reference verity side (``ratio_vs_<side>``,
+    its s/step over verity's). A run restricted to some sides (``--sides``) must still give
+    each side its counterpart: ``ValueError`` names a side that has none, or a shape without
+    a single ratio.
     """
     shapes: dict[str, Any] = {}
     ratios: dict[str, float] = {}
     for shape, sides in runs.items():
-        missing = [s for s in SIDES if not sides.get(s)]
-        if missing:
-            raise ValueError(f"runs[{shape!r}]: no runs for {missing}")
+        empty = sorted(s for s, side_runs in sides.items() if not side_runs)
+        if empty:
+            raise ValueError(f"runs[{shape!r}]: no runs for {empty}")
         figures = {side: side_figure(runs_) for side, runs_ in sides.items()}
-        ratio = figures["trl"]["s_per_step"] / figures["verity"]["s_per_step"]
-        shapes[shape] = {**figures, "ratio": ratio}
-        ratios[ratio_name(shape)] = ratio
-        half = [s for s in BF16_SIDES if s in figures]
-        if half and len(half) != len(BF16_SIDES):
-            raise ValueError(f"runs[{shape!r}]: bf16 sides come in pairs {BF16_SIDES}, got only {half}")
-        for side in sorted(s for s in figures if s.startswith("trl-")):
-            extra = figures[side]["s_per_step"] / figures[reference_sides(side)[1]]["s_per_step"]
+        shapes[shape] = dict(figures)
+
+        def seconds(side: str, shape: str = shape, figures: dict = figures) -> float:
+            if side not in figures:
+                raise ValueError(f"runs[{shape!r}]: no {side!r} side to compare with; sides run: {sorted(figures)}")
+            return figures[side]["s_per_step"]
+
+        for trl_side, verity_side in (SIDES, BF16_SIDES):
+            if trl_side in figures and not any(reference_sides(s) == (trl_side, verity_side) for s in figures
+                                               if not s.startswith("trl")):
+                raise ValueError(f"runs[{shape!r}]: {trl_side!r} has no verity side of its precision to compare with")
+            if verity_side in figures:
+                ratio = seconds(trl_side) / seconds(verity_side)
+                ratios[ratio_name(shape, trl_side)] = ratio
+                shapes[shape]["ratio" if trl_side == "trl" else f"ratio_vs_{trl_side}"] = ratio
+        for side in sorted(s for s in figures if s.startswith("trl") and s not in (SIDES[0], BF16_SIDES[0])):
+            extra = seconds(side) / seconds(reference_sides(side)[1])
             shapes[shape][f"ratio_vs_{side}"] = extra
             ratios[ratio_name(shape, side)] = extra
-        extras = (s for s in figures if s not in (*SIDES, *BF16_SIDES) and not s.startswith("trl-"))
-        for side in sorted(extras):
+        for side in sorted(s for s in figures if not s.startswith("trl") and s not in (SIDES[1], BF16_SIDES[1])):
             trl_side = reference_sides(side)[0]
-            extra = figures[trl_side]["s_per_step"] / figures[side]["s_per_step"]
+            extra = seconds(trl_side) / seconds(side)
             shapes[shape][f"ratio_{side}"] = extra
             ratios[f"{ratio_name(shape, trl_side)}_{side.replace('-', '_')}"] = extra
+        if not any(k.startswith("ratio") for k in shapes[shape]):
+            raise ValueError(f"runs[{shape!r}]: no TRL side with its verity counterpart among {sorted(figures)}")
     return {"ratios": ratios, "shapes": shapes, "settings": dict(settings)}
 
 
@@ -253,11 +269,14 @@ def format_table(result: Mapping[str, Any]) -> str:
             lines.append(f"| {shape} | {label} | {fig['steps']} | {fig['s_per_step']:.3f} | {acc(fig)} |")
     lines.append("")
     for shape, figures in result["shapes"].items():
-        r = figures["ratio"]
-        verdict = "faster" if r > 1 else "slower"
-        lines.append(
-            f"{ratio_name(shape)} = TRL s/step / verity s/step = {r:.3f} (verity {r:.2f}x TRL's speed: {verdict})"
-        )
+        if "ratio" in figures:  # the float32 reference pair ran
+            r = figures["ratio"]
+            verdict = "faster" if r > 1 else "slower"
+            lines.append(
+                f"{ratio_name(shape)} = TRL s/step / verity s/step = {r:.3f} (verity {r:.2f}x TRL's speed: {verdict})"
+            )
+        else:
+            lines.append(f"{shape}: TRL s/step / verity s/step, side by side:")
         for key in sorted(k for k in figures if k.startswith("ratio_")):
             if key.startswith("ratio_vs_"):
                 side = key.removeprefix("ratio_vs_")
@@ -361,6 +380,7 @@ def run_bench(
     bf16: bool = False,
     trl_eager: bool = False,
     compile_sides: bool = False,
+    only_sides: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Every shape, both sides alternating over ``rounds``; the :func:`build_result` document.
 
@@ -373,6 +393,8 @@ def run_bench(
     ``trl-bf16`` / ``verity-bf16`` pair (and ``verity-bf16-all-rows`` with ``all_rows``);
     ``trl_eager`` (with ``bf16``): ``trl-bf16-eager`` too. ``compile_sides`` (with ``bf16``):
     ``trl-bf16-compiled`` (``torch_compile=True``) and a ``-compiled`` twin of each verity bf16 side.
+    ``only_sides``: run just these of the sides the other arguments plan (each side still needs
+    its counterpart, see :func:`build_result`); a name not planned is refused before anything runs.
     """
     if trl_eager and not bf16:
         raise ValueError("trl_eager adds a bf16 TRL side: it needs bf16=True")
@@ -407,6 +429,11 @@ def run_bench(
         bf16_sides += tuple(s + COMPILED for s in bf16_sides if s in (*BF16_SIDES, BF16_ALL_ROWS_SIDE))
         trl_sides.update({trl_side_name(micro, True) + COMPILED: micro for micro in trl_micro_batches})
     all_sides = (*SIDES, *layouts, *((ALL_ROWS_SIDE,) if all_rows else ()), *bf16_sides, *trl_sides)
+    if only_sides:
+        unplanned = sorted(set(only_sides) - set(all_sides))
+        if unplanned:
+            raise ValueError(f"sides {unplanned} are not planned by these options; planned: {list(all_sides)}")
+        all_sides = tuple(s for s in all_sides if s in only_sides)
     for name, count in steps.items():
         if count < 2:
             raise ValueError(f"steps for {name}: expected >= 2 (the first step is not counted), got {count}")
@@ -448,6 +475,7 @@ def run_bench(
         "bf16": bf16,
         "trl_eager": trl_eager,
         "compile": compile_sides,
+        "sides": list(all_sides),
         "verity_bf16_overrides": _verity_bf16_overrides() if bf16 else [],
         "cpu_native_bf16": _cpu_native_bf16(),
         "cpus": os.cpu_count(),
@@ -532,6 +560,11 @@ def main(argv: list[str] | None = None) -> int:
         help="with --bf16: add TRL with torch_compile=True and verity with actor.fsdp2.compile=true (bf16 sides)",
     )
     parser.add_argument(
+        "--sides",
+        default="",
+        help="comma-separated: run only these of the sides the other options add (e.g. trl-bf16,verity-bf16-all-rows)",
+    )
+    parser.add_argument(
         "--cache-dir", default="~/.cache/verity/embedded", help="the embedded default's cache"
     )
     parser.add_argument("--workdir", type=Path, help="default: a temporary folder, removed afterwards")
@@ -569,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
             bf16=args.bf16,
             trl_eager=args.trl_eager,
             compile_sides=args.compile,
+            only_sides=[x for x in args.sides.split(",") if x],
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -17,7 +17,9 @@ Steps:
    measured in the same process), then ``ci/bench_trl.py`` (verity's GRPO step beside TRL's
    ``GRPOTrainer`` on the same work: ``trl s/step / verity s/step`` per shape, its ratios merged
    into the bench's as ``grpo_step_vs_trl_<shape>``; the quickstart shape by default,
-   ``--trl-shapes`` for more);
+   ``--trl-shapes`` for more), and one compute-bound pair (:data:`NIGHTLY_COMPUTE_BOUND_ARGS`:
+   512x8, TRL's default bf16 beside verity's compiled bf16, every row trained;
+   ``--skip-trl-compute-bound`` leaves it out);
 3. comparison with ``ci/baseline.json`` — ratios only, never absolute times:
 
    - ``bench.<ratio>``: this night's ratio / the accepted one must stay above
@@ -143,30 +145,46 @@ def run_bench(out: Path) -> dict[str, Any]:
     return {**json.loads(path.read_text()), "exit_code": code}
 
 
-# The TRL shapes a night runs. The 512x8 shape (25M parameters, 64 new tokens, 10 steps a side)
-# took over 10 minutes of TRL's side alone on the 2-core machine under load, which the nightly's
-# 60-minute budget cannot hold beside every recipe; `nox -s bench-trl` runs it, and
-# `--trl-shapes quickstart,512x8` puts it back in a night.
+# The TRL shapes a night runs in full. The 512x8 shape with every side (25M parameters, 64 new
+# tokens) takes 15 minutes on the 2-core machine, which the nightly's 60-minute budget cannot hold
+# beside every recipe; `nox -s bench-trl` runs it, and `--trl-shapes quickstart,512x8` puts it back.
 NIGHTLY_TRL_SHAPES = "quickstart"
 
+# The compute-bound shape a night does run: one pair, 4 steps a side (~3 minutes): TRL's default bf16
+# beside verity in bf16 with compiled layers, both training every row. Its ratio is
+# bench.grpo_step_vs_trl_bf16_512x8_verity_bf16_all_rows_compiled. It needs a CPU that multiplies
+# bf16 in hardware to mean what the accepted value means, and a C++ compiler (inductor).
+NIGHTLY_COMPUTE_BOUND_ARGS = (
+    "--shapes", "512x8", "--steps-512x8", "4", "--bf16", "--compile", "--verity-all-rows",
+    "--sides", "trl-bf16,verity-bf16-all-rows-compiled",
+)  # fmt: skip
 
-def run_bench_trl(out: Path, shapes: str = NIGHTLY_TRL_SHAPES) -> dict[str, Any]:
-    """``ci/bench_trl.py --shapes SHAPES`` in a child process; its document plus ``exit_code``."""
-    path = out / "bench_trl.json"
-    print("\n=== bench-trl", flush=True)
-    cmd = [sys.executable, str(ROOT / "ci" / "bench_trl.py"), "--shapes", shapes, "--out", str(path)]
+
+def run_bench_trl(
+    out: Path, shapes: str = NIGHTLY_TRL_SHAPES, args: Sequence[str] = (), name: str = "bench_trl"
+) -> dict[str, Any]:
+    """``ci/bench_trl.py --shapes SHAPES [ARGS]`` in a child process, writing ``<name>.json``; its document plus ``exit_code``.
+
+    ``args`` may name its own ``--shapes`` (it comes after, so it wins).
+    """
+    path = out / f"{name}.json"
+    print(f"\n=== {name.replace('_', '-')}", flush=True)
+    cmd = [sys.executable, str(ROOT / "ci" / "bench_trl.py"), "--shapes", shapes, "--out", str(path), *args]
     code = subprocess.call(cmd, cwd=ROOT)
     if code != 0 or not path.is_file():
         return {"exit_code": code}
     return {**json.loads(path.read_text()), "exit_code": code}
 
 
-def merge_trl(bench: Mapping[str, Any], trl: Mapping[str, Any]) -> dict[str, Any]:
-    """``bench`` with the TRL document under ``trl`` and its ratios added to ``bench["ratios"]``."""
+def merge_trl(bench: Mapping[str, Any], trl: Mapping[str, Any], key: str = "trl") -> dict[str, Any]:
+    """``bench`` with the TRL document under ``key`` and its ratios added to ``bench["ratios"]``."""
     merged = dict(bench)
     merged["ratios"] = {**(bench.get("ratios") or {}), **(trl.get("ratios") or {})}
-    merged["trl"] = dict(trl)
+    merged[key] = dict(trl)
     return merged
+
+
+TRL_KEYS = ("trl", "trl_compute_bound")  # the TRL documents merged into a night's bench
 
 
 def _compare(metric: str, value: float | None, spec: Mapping[str, Any] | None) -> Finding:
@@ -237,11 +255,11 @@ def compare_with_baseline(
         findings.append(
             Finding("bench.run", None, None, None, "-", False, f"bench exited {bench['exit_code']}")
         )
-    trl_code = (bench.get("trl") or {}).get("exit_code", 0)
-    if trl_code != 0:
-        findings.append(
-            Finding("bench_trl.run", None, None, None, "-", False, f"ci/bench_trl.py exited {trl_code}")
-        )
+    for key in TRL_KEYS:
+        trl_code = (bench.get(key) or {}).get("exit_code", 0)
+        if trl_code != 0:
+            run = "bench_trl.run" if key == "trl" else f"bench_{key}.run"
+            findings.append(Finding(run, None, None, None, "-", False, f"ci/bench_trl.py exited {trl_code}"))
     specs = baseline.get("figures") or {}
     for metric, value in tonight_figures(recipes, bench).items():
         findings.append(_compare(metric, value, specs.get(metric)))
@@ -384,6 +402,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--skip-trl", action="store_true", help="run ci/bench.py but not ci/bench_trl.py")
     parser.add_argument(
+        "--skip-trl-compute-bound",
+        action="store_true",
+        help="leave out the 512x8 bf16 pair (TRL bf16 beside verity bf16 with compiled layers)",
+    )
+    parser.add_argument(
         "--trl-shapes",
         default=NIGHTLY_TRL_SHAPES,
         help=f"ci/bench_trl.py shapes (default {NIGHTLY_TRL_SHAPES}; the 512x8 shape is `nox -s bench-trl`)",
@@ -415,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
     bench = {} if args.skip_bench else run_bench(args.out)
     if not args.skip_bench and not args.skip_trl:
         bench = merge_trl(bench, run_bench_trl(args.out, args.trl_shapes))
+        if not args.skip_trl_compute_bound:
+            pair = run_bench_trl(args.out, args=NIGHTLY_COMPUTE_BOUND_ARGS, name="bench_trl_compute_bound")
+            bench = merge_trl(bench, pair, key="trl_compute_bound")
     baseline = json.loads(args.baseline.read_text()) if args.baseline.is_file() else {}
     findings = compare_with_baseline(recipes, bench, baseline)
     print("\n=== leaderboard", flush=True)

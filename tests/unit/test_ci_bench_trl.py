@@ -291,7 +291,7 @@ def test_bf16_sides_are_compared_with_each_other_only(tmp_path: Path) -> None:
     assert "vs trl-bf16: its s/step / verity-bf16 s/step = 3.000" in table
     assert "verity-bf16-all-rows: trl-bf16 s/step / its s/step = 2.000" in table
     assert "| 512x8 | TRL GRPOTrainer, bf16=True, 32-row passes | 2 | 12.000 |" in table
-    with pytest.raises(ValueError, match="bf16 sides come in pairs"):
+    with pytest.raises(ValueError, match="no 'trl-bf16' side to compare with"):
         bench_trl.build_result({"512x8": {k: v for k, v in runs["512x8"].items() if k != "trl-bf16"}}, {})
 
     job = bench_trl.SideJob("verity", "512x8", 3, str(tmp_path / "w"), str(tmp_path / "m"), "", "", bf16=True)
@@ -344,3 +344,63 @@ def test_compile_adds_a_compiled_twin_of_each_bf16_side(tmp_path: Path, monkeypa
     preset = [o for o in overrides if not o.startswith(("model.path", "data.train_files", "data.val_files"))]
     cfg = load_config(preset, config_file=preset_path())
     assert cfg.actor.fsdp2.compile is True and cfg.actor.fsdp2.mixed_precision is True
+
+
+def test_a_run_of_some_sides_compares_each_with_its_counterpart(tmp_path: Path, monkeypatch) -> None:
+    # the nightly's compute-bound pair: TRL's default bf16 beside verity's compiled bf16, every row
+    runs = {"512x8": {"trl-bf16": [_run([9.0, 18.0])], "verity-bf16-all-rows-compiled": [_run([9.0, 6.0])]}}
+    result = bench_trl.build_result(runs, {})
+    assert result["ratios"] == {"grpo_step_vs_trl_bf16_512x8_verity_bf16_all_rows_compiled": pytest.approx(3.0)}
+    assert "ratio" not in result["shapes"]["512x8"]  # no float32 pair ran
+    table = bench_trl.format_table(result)
+    assert "512x8: TRL s/step / verity s/step, side by side:" in table
+    assert "verity-bf16-all-rows-compiled: trl-bf16 s/step / its s/step = 3.000" in table
+    two = [_run([1.0, 2.0])]
+    with pytest.raises(ValueError, match="no 'trl-bf16' side to compare with"):
+        bench_trl.build_result({"512x8": {"trl": two, "verity": two, "verity-bf16": two}}, {})
+    with pytest.raises(ValueError, match="'trl-bf16' has no verity side of its precision"):
+        bench_trl.build_result({"512x8": {"trl": two, "verity": two, "trl-bf16": two}}, {})
+
+    planned: list[str] = []
+    monkeypatch.syspath_prepend(str(ROOT / "ci"))
+    monkeypatch.setattr(bench_trl, "run_side_process", lambda job, out: planned.append(job) or _run([9.0, 6.0]))
+    monkeypatch.setattr(bench_trl, "prepare_inputs", lambda *a: {"model_dir": "m", "train_file": "", "test_file": ""})
+    only = ["trl-bf16", "verity-bf16-all-rows-compiled"]
+    result = bench_trl.run_bench(
+        ["512x8"], {"512x8": 2}, 1, tmp_path, str(tmp_path), all_rows=True, bf16=True, compile_sides=True,
+        only_sides=only,
+    )
+    assert [(j.side, j.bf16, j.compile, j.all_rows) for j in planned] == [
+        ("trl", True, False, False), ("verity", True, True, True)
+    ]
+    assert result["settings"]["sides"] == only
+    with pytest.raises(ValueError, match=r"sides \['verity-bf16-compiled'\] are not planned"):
+        bench_trl.run_bench(["512x8"], {}, 1, tmp_path, str(tmp_path), bf16=True, only_sides=["verity-bf16-compiled"])
+
+
+def test_the_nightly_runs_the_compute_bound_pair_and_fails_when_it_fails(tmp_path: Path, monkeypatch) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(nightly.subprocess, "call", lambda cmd, cwd=None: calls.append(cmd) or 4)
+    pair = nightly.run_bench_trl(tmp_path, args=nightly.NIGHTLY_COMPUTE_BOUND_ARGS, name="bench_trl_compute_bound")
+    assert pair == {"exit_code": 4}
+    cmd = calls[-1]
+    assert cmd[cmd.index("--out") + 1] == str(tmp_path / "bench_trl_compute_bound.json")
+    # the pair's own --shapes comes last, so argparse keeps it
+    assert [cmd[i + 1] for i, c in enumerate(cmd) if c == "--shapes"][-1] == "512x8"
+    assert cmd[cmd.index("--sides") + 1] == "trl-bf16,verity-bf16-all-rows-compiled"
+    bench = nightly.merge_trl({"ratios": {}, "exit_code": 0}, {"exit_code": 0, "ratios": {"a": 1.0}})
+    bench = nightly.merge_trl(bench, pair, key="trl_compute_bound")
+    findings = {f.metric: f for f in nightly.compare_with_baseline({}, bench, {})}
+    assert findings["bench.a"].ok and not findings["bench_trl_compute_bound.run"].ok
+    assert "bench_trl.run" not in findings
+
+    # the sides the pair names are planned by its options, and give the ratio the baseline holds
+    monkeypatch.syspath_prepend(str(ROOT / "ci"))
+    monkeypatch.setattr(bench_trl, "run_side_process", lambda job, out: _run([9.0, 6.0 if job.compile else 18.0]))
+    monkeypatch.setattr(bench_trl, "prepare_inputs", lambda *a: {"model_dir": "m", "train_file": "", "test_file": ""})
+    out = tmp_path / "pair.json"
+    argv = [*nightly.NIGHTLY_COMPUTE_BOUND_ARGS, "--out", str(out), "--workdir", str(tmp_path / "wd")]
+    assert bench_trl.main(argv) == 0  # bench_trl.py's own parser plans the two sides from these options
+    result = json.loads(out.read_text())
+    assert result["settings"]["sides"] == ["trl-bf16", "verity-bf16-all-rows-compiled"]
+    assert result["ratios"] == {"grpo_step_vs_trl_bf16_512x8_verity_bf16_all_rows_compiled": pytest.approx(3.0)}
