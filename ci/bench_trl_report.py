@@ -10,7 +10,7 @@ with its precision's reference side of the other framework.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 SIDES = ("trl", "verity")  # the float32 reference pair; "verity-WxT", "verity-all-rows", "trl-mbN" are variants
@@ -91,6 +91,17 @@ def side_figure(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _seconds_of(shape: str, figures: Mapping[str, Mapping[str, Any]]) -> Callable[[str], float]:
+    """``seconds(side)``: the side's s/step, or ``ValueError`` naming the side the shape did not run."""
+
+    def seconds(side: str) -> float:
+        if side not in figures:
+            raise ValueError(f"runs[{shape!r}]: no {side!r} side to compare with; sides run: {sorted(figures)}")
+        return figures[side]["s_per_step"]
+
+    return seconds
+
+
 def build_result(
     runs: Mapping[str, Mapping[str, Sequence[Mapping[str, Any]]]], settings: Mapping[str, Any]
 ) -> dict[str, Any]:
@@ -114,15 +125,10 @@ def build_result(
             raise ValueError(f"runs[{shape!r}]: no runs for {empty}")
         figures = {side: side_figure(runs_) for side, runs_ in sides.items()}
         shapes[shape] = dict(figures)
-
-        def seconds(side: str, shape: str = shape, figures: dict = figures) -> float:
-            if side not in figures:
-                raise ValueError(f"runs[{shape!r}]: no {side!r} side to compare with; sides run: {sorted(figures)}")
-            return figures[side]["s_per_step"]
-
+        seconds = _seconds_of(shape, figures)
+        compared = {reference_sides(s) for s in figures if not s.startswith("trl")}  # pairs verity sides use
         for trl_side, verity_side in (SIDES, BF16_SIDES):
-            if trl_side in figures and not any(reference_sides(s) == (trl_side, verity_side) for s in figures
-                                               if not s.startswith("trl")):
+            if trl_side in figures and (trl_side, verity_side) not in compared:
                 raise ValueError(f"runs[{shape!r}]: {trl_side!r} has no verity side of its precision to compare with")
             if verity_side in figures:
                 ratio = seconds(trl_side) / seconds(verity_side)

@@ -315,7 +315,6 @@ def test_compile_adds_a_compiled_twin_of_each_bf16_side(tmp_path: Path, monkeypa
         jobs[side] = job
         return _run([9.0, {"trl-bf16-compiled": 15.0, "verity-bf16-all-rows-compiled": 6.0}.get(side, 10.0)])
 
-    monkeypatch.syspath_prepend(str(ROOT / "ci"))  # as when ci/bench_trl.py runs as a script
     monkeypatch.setattr(bench_trl, "run_side_process", fake_side)
     monkeypatch.setattr(bench_trl, "prepare_inputs", lambda *a: {"model_dir": "m", "train_file": "", "test_file": ""})
     result = bench_trl.run_bench(
@@ -362,7 +361,6 @@ def test_a_run_of_some_sides_compares_each_with_its_counterpart(tmp_path: Path, 
         bench_trl.build_result({"512x8": {"trl": two, "verity": two, "trl-bf16": two}}, {})
 
     planned: list[str] = []
-    monkeypatch.syspath_prepend(str(ROOT / "ci"))
     monkeypatch.setattr(bench_trl, "run_side_process", lambda job, out: planned.append(job) or _run([9.0, 6.0]))
     monkeypatch.setattr(bench_trl, "prepare_inputs", lambda *a: {"model_dir": "m", "train_file": "", "test_file": ""})
     only = ["trl-bf16", "verity-bf16-all-rows-compiled"]
@@ -395,7 +393,6 @@ def test_the_nightly_runs_the_compute_bound_pair_and_fails_when_it_fails(tmp_pat
     assert "bench_trl.run" not in findings
 
     # the sides the pair names are planned by its options, and give the ratio the baseline holds
-    monkeypatch.syspath_prepend(str(ROOT / "ci"))
     monkeypatch.setattr(bench_trl, "run_side_process", lambda job, out: _run([9.0, 6.0 if job.compile else 18.0]))
     monkeypatch.setattr(bench_trl, "prepare_inputs", lambda *a: {"model_dir": "m", "train_file": "", "test_file": ""})
     out = tmp_path / "pair.json"

@@ -9,9 +9,10 @@ from verity.config import ConfigError, load_config
 from verity.engines import FSDP2Engine, OptimConfig
 from verity.engines.compiled_layers import compile_decoder_layers, compile_unavailable_reason
 
+_UNAVAILABLE = compile_unavailable_reason(torch.device("cpu"))
 needs_inductor = pytest.mark.skipif(
-    compile_unavailable_reason(torch.device("cpu")) is not None,
-    reason=f"inductor cannot compile here: {compile_unavailable_reason(torch.device('cpu'))}",
+    _UNAVAILABLE is not None,
+    reason=f"inductor cannot compile here: {_UNAVAILABLE}",
 )
 
 
