@@ -218,3 +218,15 @@ def test_gradient_checkpointing_gives_the_same_gradient():
     g_ckpt = grads_after_backward(checkpointed, batch, token_mean_loss, 4)
     for name in g_ref:
         torch.testing.assert_close(g_ckpt[name], g_ref[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_bare_cuda_device_gets_the_current_index(monkeypatch):
+    """``device="cuda"`` (no index) is torch's current CUDA device: ``set_device`` refuses a bare one."""
+    from verity.engines.fsdp2 import default_device, resolve_device
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert resolve_device("cuda") == torch.device("cuda", 3)
+    assert resolve_device(torch.device("cuda")) == torch.device("cuda", 3)
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device(None) == default_device()

@@ -66,6 +66,20 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """``device`` as a ``torch.device`` with an index where CUDA needs one; None: :func:`default_device`.
+
+    A bare ``"cuda"`` means torch's current CUDA device (``torch.cuda.set_device`` and
+    ``init_device_mesh`` refuse a CUDA device without an index).
+    """
+    if device is None:
+        return default_device()
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and resolved.index is None:
+        resolved = torch.device("cuda", torch.cuda.current_device())
+    return resolved
+
+
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks to shard one by one.
 
@@ -143,7 +157,7 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
             )
         self.sharding = sharding
         self.micro_batch_tokens = micro_batch_tokens
-        self.device = torch.device(device) if device is not None else default_device()
+        self.device = resolve_device(device)
         if mixed_precision is None:
             mixed_precision = self.device.type == "cuda"
         self.mixed_precision = bool(mixed_precision)

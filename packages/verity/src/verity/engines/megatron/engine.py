@@ -100,11 +100,11 @@ class MegatronEngine(TrainingEngine):
         total_steps: int = 1,
         device: torch.device | str | None = None,
     ) -> None:
-        from verity.engines.fsdp2 import default_device, load_causal_lm
+        from verity.engines.fsdp2 import load_causal_lm, resolve_device
 
         self.options = options or MegatronOptions()
         self.options.validate()
-        self.device = torch.device(device) if device is not None else default_device()
+        self.device = resolve_device(device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         hf = load_causal_lm(model) if isinstance(model, (str, Path)) else model
