@@ -157,3 +157,26 @@ def test_without_ray_or_prompt_side_keys_nothing_moves() -> None:
     scores = Batch.from_dict({"scores": torch.ones(3)})
     assert keep_resident(scores, pad_token_id=0, put=FakeStore().put) is scores
     assert materialize(scores) is scores
+
+
+@pytest.mark.parametrize("resident", [False, True])
+def test_generate_answers_rows_in_host_memory(monkeypatch, resident) -> None:
+    """A rollout on an accelerator returns device tensors; what a worker answers is on the CPU."""
+    from types import SimpleNamespace
+
+    from verity.workers import rollout_side
+
+    moved_to = []
+    real_to = Batch.to
+
+    def spy_to(self, device, non_blocking=False):
+        moved_to.append(str(device))
+        return real_to(self, device, non_blocking)
+
+    monkeypatch.setattr(Batch, "to", spy_to)
+    monkeypatch.setattr(rollout_side, "keep_resident", lambda rows, pad: ("resident", rows))
+    rows = Batch.from_dict({"responses": torch.ones(2, 3, dtype=torch.long)})
+    cfg = SimpleNamespace(trainer=SimpleNamespace(resident_rows=resident))
+    out = rollout_side.rows_for_driver(cfg, rows, pad_token_id=0)
+    assert moved_to == ["cpu"]
+    assert (out[1] if resident else out)["responses"].device.type == "cpu"

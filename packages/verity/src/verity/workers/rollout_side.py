@@ -78,7 +78,11 @@ def rows_for_driver(cfg: VerityConfig, rows: Batch, pad_token_id: int) -> Batch:
 
     The answer then carries per-row handles in their place (:mod:`verity.batch.resident`);
     the worker that later receives the rows fetches them from this process's object store.
+    The rows are moved to host memory first: an engine on an accelerator returns them on
+    its device, and a CUDA tensor handed to Ray reaches the driver (and the advantage
+    stage, which computes on the CPU) as a CUDA tensor again.
     """
+    rows = rows.to("cpu")
     return keep_resident(rows, pad_token_id) if cfg.trainer.resident_rows else rows
 
 
