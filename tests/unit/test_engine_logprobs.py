@@ -117,3 +117,20 @@ def test_qwen2_logits_to_keep_path_matches_full_logits():
     ref = torch.log_softmax(ref_logits, -1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     assert lp.shape == (2, 4) and ent.shape == (2, 4)
     assert torch.allclose(lp, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_detached_entropy_equals_the_in_graph_one_and_leaves_logprob_gradients_alone(temperature):
+    torch.manual_seed(3)
+    logits = (torch.randn(5, 7, 33) * 3).requires_grad_()
+    labels = torch.randint(0, 33, (5, 7))
+    lp_graph, ent_graph = logprobs_and_entropy_from_logits(logits, labels, temperature=temperature)
+    (grad_graph,) = torch.autograd.grad(lp_graph.sum(), logits)
+    lp, ent = logprobs_and_entropy_from_logits(
+        logits, labels, temperature=temperature, entropy_grad=False, chunk_tokens=4
+    )
+    assert not ent.requires_grad and lp.requires_grad
+    assert torch.allclose(ent, ent_graph.detach(), atol=1e-5)
+    assert torch.equal(lp, lp_graph)
+    (grad,) = torch.autograd.grad(lp.sum(), logits)
+    assert torch.equal(grad, grad_graph)

@@ -455,7 +455,11 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         def micro_loss(micro: Any, agg: Any) -> tuple[torch.Tensor, Any, dict[str, float]]:
             with self._autocast():
                 logprobs, entropy = response_logprobs(
-                    self._module, model_inputs(micro), temperature=temperature, compute_entropy=True
+                    self._module,
+                    model_inputs(micro),
+                    temperature=temperature,
+                    compute_entropy=True,
+                    entropy_grad=entropy_requires_grad,
                 )
             if not entropy_requires_grad:
                 entropy = entropy.detach()

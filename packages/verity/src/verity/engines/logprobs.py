@@ -55,6 +55,7 @@ def logprobs_and_entropy_from_logits(
     temperature: float = 1.0,
     compute_entropy: bool = True,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probability of ``labels`` and entropy of the tempered distribution.
 
@@ -64,6 +65,10 @@ def logprobs_and_entropy_from_logits(
         temperature: ``tau > 0``; logits are divided by it.
         compute_entropy: return ``None`` for entropy when False.
         chunk_tokens: rows per chunk when autograd is off (bounds peak memory).
+        entropy_grad: with autograd on, whether the entropy needs a gradient (an entropy
+            bonus). False computes it outside the graph, in chunks, from the same
+            log-partition: same values, and no ``[N, V]`` softmax kept for a backward
+            pass that never comes.
 
     Returns:
         ``(logprobs [...], entropy [...] or None)``, float32, natural-log units (nats).
@@ -81,7 +86,8 @@ def logprobs_and_entropy_from_logits(
     flat_labels = labels.reshape(-1)
     grad_needed = torch.is_grad_enabled() and flat_logits.requires_grad
     step = flat_logits.shape[0] if grad_needed else chunk_tokens
-    logprob_chunks, entropy_chunks = [], []
+    entropy_in_graph = compute_entropy and (entropy_grad or not grad_needed)
+    logprob_chunks, lse_chunks, entropy_chunks = [], [], []
     for start in range(0, max(flat_logits.shape[0], 1), max(step, 1)):
         z = flat_logits[start : start + step].float()
         if temperature != 1.0:
@@ -89,12 +95,35 @@ def logprobs_and_entropy_from_logits(
         lse = torch.logsumexp(z, dim=-1)
         picked = z.gather(-1, flat_labels[start : start + step].unsqueeze(-1)).squeeze(-1)
         logprob_chunks.append(picked - lse)
-        if compute_entropy:
+        lse_chunks.append(lse)
+        if entropy_in_graph:
             probs = torch.softmax(z, dim=-1)
             entropy_chunks.append(lse - (probs * z).sum(-1))
     logprobs = torch.cat(logprob_chunks).reshape(lead_shape)
+    if compute_entropy and not entropy_in_graph:
+        entropy_chunks = [_detached_entropy(flat_logits, torch.cat(lse_chunks).detach(), temperature, chunk_tokens)]
     entropy = torch.cat(entropy_chunks).reshape(lead_shape) if compute_entropy else None
     return logprobs, entropy
+
+
+def _detached_entropy(
+    flat_logits: torch.Tensor, lse: torch.Tensor, temperature: float, chunk_tokens: int
+) -> torch.Tensor:
+    """Entropy ``[N]`` of ``flat_logits [N, V]`` without autograd, ``chunk_tokens`` rows at a time.
+
+    ``H = lse - sum_v exp(z'_v - lse) z'_v`` reuses the log-partition ``lse [N]`` already
+    computed for the log-probs; nothing of it is kept for a backward pass, and the float32
+    temporaries are bounded by ``chunk_tokens * V`` elements.
+    """
+    parts = []
+    with torch.no_grad():
+        for start in range(0, flat_logits.shape[0], chunk_tokens):
+            z = flat_logits[start : start + chunk_tokens].detach().float()
+            if temperature != 1.0:
+                z = z / temperature
+            row_lse = lse[start : start + chunk_tokens]
+            parts.append(row_lse - (torch.exp(z - row_lse.unsqueeze(-1)) * z).sum(-1))
+    return torch.cat(parts) if parts else lse.new_zeros(0)
 
 
 _LOGITS_TO_KEEP_SUPPORT: dict[type, bool] = {}
@@ -121,6 +150,7 @@ def response_logprobs(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     trim_padding: bool = True,
     share_prompts: bool = True,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run ``model`` on one micro-batch and score its response tokens.
 
@@ -132,6 +162,8 @@ def response_logprobs(
             replace ``position_ids``, see :mod:`verity.data.vision_inputs`).
         temperature: sampling temperature the responses were drawn with.
         compute_entropy: also return per-token entropy.
+        entropy_grad: whether autograd must flow through the entropy (see
+            :func:`logprobs_and_entropy_from_logits`); False returns it detached.
         trim_padding: run the model on the padding-free window only
             (:func:`padding_free_window`); response positions that are padding
             (``attention_mask`` 0) read 0, so the values do not depend on how rows
@@ -159,7 +191,9 @@ def response_logprobs(
                 model, micro_batch, groups, first, kept, logits_to_keep=_accepts_logits_to_keep(model)
             )
     if grouped is not None:
-        return _score(grouped, responses, attention_mask, kept, temperature, compute_entropy, chunk_tokens)
+        return _score(
+            grouped, responses, attention_mask, kept, temperature, compute_entropy, chunk_tokens, entropy_grad
+        )
     kwargs = {
         "input_ids": input_ids[:, first:end],
         "attention_mask": attention_mask[:, first:end],
@@ -191,6 +225,7 @@ def response_logprobs(
         temperature,
         compute_entropy,
         chunk_tokens,
+        entropy_grad,
     )
 
 
@@ -202,6 +237,7 @@ def _score(
     temperature: float,
     compute_entropy: bool,
     chunk_tokens: int,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs and entropy ``[B, R]`` from the logits ``[B, kept, V]`` of the first ``kept`` response tokens.
 
@@ -214,6 +250,7 @@ def _score(
         temperature=temperature,
         compute_entropy=compute_entropy,
         chunk_tokens=chunk_tokens,
+        entropy_grad=entropy_grad,
     )
     if kept < response_len:
         logprobs = F.pad(logprobs, (0, response_len - kept))

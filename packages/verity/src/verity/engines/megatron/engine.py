@@ -263,7 +263,10 @@ class MegatronEngine(TrainingEngine):
         def last_fn(index: int, logits: torch.Tensor) -> tuple[torch.Tensor, Any]:
             micro = micros[index]
             logprobs, entropy = logprobs_and_entropy_from_logits(
-                self._response_logits(logits), get_tensor(micro, "responses"), temperature=temperature
+                self._response_logits(logits),
+                get_tensor(micro, "responses"),
+                temperature=temperature,
+                entropy_grad=entropy_requires_grad,
             )
             if not entropy_requires_grad:
                 entropy = entropy.detach()
