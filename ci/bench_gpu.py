@@ -1,0 +1,476 @@
+"""Actor-update MFU and rollout tokens/s of a Qwen2.5-0.5B-shaped model, verity beside its peers.
+
+    python ci/bench_gpu.py --out outputs/bench_gpu/result.json            # on a CUDA machine
+    python ci/bench_gpu.py --model tiny --device cpu --out /tmp/b.json    # a small check anywhere
+
+The model is built from Qwen2.5-0.5B's published shape (hidden 896, 24 layers, 14 query
+and 2 key/value heads, MLP 4864, vocabulary 151,936, tied embeddings), randomly
+initialised: a step's cost does not depend on the weights' values, and nothing is
+downloaded. Every row is a distinct random prompt of ``--prompt-len`` tokens followed by
+``--response-len`` response tokens (no padding), so the FLOPs are known exactly.
+
+| side | what runs |
+|---|---|
+| ``update-verity`` | ``FSDP2Engine.train_step`` (one process, bf16 autocast over float32 master weights, SDPA, fused AdamW), a GRPO policy-gradient loss |
+| ``update-verity-compiled`` | the same with ``compile_layers=True`` (each decoder layer through inductor) |
+| ``update-torch`` | a plain PyTorch loop on the same work: bf16 autocast, ``logits_to_keep``, log-softmax, the same loss, backward, clip, fused AdamW |
+| ``generate-verity`` | ``HFRollout.generate`` (its own KV-cache decode loop), bf16 weights, EOS ignored |
+| ``generate-hf`` | ``transformers`` ``model.generate`` on the same prompts, bf16, ``min_new_tokens`` = ``max_new_tokens`` |
+
+**Model FLOPs of one training token** (forward + backward = 3 x forward), counted as
+the work the model needs, not what a kernel happens to do: ``6 * N_body`` for the
+decoder's weight matmuls (every token), ``6 * V * H`` for the output projection (only the
+``R`` positions whose log-probabilities the loss reads, plus the one before them, as the
+engine runs it), and ``6 * L * H * S`` per token for causal attention's score and value
+products (half of the ``S x S`` matrix; the 12 L H S of the non-causal formula would
+double it). MFU = those FLOPs per second over the device's dense bf16 peak (the vendor
+datasheet's, :mod:`verity.hardware.flops`), and also over the bf16 matmul rate measured
+at the start of the run (an 8192-cube product on random data).
+
+Times are medians over ``--steps`` steps after ``--warmup`` steps, with the device
+synchronised around each; the JSON records the device, torch and transformers versions
+and every step's seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+QWEN25_05B = {
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "max_position_embeddings": 32768,
+    "rope_theta": 1_000_000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+}
+TINY = {
+    **QWEN25_05B,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 512,
+}
+MODELS = {"qwen2.5-0.5b": QWEN25_05B, "tiny": TINY}
+SIDES = ("update-verity", "update-verity-compiled", "update-torch", "generate-verity", "generate-hf")
+PAD_ID, EOS_ID = 0, 1
+
+
+def build_model(shape: dict[str, Any], device: torch.device, dtype: torch.dtype = torch.float32) -> Any:
+    """A randomly initialised ``Qwen2ForCausalLM`` of ``shape`` on ``device`` (seeded, SDPA attention)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(**shape, pad_token_id=PAD_ID, eos_token_id=EOS_ID, bos_token_id=EOS_ID)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with device:
+        model = Qwen2ForCausalLM(config)
+    return model.to(dtype)
+
+
+def param_counts(shape: dict[str, Any]) -> dict[str, int]:
+    """``body`` (decoder layers and final norm) and ``embedding`` (V x H, tied with the output) parameters."""
+    h, f, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    head_dim = h // shape["num_attention_heads"]
+    kv = shape["num_key_value_heads"] * head_dim
+    attention = h * h + h + 2 * (h * kv + kv) + h * h  # q (with bias), k and v (with bias), o
+    mlp = 3 * h * f
+    body = layers * (attention + mlp + 2 * h) + h
+    return {"body": body, "embedding": shape["vocab_size"] * h}
+
+
+def training_flops_per_row(shape: dict[str, Any], prompt_len: int, response_len: int) -> float:
+    """Model FLOPs of forward + backward over one row of ``prompt_len + response_len`` tokens (see module doc)."""
+    counts = param_counts(shape)
+    seq = prompt_len + response_len
+    h, layers = shape["hidden_size"], shape["num_hidden_layers"]
+    weights = 6.0 * counts["body"] * seq
+    output = 6.0 * counts["embedding"] * (response_len + 1)
+    # causal: Q K^T and A V each 2 H S^2 / 2 per layer forward, x3 with the backward
+    attention = 6.0 * layers * h * seq * seq
+    return weights + output + attention
+
+
+def train_batch(shape: dict[str, Any], rows: int, prompt_len: int, response_len: int, seed: int) -> dict:
+    """Full-length GRPO rows: distinct random prompts and responses, one advantage per row, on CPU."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = shape["vocab_size"]
+    prompts = torch.randint(2, vocab, (rows, prompt_len), generator=g)
+    responses = torch.randint(2, vocab, (rows, response_len), generator=g)
+    seq = prompt_len + response_len
+    advantages = torch.randn(rows, 1, generator=g).expand(rows, response_len).contiguous()
+    return {
+        "input_ids": torch.cat([prompts, responses], 1),
+        "attention_mask": torch.ones(rows, seq, dtype=torch.long),
+        "position_ids": torch.arange(seq).expand(rows, seq).contiguous(),
+        "responses": responses,
+        "response_mask": torch.ones(rows, response_len, dtype=torch.long),
+        "advantages": advantages,
+    }
+
+
+def policy_loss(micro: dict, logprobs: torch.Tensor, entropy: torch.Tensor, agg: Any) -> tuple:
+    """GRPO's on-policy surrogate ``-sum(A * log p) / tokens`` (ratio 1, so no clipping acts)."""
+    adv = micro["advantages"].to(logprobs.device)
+    mask = micro["response_mask"].to(logprobs.device)
+    return -(logprobs * adv * mask).sum() / agg.global_tokens, {}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_steps(step: Callable[[], Any], device: torch.device, warmup: int, steps: int) -> dict:
+    """Seconds of ``warmup`` then ``steps`` calls of ``step``, synchronised around each; ``last``: its last result."""
+    seconds, last = [], None
+    for _ in range(warmup + steps):
+        _sync(device)
+        start = time.perf_counter()
+        last = step()
+        _sync(device)
+        seconds.append(time.perf_counter() - start)
+    return {
+        "warmup_seconds": seconds[:warmup],
+        "step_seconds": seconds[warmup:],
+        "median_seconds": statistics.median(seconds[warmup:]),
+        "last": last,
+    }
+
+
+def maybe_profile(args: argparse.Namespace, name: str, step: Callable[[], Any]) -> None:
+    """With ``--profile DIR``: one more ``step`` under the torch profiler, its kernel table to ``DIR/name.txt``."""
+    if args.profile is None:
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        step()
+        _sync(torch.device(args.device))
+    sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    args.profile.mkdir(parents=True, exist_ok=True)
+    (args.profile / f"{name}.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
+
+
+def measure_matmul_peak(device: torch.device, n: int = 8192, repeats: int = 10) -> float | None:
+    """bf16 FLOP/s of an ``n``-cube matrix product on random data (CUDA only; None elsewhere)."""
+    if device.type != "cuda":
+        return None
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2.0 * n**3 / statistics.median(times)
+
+
+def update_verity(args: argparse.Namespace, device: torch.device, compiled: bool) -> dict:
+    """``FSDP2Engine.train_step`` seconds on the bench batch; the engine's own ``ran`` facts."""
+    from verity.engines import FSDP2Engine, OptimConfig
+
+    model = build_model(MODELS[args.model], device)
+    engine = FSDP2Engine(
+        model,
+        OptimConfig(lr=1e-6),
+        device=device,
+        mixed_precision=args.bf16,
+        attn_implementation="sdpa",
+        compile_layers=compiled,
+    )
+    batch = train_batch(MODELS[args.model], args.rows, args.prompt_len, args.response_len, seed=1)
+    out = timed_steps(
+        lambda: engine.train_step(batch, policy_loss, args.micro_rows), device, args.warmup, args.steps
+    )
+    maybe_profile(
+        args,
+        "update-verity-compiled" if compiled else "update-verity",
+        lambda: engine.train_step(batch, policy_loss, args.micro_rows),
+    )
+    metrics = out.pop("last")
+    out["engine_tokens"] = metrics["tokens"]  # what the engine says it trained on, checked below
+    if metrics["tokens"] != args.rows * (args.prompt_len + args.response_len):
+        raise RuntimeError(
+            f"the engine trained {metrics['tokens']} tokens, the bench counts "
+            f"{args.rows * (args.prompt_len + args.response_len)}"
+        )
+    out["compiled_layers"] = bool(getattr(engine, "compiled_layers", False))
+    out["mixed_precision"] = engine.mixed_precision
+    return out
+
+
+def update_torch(args: argparse.Namespace, device: torch.device) -> dict:
+    """The same update as a plain PyTorch loop (no verity code)."""
+    model = build_model(MODELS[args.model], device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device.type == "cuda")
+    batch = {
+        k: v.to(device)
+        for k, v in train_batch(
+            MODELS[args.model], args.rows, args.prompt_len, args.response_len, seed=1
+        ).items()
+    }
+    tokens = batch["response_mask"].sum()
+    r = args.response_len
+
+    def step() -> None:
+        for start in range(0, args.rows, args.micro_rows):
+            rows = slice(start, start + args.micro_rows)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+                logits = model(
+                    input_ids=batch["input_ids"][rows],
+                    attention_mask=batch["attention_mask"][rows],
+                    position_ids=batch["position_ids"][rows],
+                    logits_to_keep=r + 1,
+                ).logits[:, :-1]
+            logp = logits.float().log_softmax(-1).gather(-1, batch["responses"][rows, :, None]).squeeze(-1)
+            loss = -(logp * batch["advantages"][rows] * batch["response_mask"][rows]).sum() / tokens
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    out = timed_steps(step, device, args.warmup, args.steps)
+    out.pop("last")
+    maybe_profile(args, "update-torch", step)
+    return out
+
+
+def _gen_prompts(args: argparse.Namespace) -> dict:
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(
+        2, MODELS[args.model]["vocab_size"], (args.gen_rows, args.gen_prompt_len), generator=g
+    )
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def generate_verity(args: argparse.Namespace, device: torch.device) -> dict:
+    """``HFRollout.generate`` seconds for ``gen_rows`` x ``gen_new_tokens`` sampled tokens."""
+    from verity.rollout import HFRollout, SamplingParams
+
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    rollout = HFRollout(
+        build_model(MODELS[args.model], device, dtype).eval(), pad_token_id=PAD_ID, eos_token_ids=[EOS_ID]
+    )
+    params = SamplingParams(max_new_tokens=args.gen_new_tokens, ignore_eos=True)
+    prompts = _gen_prompts(args)
+    out = timed_steps(lambda: rollout.generate(prompts, params), device, 1, args.gen_repeats)
+    out["response_tokens"] = int(out.pop("last")["response_mask"].sum())
+    return out
+
+
+def generate_hf(args: argparse.Namespace, device: torch.device) -> dict:
+    """``model.generate`` seconds for the same prompts and length."""
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    model = build_model(MODELS[args.model], device, dtype).eval()
+    prompts = {k: v.to(device) for k, v in _gen_prompts(args).items()}
+    n = args.gen_new_tokens
+
+    def step() -> Any:
+        with torch.no_grad():
+            return model.generate(
+                **prompts,
+                do_sample=True,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                pad_token_id=PAD_ID,
+                eos_token_id=EOS_ID,
+                top_k=0,
+                top_p=1.0,
+            )
+
+    out = timed_steps(step, device, 1, args.gen_repeats)
+    out["response_tokens"] = int((out.pop("last").shape[1] - args.gen_prompt_len) * args.gen_rows)
+    return out
+
+
+def summarise(
+    args: argparse.Namespace, sides: dict[str, dict], peak: float | None, measured: float | None
+) -> dict:
+    """Tokens/s, MFU and the verity/peer ratios from the raw side results."""
+    shape = MODELS[args.model]
+    row_flops = training_flops_per_row(shape, args.prompt_len, args.response_len)
+    tokens = args.rows * (args.prompt_len + args.response_len)
+    summary: dict[str, Any] = {"train_tokens_per_step": tokens, "model_flops_per_step": row_flops * args.rows}
+    for name, side in sides.items():
+        if "median_seconds" not in side:
+            continue
+        sec = side["median_seconds"]
+        if name.startswith("update"):
+            side["tokens_per_s"] = tokens / sec
+            side["model_tflops_per_s"] = row_flops * args.rows / sec / 1e12
+            side["mfu_vs_datasheet"] = None if peak is None else row_flops * args.rows / sec / peak
+            side["mfu_vs_measured_matmul"] = (
+                None if measured is None else row_flops * args.rows / sec / measured
+            )
+        else:
+            side["tokens_per_s"] = side["response_tokens"] / sec
+    pairs = {
+        "update_verity_vs_torch": ("update-verity", "update-torch"),
+        "update_verity_compiled_vs_torch": ("update-verity-compiled", "update-torch"),
+        "generate_verity_vs_hf": ("generate-verity", "generate-hf"),
+    }
+    for key, (ours, peer) in pairs.items():
+        if "tokens_per_s" in sides.get(ours, {}) and "tokens_per_s" in sides.get(peer, {}):
+            summary[key] = sides[ours]["tokens_per_s"] / sides[peer]["tokens_per_s"]
+    return summary
+
+
+def environment(device: torch.device) -> dict:
+    """What ran: device name, torch, CUDA and transformers versions, date."""
+    import transformers
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return {
+        "device": name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def format_table(result: dict) -> str:
+    """A short text table of the sides."""
+    lines = [
+        f"device: {result['environment']['device']}  model: {result['config']['model']}",
+        f"{'side':24} {'s (median)':>11} {'tokens/s':>12} {'MFU(sheet)':>11} {'MFU(meas.)':>11}",
+    ]
+    for name, side in result["sides"].items():
+        if "error" in side:
+            lines.append(f"{name:24} error: {side['error'][:80]}")
+            continue
+        mfu = side.get("mfu_vs_datasheet")
+        meas = side.get("mfu_vs_measured_matmul")
+        lines.append(
+            f"{name:24} {side['median_seconds']:11.4f} {side['tokens_per_s']:12.0f} "
+            f"{'' if mfu is None else f'{mfu:.1%}':>11} {'' if meas is None else f'{meas:.1%}':>11}"
+        )
+    for key, value in result["summary"].items():
+        if key.endswith("_vs_torch") or key.endswith("_vs_hf"):
+            lines.append(f"{key}: {value:.2f}x")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Every requested side in turn (each failure recorded, the rest still run); the JSON written after each."""
+    from verity.hardware.flops import peak_flops_for
+
+    device = torch.device(args.device)
+    env = environment(device)
+    peak = peak_flops_for(env["device"]) if device.type == "cuda" else None
+    measured = measure_matmul_peak(device)
+    result: dict[str, Any] = {
+        "environment": env,
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "out"},
+        "datasheet_peak_flops": peak,
+        "measured_matmul_flops": measured,
+        "sides": {},
+    }
+    runners: dict[str, Callable[[], dict]] = {
+        "update-verity": lambda: update_verity(args, device, compiled=False),
+        "update-verity-compiled": lambda: update_verity(args, device, compiled=True),
+        "update-torch": lambda: update_torch(args, device),
+        "generate-verity": lambda: generate_verity(args, device),
+        "generate-hf": lambda: generate_hf(args, device),
+    }
+    for name in args.sides:
+        print(f"[bench_gpu] {name} ...", flush=True)
+        try:
+            side = runners[name]()
+            if device.type == "cuda":
+                side["max_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        except Exception as err:  # one side's failure must not lose the others' figures
+            side = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+        result["sides"][name] = side
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        result["summary"] = summarise(args, result["sides"], peak, measured)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(
+            f"[bench_gpu] {name}: {json.dumps({k: v for k, v in side.items() if k != 'traceback'})}",
+            flush=True,
+        )
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options (see the module doc)."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("outputs/bench_gpu/result.json"))
+    p.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-0.5b")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--no-bf16", dest="bf16", action="store_false", help="float32 throughout")
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--micro-rows", type=int, default=16)
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--response-len", type=int, default=768)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--gen-rows", type=int, default=128)
+    p.add_argument("--gen-prompt-len", type=int, default=256)
+    p.add_argument("--gen-new-tokens", type=int, default=256)
+    p.add_argument("--gen-repeats", type=int, default=2)
+    p.add_argument("--profile", type=Path, default=None, help="folder for one profiled step per update side")
+    p.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, from {','.join(SIDES)}")
+    args = p.parse_args(argv)
+    args.sides = [s for s in args.sides.split(",") if s]
+    unknown = sorted(set(args.sides) - set(SIDES))
+    if unknown:
+        p.error(f"--sides: unknown {unknown}; expected names from {list(SIDES)}")
+    for name in (
+        "rows",
+        "micro_rows",
+        "prompt_len",
+        "response_len",
+        "steps",
+        "gen_rows",
+        "gen_prompt_len",
+        "gen_new_tokens",
+        "gen_repeats",
+    ):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')}: expected an int >= 1, got {getattr(args, name)}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: no CUDA device here (use --device cpu with --model tiny)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    print(format_table(result), flush=True)
+    return 1 if any("error" in side for side in result["sides"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""ci/bench_gpu.py: the model's parameter and FLOP counts, the sides on the tiny shape (CPU), the options.
+
+No timed assertion: the run checks that every side ran, counted what it trained and wrote its JSON.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ci_bench_gpu", ROOT / "ci" / "bench_gpu.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load()
+
+
+def test_parameter_count_is_qwen25_05b_and_matches_a_built_model():
+    counts = bench.param_counts(bench.QWEN25_05B)
+    assert counts["body"] + counts["embedding"] == 494_032_768  # Qwen2.5-0.5B's published count
+    model = bench.build_model(bench.TINY, torch.device("cpu"))
+    assert sum(p.numel() for p in model.parameters()) == sum(bench.param_counts(bench.TINY).values())
+
+
+def test_training_flops_of_a_row_by_hand():
+    shape = bench.TINY
+    counts = bench.param_counts(shape)
+    p, r = 16, 8
+    by_hand = (
+        6 * counts["body"] * (p + r)
+        + 6 * shape["vocab_size"] * shape["hidden_size"] * (r + 1)
+        + 6 * shape["num_hidden_layers"] * shape["hidden_size"] * (p + r) ** 2
+    )
+    assert bench.training_flops_per_row(shape, p, r) == pytest.approx(by_hand)
+
+
+def test_every_side_runs_on_the_tiny_shape_and_writes_its_json(tmp_path, capsys):
+    out = tmp_path / "result.json"
+    code = bench.main(
+        [
+            "--model",
+            "tiny",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            "--rows",
+            "4",
+            "--micro-rows",
+            "2",
+            "--prompt-len",
+            "8",
+            "--response-len",
+            "8",
+            "--warmup",
+            "1",
+            "--steps",
+            "1",
+            "--gen-rows",
+            "2",
+            "--gen-prompt-len",
+            "4",
+            "--gen-new-tokens",
+            "4",
+            "--gen-repeats",
+            "1",
+            "--sides",
+            "update-verity,update-torch,generate-verity,generate-hf",
+        ]
+    )
+    assert code == 0
+    result = json.loads(out.read_text())
+    sides = result["sides"]
+    assert set(sides) == {"update-verity", "update-torch", "generate-verity", "generate-hf"}
+    assert sides["update-verity"]["engine_tokens"] == 4 * 16
+    assert sides["generate-verity"]["response_tokens"] == sides["generate-hf"]["response_tokens"] == 2 * 4
+    assert result["environment"]["device"] == "cpu" and result["datasheet_peak_flops"] is None
+    assert sides["update-verity"]["mfu_vs_datasheet"] is None  # no peak known for a CPU
+    for key in ("update_verity_vs_torch", "generate_verity_vs_hf"):
+        assert result["summary"][key] > 0
+    assert "update_verity_vs_torch" in capsys.readouterr().out
+
+
+def test_a_failing_side_is_recorded_and_the_run_exits_nonzero(tmp_path, monkeypatch):
+    def boom(args, device):
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(bench, "generate_hf", boom)
+    out = tmp_path / "r.json"
+    code = bench.main(
+        [
+            "--model",
+            "tiny",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            "--gen-rows",
+            "2",
+            "--gen-prompt-len",
+            "4",
+            "--gen-new-tokens",
+            "2",
+            "--gen-repeats",
+            "1",
+            "--sides",
+            "generate-hf",
+        ]
+    )
+    assert code == 1
+    assert "RuntimeError: planted" in json.loads(out.read_text())["sides"]["generate-hf"]["error"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sides", "update-nothing", "--device", "cpu"], "--sides: unknown ['update-nothing']"),
+        (["--rows", "0", "--device", "cpu"], "--rows: expected an int >= 1"),
+    ],
+)
+def test_bad_options_are_named(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_without_a_device_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args([])
+    assert "no CUDA device here" in capsys.readouterr().err
