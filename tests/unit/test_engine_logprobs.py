@@ -120,7 +120,8 @@ def test_qwen2_logits_to_keep_path_matches_full_logits():
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_detached_entropy_equals_the_in_graph_one_and_leaves_logprob_gradients_alone(temperature):
+def test_the_training_path_without_entropy_gradient_gives_the_autograd_values_and_gradient(temperature):
+    """``entropy_grad=False`` takes verity.engines.fused_logprobs: same numbers as the autograd pass."""
     torch.manual_seed(3)
     logits = (torch.randn(5, 7, 33) * 3).requires_grad_()
     labels = torch.randint(0, 33, (5, 7))
@@ -131,6 +132,6 @@ def test_detached_entropy_equals_the_in_graph_one_and_leaves_logprob_gradients_a
     )
     assert not ent.requires_grad and lp.requires_grad
     assert torch.allclose(ent, ent_graph.detach(), atol=1e-5)
-    assert torch.equal(lp, lp_graph)
+    assert torch.allclose(lp, lp_graph, atol=1e-6)
     (grad,) = torch.autograd.grad(lp.sum(), logits)
-    assert torch.equal(grad, grad_graph)
+    assert torch.allclose(grad, grad_graph, rtol=1e-5, atol=1e-7)

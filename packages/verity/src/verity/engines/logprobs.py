@@ -22,8 +22,10 @@ matmuls) while a micro-batch of short answers costs what its real width costs.
 Memory: the full log-softmax over ``[N, V]`` is never materialised; the functions
 work in float32 on chunks of at most ``chunk_tokens`` rows (without autograd) so
 that the extra memory is bounded by ``chunk_tokens * V * 4`` bytes whatever the
-batch size. With autograd, chunking does not bound saved activations, so a
-single pass is used there.
+batch size. With autograd (the training pass) and no gradient wanted through the
+entropy, :mod:`verity.engines.fused_logprobs` chunks too and keeps only the logits as they
+are (bf16 under autocast) for its hand-written backward; with an entropy gradient (an
+entropy bonus) one autograd pass over the whole float32 ``[N, V]`` is used.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from verity.data.vision_inputs import (
     vision_forward_inputs,
     vision_token_ids,
 )
+from verity.engines.fused_logprobs import chosen_token_logprobs
 from verity.engines.shared_prompt import find_prompt_groups, grouped_response_logits, should_share_prompts
 
 DEFAULT_CHUNK_TOKENS = 4096
@@ -66,9 +69,9 @@ def logprobs_and_entropy_from_logits(
         compute_entropy: return ``None`` for entropy when False.
         chunk_tokens: rows per chunk when autograd is off (bounds peak memory).
         entropy_grad: with autograd on, whether the entropy needs a gradient (an entropy
-            bonus). False computes it outside the graph, in chunks, from the same
-            log-partition: same values, and no ``[N, V]`` softmax kept for a backward
-            pass that never comes.
+            bonus). False (or ``compute_entropy=False``) takes the chunked path of
+            :mod:`verity.engines.fused_logprobs`: same values, the log-probs' gradient by a
+            hand-written backward, the entropy detached.
 
     Returns:
         ``(logprobs [...], entropy [...] or None)``, float32, natural-log units (nats).
@@ -85,9 +88,18 @@ def logprobs_and_entropy_from_logits(
     flat_logits = logits.reshape(-1, logits.shape[-1])
     flat_labels = labels.reshape(-1)
     grad_needed = torch.is_grad_enabled() and flat_logits.requires_grad
+    if grad_needed and not (compute_entropy and entropy_grad):
+        # the training pass: a hand-written backward, chunked, no float32 copy kept (fused_logprobs)
+        logprobs, entropy = chosen_token_logprobs(
+            flat_logits,
+            flat_labels,
+            temperature=temperature,
+            chunk_tokens=chunk_tokens,
+            compute_entropy=compute_entropy,
+        )
+        return logprobs.reshape(lead_shape), None if entropy is None else entropy.reshape(lead_shape)
     step = flat_logits.shape[0] if grad_needed else chunk_tokens
-    entropy_in_graph = compute_entropy and (entropy_grad or not grad_needed)
-    logprob_chunks, lse_chunks, entropy_chunks = [], [], []
+    logprob_chunks, entropy_chunks = [], []
     for start in range(0, max(flat_logits.shape[0], 1), max(step, 1)):
         z = flat_logits[start : start + step].float()
         if temperature != 1.0:
@@ -95,35 +107,12 @@ def logprobs_and_entropy_from_logits(
         lse = torch.logsumexp(z, dim=-1)
         picked = z.gather(-1, flat_labels[start : start + step].unsqueeze(-1)).squeeze(-1)
         logprob_chunks.append(picked - lse)
-        lse_chunks.append(lse)
-        if entropy_in_graph:
+        if compute_entropy:
             probs = torch.softmax(z, dim=-1)
             entropy_chunks.append(lse - (probs * z).sum(-1))
     logprobs = torch.cat(logprob_chunks).reshape(lead_shape)
-    if compute_entropy and not entropy_in_graph:
-        entropy_chunks = [_detached_entropy(flat_logits, torch.cat(lse_chunks).detach(), temperature, chunk_tokens)]
     entropy = torch.cat(entropy_chunks).reshape(lead_shape) if compute_entropy else None
     return logprobs, entropy
-
-
-def _detached_entropy(
-    flat_logits: torch.Tensor, lse: torch.Tensor, temperature: float, chunk_tokens: int
-) -> torch.Tensor:
-    """Entropy ``[N]`` of ``flat_logits [N, V]`` without autograd, ``chunk_tokens`` rows at a time.
-
-    ``H = lse - sum_v exp(z'_v - lse) z'_v`` reuses the log-partition ``lse [N]`` already
-    computed for the log-probs; nothing of it is kept for a backward pass, and the float32
-    temporaries are bounded by ``chunk_tokens * V`` elements.
-    """
-    parts = []
-    with torch.no_grad():
-        for start in range(0, flat_logits.shape[0], chunk_tokens):
-            z = flat_logits[start : start + chunk_tokens].detach().float()
-            if temperature != 1.0:
-                z = z / temperature
-            row_lse = lse[start : start + chunk_tokens]
-            parts.append(row_lse - (torch.exp(z - row_lse.unsqueeze(-1)) * z).sum(-1))
-    return torch.cat(parts) if parts else lse.new_zeros(0)
 
 
 _LOGITS_TO_KEEP_SUPPORT: dict[type, bool] = {}
