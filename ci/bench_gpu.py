@@ -2,6 +2,9 @@
 
     python ci/bench_gpu.py --out outputs/bench_gpu/result.json            # on a CUDA machine
     python ci/bench_gpu.py --model tiny --device cpu --out /tmp/b.json    # a small check anywhere
+    python ci/bench_gpu.py --model qwen2.5-vocab-small-body --device cpu --rows 8 --micro-rows 8 \
+        --prompt-len 64 --response-len 192 --sides update-verity-autograd-head,update-verity --out ...
+                                                 # the loss head's cost where the vocabulary dominates
 
 The model is built from Qwen2.5-0.5B's published shape (hidden 896, 24 layers, 14 query
 and 2 key/value heads, MLP 4864, vocabulary 151,936, tied embeddings), randomly
@@ -13,6 +16,7 @@ downloaded. Every row is a distinct random prompt of ``--prompt-len`` tokens fol
 |---|---|
 | ``update-verity`` | ``FSDP2Engine.train_step`` (one process, bf16 autocast over float32 master weights, SDPA, fused AdamW), a GRPO policy-gradient loss |
 | ``update-verity-compiled`` | the same with ``compile_layers=True`` (each decoder layer through inductor) |
+| ``update-verity-autograd-head`` | ``update-verity`` with the loss head through autograd (``entropy_requires_grad=True``: what every step ran before :mod:`verity.engines.fused_logprobs`) |
 | ``update-torch`` | a plain PyTorch loop on the same work: bf16 autocast, ``logits_to_keep``, log-softmax, the same loss, backward, clip, fused AdamW |
 | ``generate-verity`` | ``HFRollout.generate`` (its own KV-cache decode loop), bf16 weights, EOS ignored |
 | ``generate-hf`` | ``transformers`` ``model.generate`` on the same prompts, bf16, ``min_new_tokens`` = ``max_new_tokens`` |
@@ -70,8 +74,24 @@ TINY = {
     "vocab_size": 512,
     "max_position_embeddings": 512,
 }
-MODELS = {"qwen2.5-0.5b": QWEN25_05B, "tiny": TINY}
-SIDES = ("update-verity", "update-verity-compiled", "update-torch", "generate-verity", "generate-hf")
+# Qwen2.5's vocabulary over a 2-layer, 256-wide body: the loss head is most of a step (CPU-sized)
+VOCAB_SMALL_BODY = {
+    **QWEN25_05B,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+MODELS = {"qwen2.5-0.5b": QWEN25_05B, "qwen2.5-vocab-small-body": VOCAB_SMALL_BODY, "tiny": TINY}
+SIDES = (
+    "update-verity",
+    "update-verity-compiled",
+    "update-verity-autograd-head",
+    "update-torch",
+    "generate-verity",
+    "generate-hf",
+)
 PAD_ID, EOS_ID = 0, 1
 
 
@@ -191,8 +211,14 @@ def measure_matmul_peak(device: torch.device, n: int = 8192, repeats: int = 10) 
     return 2.0 * n**3 / statistics.median(times)
 
 
-def update_verity(args: argparse.Namespace, device: torch.device, compiled: bool) -> dict:
-    """``FSDP2Engine.train_step`` seconds on the bench batch; the engine's own ``ran`` facts."""
+def update_verity(
+    args: argparse.Namespace, device: torch.device, compiled: bool, autograd_head: bool = False
+) -> dict:
+    """``FSDP2Engine.train_step`` seconds on the bench batch; the engine's own ``ran`` facts.
+
+    ``autograd_head``: the loss head through autograd (an entropy gradient asked for, which
+    the policy loss then ignores: the same gradient, the pre-fused head's cost).
+    """
     from verity.engines import FSDP2Engine, OptimConfig
 
     model = build_model(MODELS[args.model], device)
@@ -205,14 +231,13 @@ def update_verity(args: argparse.Namespace, device: torch.device, compiled: bool
         compile_layers=compiled,
     )
     batch = train_batch(MODELS[args.model], args.rows, args.prompt_len, args.response_len, seed=1)
-    out = timed_steps(
-        lambda: engine.train_step(batch, policy_loss, args.micro_rows), device, args.warmup, args.steps
-    )
-    maybe_profile(
-        args,
-        "update-verity-compiled" if compiled else "update-verity",
-        lambda: engine.train_step(batch, policy_loss, args.micro_rows),
-    )
+
+    def step() -> dict:
+        return engine.train_step(batch, policy_loss, args.micro_rows, entropy_requires_grad=autograd_head)
+
+    out = timed_steps(step, device, args.warmup, args.steps)
+    name = "update-verity" + ("-compiled" if compiled else "") + ("-autograd-head" if autograd_head else "")
+    maybe_profile(args, name, step)
     metrics = out.pop("last")
     out["engine_tokens"] = metrics["tokens"]  # what the engine says it trained on, checked below
     if metrics["tokens"] != args.rows * (args.prompt_len + args.response_len):
@@ -333,6 +358,7 @@ def summarise(
     pairs = {
         "update_verity_vs_torch": ("update-verity", "update-torch"),
         "update_verity_compiled_vs_torch": ("update-verity-compiled", "update-torch"),
+        "update_verity_vs_autograd_head": ("update-verity", "update-verity-autograd-head"),
         "generate_verity_vs_hf": ("generate-verity", "generate-hf"),
     }
     for key, (ours, peer) in pairs.items():
@@ -373,7 +399,7 @@ def format_table(result: dict) -> str:
             f"{'' if mfu is None else f'{mfu:.1%}':>11} {'' if meas is None else f'{meas:.1%}':>11}"
         )
     for key, value in result["summary"].items():
-        if key.endswith("_vs_torch") or key.endswith("_vs_hf"):
+        if "_vs_" in key:
             lines.append(f"{key}: {value:.2f}x")
     return "\n".join(lines)
 
@@ -396,6 +422,9 @@ def run(args: argparse.Namespace) -> dict:
     runners: dict[str, Callable[[], dict]] = {
         "update-verity": lambda: update_verity(args, device, compiled=False),
         "update-verity-compiled": lambda: update_verity(args, device, compiled=True),
+        "update-verity-autograd-head": lambda: update_verity(
+            args, device, compiled=False, autograd_head=True
+        ),
         "update-torch": lambda: update_torch(args, device),
         "generate-verity": lambda: generate_verity(args, device),
         "generate-hf": lambda: generate_hf(args, device),
