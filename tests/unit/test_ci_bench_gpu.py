@@ -79,18 +79,24 @@ def test_every_side_runs_on_the_tiny_shape_and_writes_its_json(tmp_path, capsys)
             "--gen-repeats",
             "1",
             "--sides",
-            "update-verity,update-torch,generate-verity,generate-hf",
+            "update-verity,update-verity-autograd-head,update-torch,generate-verity,generate-hf",
         ]
     )
     assert code == 0
     result = json.loads(out.read_text())
     sides = result["sides"]
-    assert set(sides) == {"update-verity", "update-torch", "generate-verity", "generate-hf"}
+    assert set(sides) == {
+        "update-verity",
+        "update-verity-autograd-head",
+        "update-torch",
+        "generate-verity",
+        "generate-hf",
+    }
     assert sides["update-verity"]["engine_tokens"] == 4 * 16
     assert sides["generate-verity"]["response_tokens"] == sides["generate-hf"]["response_tokens"] == 2 * 4
     assert result["environment"]["device"] == "cpu" and result["datasheet_peak_flops"] is None
     assert sides["update-verity"]["mfu_vs_datasheet"] is None  # no peak known for a CPU
-    for key in ("update_verity_vs_torch", "generate_verity_vs_hf"):
+    for key in ("update_verity_vs_torch", "update_verity_vs_autograd_head", "generate_verity_vs_hf"):
         assert result["summary"][key] > 0
     assert "update_verity_vs_torch" in capsys.readouterr().out
 
