@@ -115,7 +115,8 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
             memory, costs an extra all-gather in backward).
         sharding: ``full`` (FSDP2) or ``replicate`` (a full copy per rank, one gradient
             all-reduce per optimizer step; see :mod:`verity.engines.replicate`).
-        logprob_chunk_tokens: row chunk for the no-grad log-prob pass.
+        logprob_chunk_tokens: rows per chunk of the loss head over the vocabulary (no-grad
+            log-prob passes and the training pass, :mod:`verity.engines.fused_logprobs`).
         micro_batch_tokens: most positions (rows x padding-free window width) per
             micro-batch, on top of the ``micro_batch_size`` rows each call is given; 0: rows
             only (see :func:`verity.engines.micro_batches.micro_batch_ranges`).
@@ -459,6 +460,7 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
                     model_inputs(micro),
                     temperature=temperature,
                     compute_entropy=True,
+                    chunk_tokens=self.logprob_chunk_tokens,
                     entropy_grad=entropy_requires_grad,
                 )
             if not entropy_requires_grad:
