@@ -113,3 +113,16 @@ def test_role_device_uses_index_0_under_isolation_else_the_local_rank(
     from verity.workers.role_training import role_device
 
     assert role_device(_FakeBackend(visible), local_rank) == torch.device("cuda", expected)
+
+
+def test_ran_names_the_device_the_actor_computed_on():
+    from verity.trainer.roles import RoleGroups
+
+    groups = RoleGroups(roles=[])
+    groups.facts = {
+        "actor": {"train_engine": "fsdp2", "device_name": "NVIDIA H200"},
+        "critic": {"train_engine": "fsdp2", "device_name": "NVIDIA H100 80GB HBM3"},
+    }
+    ran = groups.ran()
+    assert ran["device_name"] == "NVIDIA H200" and ran["critic"] == "fsdp2"
+    assert "device_name" not in RoleGroups(roles=[], facts={"actor": {"train_engine": "fsdp2"}}).ran()

@@ -55,6 +55,8 @@ class RoleGroups:
                 out["rollout_dtype"] = str(facts["rollout_dtype"])
             if facts.get("adapter"):
                 out[f"{name}_adapter"] = str(facts["adapter"])
+            if facts.get("device_name"):  # the first role's (the actor's): what the run computed on
+                out.setdefault("device_name", str(facts["device_name"]))
             if facts.get("rollout_wrappers"):
                 out["rollout_wrappers"] = "+".join(str(w) for w in facts["rollout_wrappers"])
         return out

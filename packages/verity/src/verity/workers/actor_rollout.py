@@ -73,8 +73,8 @@ class ActorRolloutRefWorker(Worker):
         are the built engines' own names, not the config's strings, ``train_compute_dtype``
         and ``rollout_dtype`` the dtypes they compute in, ``train_compiled_layers`` how many
         decoder layers the engine compiled; ``rollout_wrappers``
-        what wraps the rollout engine (``["agent"]`` with the agent loop) — plus ``device``
-        and ``n_params``.
+        what wraps the rollout engine (``["agent"]`` with the agent loop) — plus ``device``,
+        ``device_name`` (the runtime's name for it: a GPU's model, or the CPU's) and ``n_params``.
         """
         from transformers import AutoTokenizer
 
@@ -138,6 +138,7 @@ class ActorRolloutRefWorker(Worker):
         facts = {
             "rank": self.rank,
             "device": str(device),
+            "device_name": backend.device_name(device.index or 0),  # "NVIDIA H200", a CPU's model
             "n_params": n_params,
             "n_trainable_params": _trainable_parameters(self.actor, n_params),
             "train_engine": self.actor.name,
