@@ -174,9 +174,53 @@ def test_generate_answers_rows_in_host_memory(monkeypatch, resident) -> None:
         return real_to(self, device, non_blocking)
 
     monkeypatch.setattr(Batch, "to", spy_to)
-    monkeypatch.setattr(rollout_side, "keep_resident", lambda rows, pad: ("resident", rows))
+    monkeypatch.setattr(rollout_side, "keep_resident", lambda rows, pad, also: ("resident", rows))
+    monkeypatch.setattr(rollout_side, "resident_response_keys", lambda cfg: ())
     rows = Batch.from_dict({"responses": torch.ones(2, 3, dtype=torch.long)})
     cfg = SimpleNamespace(trainer=SimpleNamespace(resident_rows=resident))
     out = rollout_side.rows_for_driver(cfg, rows, pad_token_id=0)
     assert moved_to == ["cpu"]
     assert (out[1] if resident else out)["responses"].device.type == "cpu"
+
+
+def test_rollout_logprobs_stay_unless_they_are_the_old_logprobs() -> None:
+    from verity.config import load_config
+    from verity.workers.rollout_side import resident_response_keys
+
+    assert resident_response_keys(load_config([])) == ("rollout_logprobs",)
+    assert resident_response_keys(load_config(["actor.off_policy.is_cap=2.0", "trainer.mode=async"])) == (
+        "rollout_logprobs",
+    )
+    assert resident_response_keys(load_config(["actor.old_logprobs=rollout"])) == ()
+
+
+def test_response_side_keys_kept_with_the_rows_are_not_padded_when_prompt_widths_differ() -> None:
+    store: dict[int, Batch] = {}
+
+    def put(value: Batch) -> int:
+        store[len(store)] = value
+        return len(store) - 1
+
+    def fetch(refs: list[int]) -> list[Batch]:
+        return [store[r] for r in refs]
+
+    def rows(prompt_width: int, seed: int) -> Batch:
+        g = torch.Generator().manual_seed(seed)
+        prompts = torch.randint(3, 9, (2, prompt_width), generator=g)
+        responses = torch.randint(3, 9, (2, 4), generator=g)
+        return Batch.from_dict(
+            {
+                "prompts": prompts,
+                "responses": responses,
+                "input_ids": torch.cat([prompts, responses], 1),
+                "attention_mask": torch.ones(2, prompt_width + 4, dtype=torch.long),
+                "rollout_logprobs": -torch.rand(2, 4, generator=g),
+            }
+        )
+
+    narrow, wide = rows(3, 0), rows(5, 1)
+    kept = [keep_resident(b, 0, put, also=("rollout_logprobs", "not_there")) for b in (narrow, wide)]
+    assert "rollout_logprobs" in kept[0].resident_keys() and "responses" in kept[0].tensor_keys()
+    joined = materialize(Batch.concat(kept), fetch)
+    assert torch.equal(joined["rollout_logprobs"], torch.cat([narrow["rollout_logprobs"], wide["rollout_logprobs"]]))
+    assert joined["prompts"].shape == (4, 5) and joined["input_ids"].shape == (4, 9)  # the prompt side padded

@@ -3,7 +3,9 @@
 A generated row's prompt-aligned tensors — every declared key whose second dimension
 is ``P`` or ``P+R`` (``prompts``, ``input_ids``, ``attention_mask``, ``position_ids``) —
 are most of its bytes, and the driver never reads them: it scores responses, computes
-advantages and logs metrics from ``[B, R]`` and ``[B]`` keys. So a generating worker
+advantages and logs metrics from ``[B, R]`` and ``[B]`` keys. Neither does it read the
+sampler's ``rollout_logprobs [B, R]`` unless they become the run's old log-probs, so
+those stay too (``keep_resident(..., also=...)``). So a generating worker
 puts them in Ray's object store (:func:`keep_resident`) and returns the batch without
 them, carrying one handle per row in the per-row column :data:`RESIDENT` instead:
 ``(RowSource, row index)``, where the :class:`RowSource` names the stored object and
@@ -139,9 +141,19 @@ def restrict_column(
     return out
 
 
-def keep_resident(batch: Any, pad_token_id: int, put: Callable[[Any], Any] | None = None) -> Any:
+def keep_resident(
+    batch: Any,
+    pad_token_id: int,
+    put: Callable[[Any], Any] | None = None,
+    *,
+    also: Sequence[str] = (),
+) -> Any:
     """Put ``batch``'s prompt-aligned tensors in Ray's object store; return the batch with handles instead.
 
+    ``also``: more keys to keep with them, where the batch has them — ``[B, R]`` keys the
+    driver never reads in this run (``rollout_logprobs``, see
+    :func:`verity.workers.rollout_side.resident_response_keys`); ``R`` is the rollout's
+    ``max_new_tokens``, the same in every source, so they need no padding when rows meet.
     Returns ``batch`` unchanged when it has no prompt-aligned tensor or Ray is not
     running in this process (a batch built outside a worker group keeps its tensors).
     The stored block is owned by this process; Ray frees it when no handle is left.
@@ -152,6 +164,7 @@ def keep_resident(batch: Any, pad_token_id: int, put: Callable[[Any], Any] | Non
     keys = prompt_aligned_keys(batch.tensor_keys())
     if not keys:
         return batch
+    keys += [k for k in also if k in batch.tensor_keys() and k not in keys]
     if put is None:
         import ray
 
@@ -181,7 +194,7 @@ def materialize(batch: Any, fetch: Callable[[list[Any]], list[Any]] | None = Non
     """``batch`` with its resident keys fetched and its handle column dropped (a batch without handles as is).
 
     Each distinct source is fetched once (``ray.get``, or ``fetch`` for tests); rows keep
-    their order; the prompt side of every resident key is left-padded to the widest
+    their order; the prompt side of every prompt-aligned key is left-padded to the widest
     source's ``P`` (token keys with the source's ``pad_token_id``, masks and position ids with 0).
     """
     from verity.batch.core import Batch
@@ -190,6 +203,7 @@ def materialize(batch: Any, fetch: Callable[[list[Any]], list[Any]] | None = Non
     if column is None:
         return batch
     keys = batch.resident_keys()
+    prompt_keys = set(prompt_aligned_keys(keys))  # the keys that are left-padded to the widest P
     rows = len(batch)
     tensors = dict(batch.tensors.items())
     rest = {k: v for k, v in batch.non_tensors.items() if k != RESIDENT}
@@ -214,7 +228,7 @@ def materialize(batch: Any, fetch: Callable[[list[Any]], list[Any]] | None = Non
                 if not picks[s]:
                     continue
                 part = stored[s][key][torch.tensor(picks[s])]
-                extra = width - source.prompt_width
+                extra = width - source.prompt_width if key in prompt_keys else 0
                 if extra:
                     fill = 0 if key in _ZERO_FILL_KEYS or part.dtype == torch.bool else source.pad_token_id
                     pad = torch.full((part.shape[0], extra, *part.shape[2:]), fill, dtype=part.dtype)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from verity.batch import Batch, keep_resident
+from verity.config.derived import old_logprobs_source
 from verity.config.schema import VerityConfig
 from verity.rollout import RolloutBuildContext, RolloutEngine, SamplingParams, build_rollout_engine
 
@@ -83,7 +84,19 @@ def rows_for_driver(cfg: VerityConfig, rows: Batch, pad_token_id: int) -> Batch:
     stage, which computes on the CPU) as a CUDA tensor again.
     """
     rows = rows.to("cpu")
-    return keep_resident(rows, pad_token_id) if cfg.trainer.resident_rows else rows
+    if not cfg.trainer.resident_rows:
+        return rows
+    return keep_resident(rows, pad_token_id, also=resident_response_keys(cfg))
+
+
+def resident_response_keys(cfg: VerityConfig) -> tuple[str, ...]:
+    """The ``[B, R]`` keys that stay with the rows because the driver never reads them in this run.
+
+    ``rollout_logprobs`` go to workers only (the update's importance weights with
+    ``actor.off_policy.is_cap``), except when they are the run's old log-probs
+    (``actor.old_logprobs=rollout``), which the driver's old-log-prob stage copies.
+    """
+    return () if old_logprobs_source(cfg) == "rollout" else ("rollout_logprobs",)
 
 
 def pad_id(tokenizer: Any) -> int:
