@@ -25,3 +25,32 @@ def test_bf16_logprobs_close_to_fp32_and_training_is_finite():
     metrics = bf16.train_step(batch, push_up_loss, 2)
     assert torch.isfinite(torch.tensor([metrics["loss"], metrics["grad_norm"]])).all()
     assert next(bf16.model.parameters()).dtype == torch.float32  # master weights stay fp32
+
+
+def test_fused_loss_head_on_cuda_matches_the_autograd_head():
+    from verity.engines.logprobs import logprobs_and_entropy_from_logits
+
+    torch.manual_seed(0)
+    base = (torch.randn(3, 50, 1000, device="cuda") * 3).to(torch.bfloat16)
+    labels = torch.randint(0, 1000, (3, 50), device="cuda")
+    weights = torch.randn(3, 50, device="cuda")
+    results = []
+    for entropy_grad in (True, False):  # True: the autograd head; False: verity.engines.fused_logprobs
+        logits = base.clone().requires_grad_()
+        lp, ent = logprobs_and_entropy_from_logits(logits, labels, entropy_grad=entropy_grad, chunk_tokens=37)
+        (lp * weights).sum().backward()
+        results.append((lp.detach(), ent.detach(), logits.grad.float()))
+    (lp_a, ent_a, grad_a), (lp_f, ent_f, grad_f) = results
+    assert torch.allclose(lp_a, lp_f, atol=1e-4) and torch.allclose(ent_a, ent_f, atol=1e-3)
+    assert torch.allclose(grad_a, grad_f, atol=1e-2)  # both written in bf16
+
+
+def test_generate_answers_on_the_host_when_the_rollout_ran_on_cuda():
+    from types import SimpleNamespace
+
+    from verity.batch import Batch
+    from verity.workers.rollout_side import rows_for_driver
+
+    rows = Batch.from_dict({"responses": torch.ones(2, 3, dtype=torch.long, device="cuda")})
+    out = rows_for_driver(SimpleNamespace(trainer=SimpleNamespace(resident_rows=False)), rows, 0)
+    assert out["responses"].device.type == "cpu"
