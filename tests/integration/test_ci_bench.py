@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _bench_module():
-    spec = importlib.util.spec_from_file_location("ci_bench", ROOT / "ci" / "bench.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from helpers.ci_scripts import load_ci_script
 
 
 def test_bench_reports_side_by_side_ratios() -> None:
-    bench = _bench_module()
+    bench = load_ci_script("bench")
     result = bench.run_bench(repeats=1, batch=4, prompt_len=8, response_len=4, vllm_sizes=())
     g, t, s = result["generate"], result["train"], result["weight_sync"]
     ratios = result["ratios"]
@@ -44,7 +31,7 @@ def test_bench_vllm_pairs_at_each_size() -> None:
     from helpers.vllm_required import require_vllm
 
     require_vllm()
-    bench = _bench_module()
+    bench = load_ci_script("bench")
     result = bench.run_bench(repeats=1, batch=4, prompt_len=8, response_len=4, vllm_sizes=("tiny",))
     tiny = result["vllm_generate"]["tiny"]
     assert set(result["vllm_generate"]) == {"tiny"}
@@ -59,4 +46,4 @@ def test_bench_vllm_pairs_at_each_size() -> None:
 
 def test_bench_rejects_zero_repeats() -> None:
     with pytest.raises(ValueError, match="repeats must be >= 1, got 0"):
-        _bench_module().run_bench(repeats=0)
+        load_ci_script("bench").run_bench(repeats=0)

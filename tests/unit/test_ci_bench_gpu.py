@@ -5,28 +5,20 @@ No timed assertion: the run checks that every side ran, counted what it trained 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
+from helpers.ci_scripts import load_ci_script
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("ci_bench_gpu", ROOT / "ci" / "bench_gpu.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+bench = load_ci_script("bench_gpu")
 
 
-bench = _load()
+def _tiny_argv(out: Path, extra: str) -> list[str]:
+    """The tiny model on the CPU, generation sized down, plus ``extra`` options."""
+    generation = "--gen-rows 2 --gen-prompt-len 4 --gen-new-tokens 4 --gen-repeats 1"
+    return ["--model", "tiny", "--device", "cpu", "--out", str(out), *generation.split(), *extra.split()]
 
 
 def test_parameter_count_is_qwen25_05b_and_matches_a_built_model():
@@ -51,36 +43,8 @@ def test_training_flops_of_a_row_by_hand():
 def test_every_side_runs_on_the_tiny_shape_and_writes_its_json(tmp_path, capsys):
     out = tmp_path / "result.json"
     code = bench.main(
-        [
-            "--model",
-            "tiny",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-            "--rows",
-            "4",
-            "--micro-rows",
-            "2",
-            "--prompt-len",
-            "8",
-            "--response-len",
-            "8",
-            "--warmup",
-            "1",
-            "--steps",
-            "1",
-            "--gen-rows",
-            "2",
-            "--gen-prompt-len",
-            "4",
-            "--gen-new-tokens",
-            "4",
-            "--gen-repeats",
-            "1",
-            "--sides",
-            "update-verity,update-verity-autograd-head,update-torch,generate-verity,generate-hf",
-        ]
+        _tiny_argv(out, "--rows 4 --micro-rows 2 --prompt-len 8 --response-len 8 --warmup 1 --steps 1")
+        + ["--sides", "update-verity,update-verity-autograd-head,update-torch,generate-verity,generate-hf"]
     )
     assert code == 0
     result = json.loads(out.read_text())
@@ -107,26 +71,7 @@ def test_a_failing_side_is_recorded_and_the_run_exits_nonzero(tmp_path, monkeypa
 
     monkeypatch.setattr(bench, "generate_hf", boom)
     out = tmp_path / "r.json"
-    code = bench.main(
-        [
-            "--model",
-            "tiny",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-            "--gen-rows",
-            "2",
-            "--gen-prompt-len",
-            "4",
-            "--gen-new-tokens",
-            "2",
-            "--gen-repeats",
-            "1",
-            "--sides",
-            "generate-hf",
-        ]
-    )
+    code = bench.main(_tiny_argv(out, "--sides generate-hf"))
     assert code == 1
     assert "RuntimeError: planted" in json.loads(out.read_text())["sides"]["generate-hf"]["error"]
 

@@ -5,29 +5,15 @@ Fake timings only: no training runs and no timed assertion here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from helpers.ci_scripts import load_ci_script
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"ci_{name}", ROOT / "ci" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench_trl = _load("bench_trl")
-sides = _load("bench_trl_sides")
-nightly = _load("nightly")
+bench_trl = load_ci_script("bench_trl")
+sides = load_ci_script("bench_trl_sides")
+nightly = load_ci_script("nightly")
 
 
 def _run(seconds: list[float], before: float | None = None, after: float | None = None) -> dict:
