@@ -39,9 +39,11 @@ def _float_chunk(logits: torch.Tensor, start: int, end: int, temperature: float)
     return z
 
 
-def _chunk_log_softmax(logits: torch.Tensor, start: int, end: int, temperature: float) -> torch.Tensor:
+def rows_log_softmax(logits: torch.Tensor, start: int, end: int, temperature: float) -> torch.Tensor:
     """``log_softmax(logits[start:end] / temperature)`` in at least float32, a fresh tensor.
 
+    Every log-prob pass computes through this one function, so that a no-grad pass and a
+    training pass give the same bits for the same row (the on-policy PPO ratio is exactly 1).
     At temperature 1 the 16-bit logits go straight into ``log_softmax(..., dtype=float32)``
     (on CUDA one kernel reads bf16 and writes float32), not through a float32 copy first.
     """
@@ -77,7 +79,7 @@ class ChosenTokenLogprobs(torch.autograd.Function):
         entropy = torch.empty(rows if compute_entropy else 0, dtype=dtype, device=logits.device)
         for start in range(0, rows, chunk_tokens):
             end = min(start + chunk_tokens, rows)
-            logp = _chunk_log_softmax(logits, start, end, temperature)  # [n, V]
+            logp = rows_log_softmax(logits, start, end, temperature)  # [n, V]
             logprobs[start:end] = logp.gather(-1, labels[start:end].unsqueeze(-1)).squeeze(-1)
             if compute_entropy:
                 # H = -sum_v p_v log p_v; the product is written over p

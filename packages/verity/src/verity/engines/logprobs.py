@@ -19,13 +19,12 @@ causal attention a position sees no later column and masked columns are excluded
 kept positions' log-probabilities are unchanged (up to float rounding of the shorter
 matmuls) while a micro-batch of short answers costs what its real width costs.
 
-Memory: the full log-softmax over ``[N, V]`` is never materialised; the functions
-work in float32 on chunks of at most ``chunk_tokens`` rows (without autograd) so
-that the extra memory is bounded by ``chunk_tokens * V * 4`` bytes whatever the
-batch size. With autograd (the training pass) and no gradient wanted through the
-entropy, :mod:`verity.engines.fused_logprobs` chunks too and keeps only the logits as they
-are (bf16 under autocast) for its hand-written backward; with an entropy gradient (an
-entropy bonus) one autograd pass over the whole float32 ``[N, V]`` is used.
+Memory: the functions work in float32 on chunks of at most ``chunk_tokens`` rows
+(:mod:`verity.engines.fused_logprobs`), so that the extra memory is bounded by
+``chunk_tokens * V * 4`` bytes whatever the batch size; the training pass keeps only the
+logits as they are (bf16 under autocast) for its hand-written backward. With a gradient
+wanted through the entropy (an entropy bonus) one autograd pass over the whole float32
+``[N, V]`` is used, in the same arithmetic.
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ from verity.data.vision_inputs import (
     vision_forward_inputs,
     vision_token_ids,
 )
-from verity.engines.fused_logprobs import chosen_token_logprobs
+from verity.engines.fused_logprobs import chosen_token_logprobs, rows_log_softmax
 from verity.engines.shared_prompt import find_prompt_groups, grouped_response_logits, should_share_prompts
 
 DEFAULT_CHUNK_TOKENS = 4096
@@ -67,11 +66,11 @@ def logprobs_and_entropy_from_logits(
         labels: ``[...]`` int64 token ids, same leading shape as ``logits``.
         temperature: ``tau > 0``; logits are divided by it.
         compute_entropy: return ``None`` for entropy when False.
-        chunk_tokens: rows per chunk when autograd is off (bounds peak memory).
+        chunk_tokens: rows per chunk (bounds peak memory).
         entropy_grad: with autograd on, whether the entropy needs a gradient (an entropy
-            bonus). False (or ``compute_entropy=False``) takes the chunked path of
-            :mod:`verity.engines.fused_logprobs`: same values, the log-probs' gradient by a
-            hand-written backward, the entropy detached.
+            bonus: one autograd pass). False (the default elsewhere in the engines) takes the
+            chunked path of :mod:`verity.engines.fused_logprobs`: same values, the log-probs'
+            gradient by a hand-written backward, the entropy detached.
 
     Returns:
         ``(logprobs [...], entropy [...] or None)``, float32, natural-log units (nats).
@@ -87,32 +86,21 @@ def logprobs_and_entropy_from_logits(
     lead_shape = labels.shape
     flat_logits = logits.reshape(-1, logits.shape[-1])
     flat_labels = labels.reshape(-1)
-    grad_needed = torch.is_grad_enabled() and flat_logits.requires_grad
-    if grad_needed and not (compute_entropy and entropy_grad):
-        # the training pass: a hand-written backward, chunked, no float32 copy kept (fused_logprobs)
-        logprobs, entropy = chosen_token_logprobs(
-            flat_logits,
-            flat_labels,
-            temperature=temperature,
-            chunk_tokens=chunk_tokens,
-            compute_entropy=compute_entropy,
-        )
-        return logprobs.reshape(lead_shape), None if entropy is None else entropy.reshape(lead_shape)
-    step = flat_logits.shape[0] if grad_needed else chunk_tokens
-    logprob_chunks, entropy_chunks = [], []
-    for start in range(0, max(flat_logits.shape[0], 1), max(step, 1)):
-        z = flat_logits[start : start + step].float()
-        if temperature != 1.0:
-            z = z / temperature
-        lse = torch.logsumexp(z, dim=-1)
-        picked = z.gather(-1, flat_labels[start : start + step].unsqueeze(-1)).squeeze(-1)
-        logprob_chunks.append(picked - lse)
-        if compute_entropy:
-            probs = torch.softmax(z, dim=-1)
-            entropy_chunks.append(lse - (probs * z).sum(-1))
-    logprobs = torch.cat(logprob_chunks).reshape(lead_shape)
-    entropy = torch.cat(entropy_chunks).reshape(lead_shape) if compute_entropy else None
-    return logprobs, entropy
+    if torch.is_grad_enabled() and flat_logits.requires_grad and compute_entropy and entropy_grad:
+        # an entropy bonus: autograd through the whole [N, V], in the chunked path's arithmetic
+        logp = rows_log_softmax(flat_logits, 0, flat_logits.shape[0], temperature)
+        logprobs = logp.gather(-1, flat_labels.unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp.exp() * logp).sum(-1)
+        return logprobs.reshape(lead_shape), entropy.reshape(lead_shape)
+    # the training pass (a hand-written backward, no float32 copy kept) and every no-grad pass
+    logprobs, entropy = chosen_token_logprobs(
+        flat_logits,
+        flat_labels,
+        temperature=temperature,
+        chunk_tokens=chunk_tokens,
+        compute_entropy=compute_entropy,
+    )
+    return logprobs.reshape(lead_shape), None if entropy is None else entropy.reshape(lead_shape)
 
 
 _LOGITS_TO_KEEP_SUPPORT: dict[type, bool] = {}
