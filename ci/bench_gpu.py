@@ -16,7 +16,7 @@ downloaded. Every row is a distinct random prompt of ``--prompt-len`` tokens fol
 |---|---|
 | ``update-verity`` | ``FSDP2Engine.train_step`` (one process, bf16 autocast over float32 master weights, SDPA, fused AdamW), a GRPO policy-gradient loss |
 | ``update-verity-compiled`` | the same with ``compile_layers=True`` (each decoder layer through inductor) |
-| ``update-verity-autograd-head`` | ``update-verity`` with the loss head through autograd (``entropy_requires_grad=True``: what every step ran before :mod:`verity.engines.fused_logprobs`) |
+| ``update-verity-autograd-head`` | ``update-verity`` with the loss head through autograd (``entropy_requires_grad=True``: a float32 ``[N, V]`` log-softmax kept for the backward, the entropy in the graph; the head every step ran before :mod:`verity.engines.fused_logprobs`, then with ``logsumexp``) |
 | ``update-torch`` | a plain PyTorch loop on the same work: bf16 autocast, ``logits_to_keep``, log-softmax, the same loss, backward, clip, fused AdamW |
 | ``generate-verity`` | ``HFRollout.generate`` (its own KV-cache decode loop), bf16 weights, EOS ignored |
 | ``generate-hf`` | ``transformers`` ``model.generate`` on the same prompts, bf16, ``min_new_tokens`` = ``max_new_tokens`` |
@@ -154,7 +154,7 @@ def update_verity(
     """``FSDP2Engine.train_step`` seconds on the bench batch; the engine's own ``ran`` facts.
 
     ``autograd_head``: the loss head through autograd (an entropy gradient asked for, which
-    the policy loss then ignores: the same gradient, the pre-fused head's cost).
+    the policy loss then ignores: the same gradient, autograd's cost for the head).
     """
     from verity.engines import FSDP2Engine, OptimConfig
 
