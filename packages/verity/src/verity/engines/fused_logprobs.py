@@ -10,8 +10,8 @@ and the entropy (returned without a gradient) is ``H = -sum_v p_v (z_v - lse)``.
 
 Autograd's version of the same computation keeps a float32 copy of the logits for the
 backward and makes several full passes over ``[N, V]`` in both directions: the float32
-cast, ``logsumexp``'s backward, ``gather``'s dense zero-filled gradient, their sum and the
-cast back. With a vocabulary of 151,936 those passes, not the matrix products, are what a
+cast, the normaliser's backward, ``gather``'s dense zero-filled gradient, their sum and
+the cast back. With a vocabulary of 151,936 those passes, not the matrix products, are what a
 training step's loss head costs. :class:`ChosenTokenLogprobs` keeps only the logits as
 they are (bf16 under autocast: half the bytes of the float32 copy); forward and backward
 each work on ``chunk_tokens`` rows at a time in float32 — forward one ``log_softmax``
@@ -19,8 +19,9 @@ each work on ``chunk_tokens`` rows at a time in float32 — forward one ``log_so
 backward one ``softmax`` that becomes the gradient in place — and write the gradient
 straight into the logits' dtype.
 
-The values equal :func:`verity.engines.logprobs.logprobs_and_entropy_from_logits`'s up to
-float32 rounding, as does the gradient.
+Every log-prob pass of the engines computes here or through :func:`rows_log_softmax`
+(:func:`verity.engines.logprobs.logprobs_and_entropy_from_logits`), so no-grad and training
+passes agree to the bit; the gradient equals autograd's up to float32 rounding.
 """
 
 from __future__ import annotations
