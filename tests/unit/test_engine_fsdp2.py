@@ -222,7 +222,7 @@ def test_gradient_checkpointing_gives_the_same_gradient():
 
 def test_a_bare_cuda_device_gets_the_current_index(monkeypatch):
     """``device="cuda"`` (no index) is torch's current CUDA device: ``set_device`` refuses a bare one."""
-    from verity.engines.fsdp2 import default_device, resolve_device
+    from verity.engines.device import default_device, resolve_device
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     assert resolve_device("cuda") == torch.device("cuda", 3)

@@ -87,3 +87,27 @@ def test_trimmed_critic_values_and_gradients_equal_the_full_width_ones():
     assert torch.count_nonzero(v_t[~real]) == 0
     for name in g_f:
         assert torch.allclose(g_t[name], g_f[name], atol=1e-5), name
+
+
+def test_the_window_and_groups_are_planned_from_the_host_layout_when_given(monkeypatch):
+    """The engines plan from host copies (no wait on the device); the values are the same."""
+    import verity.engines.logprobs as logprobs_module
+
+    model = tiny_qwen2()
+    batch = _batch([3, 7, 7, 2], [4, 9, 1, 6])
+    # rows 1 and 2 share a prompt: the group search runs too
+    batch["input_ids"][2, :P] = batch["input_ids"][1, :P]
+    layout = {"input_ids": batch["input_ids"].clone(), "attention_mask": batch["attention_mask"].clone()}
+    seen = []
+    real_window = logprobs_module.padding_free_window
+
+    def spy(mask, response_len):
+        seen.append(mask)
+        return real_window(mask, response_len)
+
+    monkeypatch.setattr(logprobs_module, "padding_free_window", spy)
+    with torch.no_grad():
+        want, _ = response_logprobs(model, batch)
+        got, _ = response_logprobs(model, batch, layout=layout)
+    assert seen[0] is batch["attention_mask"] and seen[1] is layout["attention_mask"]
+    assert torch.equal(got, want)

@@ -90,3 +90,23 @@ def test_gradients_and_logprobs_equal_the_row_cut_ones():
     assert any(g.abs().max() > 1e-4 for g in grads_a.values())
     for name in grads_a:
         torch.testing.assert_close(grads_b[name], grads_a[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_step_moves_its_rows_once_and_plans_from_the_host():
+    from verity.engines.micro_batches import host_layout, on_device, take_rows
+
+    batch = {
+        "input_ids": torch.arange(12).view(4, 3),
+        "attention_mask": torch.ones(4, 3, dtype=torch.long),
+        "advantages": torch.arange(4.0),
+    }
+    moved = on_device(batch, 3, torch.device("cpu"))  # the first 3 rows (the rest are Batch.split padding)
+    assert torch.equal(moved["input_ids"], batch["input_ids"][:3])
+    micro = take_rows(moved, 1, 3, torch.device("cpu"))
+    assert torch.equal(micro["advantages"], torch.tensor([1.0, 2.0]))
+    plan = host_layout(batch, 1, 3)
+    assert set(plan) == {"input_ids", "attention_mask"} and torch.equal(plan["input_ids"], batch["input_ids"][1:3])
+    on_meta = {k: v.to("meta") for k, v in batch.items()}
+    assert host_layout(on_meta, 0, 2) is None  # rows already on a device: nothing to plan from on the host
+    with_images = {**batch, "pixel_values": [None] * 4, "image_grid_thw": [None] * 4}
+    assert on_device(with_images, 4, torch.device("cpu")) is with_images  # pixels move per micro-batch

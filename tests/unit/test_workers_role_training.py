@@ -126,3 +126,14 @@ def test_ran_names_the_device_the_actor_computed_on():
     ran = groups.ran()
     assert ran["device_name"] == "NVIDIA H200" and ran["critic"] == "fsdp2"
     assert "device_name" not in RoleGroups(roles=[], facts={"actor": {"train_engine": "fsdp2"}}).ran()
+
+
+def test_ran_says_when_the_loss_head_was_compiled():
+    from verity.trainer.roles import RoleGroups
+
+    compiled = {"train_engine": "fsdp2", "train_compiled_layers": 24, "train_compiled_head": True}
+    ran = RoleGroups(roles=[], facts={"actor": compiled}).ran()
+    assert ran["actor_compiled_layers"] == "24" and ran["actor_compiled_head"] == "true"
+    eager = {"train_engine": "fsdp2", "train_compiled_layers": 0, "train_compiled_head": False}
+    eager_ran = RoleGroups(roles=[], facts={"actor": eager}).ran()
+    assert "actor_compiled_layers" not in eager_ran and "actor_compiled_head" not in eager_ran

@@ -42,8 +42,9 @@ LossFn = Callable[[Any, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Ma
 #: ``loss_fn(micro_batch, values [b, R], agg_ctx) -> (loss scalar, metrics)`` (a critic's loss)
 ValueLossFn = Callable[[Any, torch.Tensor, Any], tuple[torch.Tensor, Mapping[str, float]]]
 
-#: ``micro_loss(micro_batch, agg_ctx) -> (loss scalar, metrics, sums)``: one micro-batch's forward and loss
-MicroLossFn = Callable[[Any, Any], tuple[torch.Tensor, Mapping[str, float], Mapping[str, float]]]
+#: ``micro_loss(micro_batch, agg_ctx, host_layout) -> (loss scalar, metrics, sums)``: one micro-batch's
+#: forward and loss; ``host_layout`` as :func:`verity.engines.micro_batches.host_layout`
+MicroLossFn = Callable[[Any, Any, Any], tuple[torch.Tensor, Mapping[str, float], Mapping[str, float]]]
 
 
 def make_aggregation_context(

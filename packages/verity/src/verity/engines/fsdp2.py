@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import time
 import warnings
 from pathlib import Path
@@ -37,17 +36,20 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from verity.engines.base import LossFn, MicroLossFn, TrainingEngine, ValueLossFn, make_aggregation_context
-from verity.engines.compiled_layers import compile_decoder_layers
+from verity.engines.compiled_layers import compile_decoder_layers, compile_unavailable_reason
+from verity.engines.device import resolve_device
+from verity.engines.fsdp2_scoring import FSDP2ScoringMixin
 from verity.engines.fsdp2_state import FSDP2StateMixin
 from verity.engines.hf_loading import load_causal_lm, use_attention_kernel
 from verity.engines.logprobs import DEFAULT_CHUNK_TOKENS, response_logprobs
 from verity.engines.micro_batches import (
-    LOGPROB_KEYS,
     TRAIN_KEYS,
     get_tensor,
+    host_layout,
     micro_batch_ranges,
     model_inputs,
     num_rows,
+    on_device,
     padding_rows,
     take_rows,
     validate_layout,
@@ -59,25 +61,11 @@ from verity.engines.values import response_values
 from verity.hardware.cpu_peak import cpu_has_native_bf16
 
 
-def default_device() -> torch.device:
-    """``cuda:$LOCAL_RANK`` when CUDA is available, else ``cpu``."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
-
-
-def resolve_device(device: torch.device | str | None) -> torch.device:
-    """``device`` as a ``torch.device`` with an index where CUDA needs one; None: :func:`default_device`.
-
-    A bare ``"cuda"`` means torch's current CUDA device (``torch.cuda.set_device`` and
-    ``init_device_mesh`` refuse a CUDA device without an index).
-    """
-    if device is None:
-        return default_device()
-    resolved = torch.device(device)
-    if resolved.type == "cuda" and resolved.index is None:
-        resolved = torch.device("cuda", torch.cuda.current_device())
-    return resolved
+def _add_values(sums: dict[str, Any], values: dict[str, Any]) -> None:
+    """``sums[k] += values[k]``; tensors are added detached, where they are (no host sync)."""
+    for key, value in values.items():
+        value = value.detach() if isinstance(value, torch.Tensor) else float(value)
+        sums[key] = sums.get(key, 0.0) + value
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -96,7 +84,7 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return []
 
 
-class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
+class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
     """Data-parallel training of a causal LM with FSDP2 (see the module docstring).
 
     Args:
@@ -104,7 +92,7 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         optim_config: AdamW and LR-schedule settings; ``None`` makes an inference-only
             engine (e.g. the reference policy): :meth:`train_step` then raises.
         total_steps: optimizer steps of the whole run, the horizon of the LR schedule.
-        device: where this rank computes; default :func:`default_device`.
+        device: where this rank computes; default :func:`verity.engines.device.default_device`.
         mixed_precision: bf16 compute with float32 master weights, gradients, gradient
             reduction and AdamW state; default True on CUDA, False on CPU. On CPU it pays
             off where the cores multiply bf16 natively (AMX or AVX-512 BF16:
@@ -125,6 +113,8 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         compile_layers: compile each decoder layer with ``torch.compile`` (inductor), before
             sharding; see :mod:`verity.engines.compiled_layers`. Raises ``RuntimeError`` up
             front when inductor cannot run on ``device`` (no C++ compiler on a CPU).
+        compile_head: score log-probs through the compiled loss head
+            (:mod:`verity.engines.compiled_head`) in every pass; default: as ``compile_layers``.
     """
 
     name = "fsdp2"  # what a run records as the engine that trained
@@ -145,6 +135,7 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         micro_batch_tokens: int = 0,
         attn_implementation: str | None = None,
         compile_layers: bool = False,
+        compile_head: bool | None = None,
     ) -> None:
         if sharding not in SHARDING_MODES:
             raise ValueError(f"sharding must be one of {list(SHARDING_MODES)}, got {sharding!r}")
@@ -198,7 +189,14 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
                     "or gradient_checkpointing_enable()"
                 )
         # layers compiled in place, before sharding: names and state_dict keys stay the model's
-        self.compiled_layers = compile_decoder_layers(decoder_layers(module), self.device) if compile_layers else 0
+        self.compiled_layers = (
+            compile_decoder_layers(decoder_layers(module), self.device) if compile_layers else 0
+        )
+        self.compiled_head = bool(compile_layers if compile_head is None else compile_head)
+        if self.compiled_head and not compile_layers:
+            reason = compile_unavailable_reason(self.device)
+            if reason is not None:
+                raise RuntimeError(f"compile_head=True: {reason}")
         self._module = module
         self._loss_scale = 1.0
         self.fsdp_modules: list[nn.Module] = []
@@ -278,64 +276,6 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         return ranges, int(self._all_reduce([float(len(ranges))], op="max")[0])
 
     # --------------------------------------------------------------- log-probs
-    def _no_grad_passes(self, batch: Any, micro_batch_size: int, forward: Any) -> list[Any]:
-        """Run ``forward(model_inputs)`` on each micro-batch; the answers of the real ones, in order.
-
-        Every rank runs the same number of passes (FSDP2 all-gathers in each); a rank
-        with fewer rows repeats a one-row pass whose answer is dropped.
-        """
-        ranges, max_count = self._micro_ranges(batch, num_rows(batch), micro_batch_size)
-        local_count = len(ranges)
-        self._module.eval()
-        answers = []
-        with torch.no_grad():
-            for i in range(max_count):
-                start, end = ranges[i] if i < local_count else (0, 1)
-                micro = model_inputs(take_rows(batch, start, end, self.device))
-                with self._autocast():
-                    answer = forward(micro)
-                if i < local_count:
-                    answers.append(answer)
-        return answers
-
-    def compute_logprobs(
-        self,
-        batch: Any,
-        micro_batch_size: int,
-        temperature: float = 1.0,
-        *,
-        compute_entropy: bool = True,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """See :meth:`TrainingEngine.compute_logprobs`; returns float32 CPU tensors ``[B, R]``."""
-        validate_layout(batch, LOGPROB_KEYS)
-
-        def forward(micro: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
-            logprobs, entropy = response_logprobs(
-                self._module,
-                micro,
-                temperature=temperature,
-                compute_entropy=compute_entropy,
-                chunk_tokens=self.logprob_chunk_tokens,
-            )
-            return logprobs.float().cpu(), (entropy.float().cpu() if entropy is not None else None)
-
-        parts = self._no_grad_passes(batch, micro_batch_size, forward)
-        entropy_out = torch.cat([e for _, e in parts]) if compute_entropy else None
-        return torch.cat([lp for lp, _ in parts]), entropy_out
-
-    def compute_values(self, batch: Any, micro_batch_size: int) -> torch.Tensor:
-        """Values of the response tokens under a value model (a critic): float32 CPU ``[B, R]``, no grad.
-
-        The model must have a scalar head (see :mod:`verity.engines.values`); the value
-        of response token ``j`` is read at position ``P-1+j``. ``batch`` as for
-        :meth:`compute_logprobs`.
-        """
-        validate_layout(batch, LOGPROB_KEYS)
-        parts = self._no_grad_passes(
-            batch, micro_batch_size, lambda micro: response_values(self._module, micro).float().cpu()
-        )
-        return torch.cat(parts)
-
     # ---------------------------------------------------------------- training
     def _require_optimizer(self) -> torch.optim.Optimizer:
         if self.optimizer is None:
@@ -387,26 +327,29 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
         batch, rows, row_counts = rows_to_run(batch, rows, train_rows)
         ranges, max_count = self._micro_ranges(batch, rows, micro_batch_size)
         local_count = len(ranges)
+        resident = on_device(batch, max(rows, 1), self.device)
 
         self._module.train()
-        loss_total = 0.0
-        metric_sums: dict[str, float] = {}
-        extra_sums: dict[str, float] = {}
+        # sums stay on the device until the last micro-batch: no host sync between passes
+        loss_total: Any = 0.0
+        metric_sums: dict[str, Any] = {}
+        extra_sums: dict[str, Any] = {}
         for i in range(max_count):
             real = i < local_count
             start, end = ranges[i] if real else (0, 1)
-            micro = take_rows(batch, start, end, self.device)
-            loss, metrics, sums = micro_loss(micro, agg)
+            micro = take_rows(resident, start, end, self.device)
+            loss, metrics, sums = micro_loss(micro, agg, host_layout(batch, start, end))
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
                 raise TypeError("loss_fn must return (scalar loss tensor, metrics dict)")
             weight = self._loss_scale if real else 0.0
             (loss * weight).backward()
             if real:
-                loss_total += float(loss.detach())
-                for key, value in (metrics or {}).items():
-                    metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
-                for key, value in sums.items():
-                    extra_sums[key] = extra_sums.get(key, 0.0) + float(value)
+                loss_total = loss_total + loss.detach()
+                _add_values(metric_sums, metrics or {})
+                _add_values(extra_sums, sums)
+        loss_total = float(loss_total)
+        metric_sums = {k: float(v) for k, v in metric_sums.items()}
+        extra_sums = {k: float(v) for k, v in extra_sums.items()}
 
         if self.sharding == "replicate":
             all_reduce_gradients(self._module.parameters())
@@ -453,7 +396,7 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
             metric averaged over micro-batches and ranks.
         """
 
-        def micro_loss(micro: Any, agg: Any) -> tuple[torch.Tensor, Any, dict[str, float]]:
+        def micro_loss(micro: Any, agg: Any, layout: Any) -> tuple[torch.Tensor, Any, dict[str, float]]:
             with self._autocast():
                 logprobs, entropy = response_logprobs(
                     self._module,
@@ -462,15 +405,21 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
                     compute_entropy=True,
                     chunk_tokens=self.logprob_chunk_tokens,
                     entropy_grad=entropy_requires_grad,
+                    compiled_head=self.compiled_head,
+                    layout=layout,
                 )
             if not entropy_requires_grad:
                 entropy = entropy.detach()
             loss, metrics = loss_fn(micro, logprobs, entropy, agg)
-            mask = get_tensor(micro, "response_mask").float()
-            return loss, metrics, {
-                "entropy_sum": float((entropy.detach() * mask).sum()),
-                "entropy_tokens": float(mask.sum()),
-            }
+            mask = get_tensor(micro, "response_mask").to(entropy.device, torch.float32)
+            return (
+                loss,
+                metrics,
+                {
+                    "entropy_sum": (entropy.detach() * mask).sum(),
+                    "entropy_tokens": mask.sum(),
+                },
+            )
 
         out, sums = self._accumulate_gradients(
             batch, micro_batch_size, micro_loss, max_response_len, train_rows=train_rows
@@ -492,7 +441,7 @@ class FSDP2Engine(FSDP2StateMixin, TrainingEngine):
             averaged over micro-batches and ranks.
         """
 
-        def micro_loss(micro: Any, agg: Any) -> tuple[torch.Tensor, Any, dict[str, float]]:
+        def micro_loss(micro: Any, agg: Any, _layout: Any) -> tuple[torch.Tensor, Any, dict[str, float]]:
             with self._autocast():
                 values = response_values(self._module, model_inputs(micro))
             loss, metrics = loss_fn(micro, values, agg)

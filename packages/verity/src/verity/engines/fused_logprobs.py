@@ -113,17 +113,28 @@ def chosen_token_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int = 4096,
     compute_entropy: bool = True,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``labels [N]`` under ``logits [N, V] / temperature`` (with a gradient) and the entropy (without).
 
     Returns ``(logprobs [N], entropy [N] or None)`` in float32 (float64 for float64 logits),
     natural-log units. See the module docstring for the math and the memory it saves.
+    ``compiled``: the same math as two inductor kernels over all ``N`` rows at once
+    (:mod:`verity.engines.compiled_head`; ``chunk_tokens`` is then unused: nothing of
+    size ``[N, V]`` is made but the gradient).
     """
     if logits.dim() != 2 or labels.shape != logits.shape[:1]:
         raise ValueError(
             f"logits must be [N, V] and labels [N], got {tuple(logits.shape)} and {tuple(labels.shape)}"
         )
-    logprobs, entropy = ChosenTokenLogprobs.apply(
-        logits, labels, float(temperature), int(chunk_tokens), bool(compute_entropy)
-    )
+    if compiled:
+        from verity.engines.compiled_head import CompiledChosenTokenLogprobs
+
+        logprobs, entropy = CompiledChosenTokenLogprobs.apply(
+            logits, labels, float(temperature), bool(compute_entropy)
+        )
+    else:
+        logprobs, entropy = ChosenTokenLogprobs.apply(
+            logits, labels, float(temperature), int(chunk_tokens), bool(compute_entropy)
+        )
     return logprobs, (entropy if compute_entropy else None)

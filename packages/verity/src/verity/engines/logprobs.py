@@ -58,6 +58,7 @@ def logprobs_and_entropy_from_logits(
     compute_entropy: bool = True,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     entropy_grad: bool = True,
+    compiled_head: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probability of ``labels`` and entropy of the tempered distribution.
 
@@ -71,6 +72,8 @@ def logprobs_and_entropy_from_logits(
             bonus: one autograd pass). False (the default elsewhere in the engines) takes the
             chunked path of :mod:`verity.engines.fused_logprobs`: same values, the log-probs'
             gradient by a hand-written backward, the entropy detached.
+        compiled_head: that path as two inductor kernels (:mod:`verity.engines.compiled_head`);
+            the entropy-bonus autograd pass is not compiled.
 
     Returns:
         ``(logprobs [...], entropy [...] or None)``, float32, natural-log units (nats).
@@ -99,6 +102,7 @@ def logprobs_and_entropy_from_logits(
         temperature=temperature,
         chunk_tokens=chunk_tokens,
         compute_entropy=compute_entropy,
+        compiled=compiled_head,
     )
     return logprobs.reshape(lead_shape), None if entropy is None else entropy.reshape(lead_shape)
 
@@ -128,6 +132,8 @@ def response_logprobs(
     trim_padding: bool = True,
     share_prompts: bool = True,
     entropy_grad: bool = True,
+    compiled_head: bool = False,
+    layout: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run ``model`` on one micro-batch and score its response tokens.
 
@@ -148,6 +154,12 @@ def response_logprobs(
         share_prompts: with ``trim_padding``, rows sharing a prompt (a GRPO group) run as
             one sequence, the prompt computed once (:mod:`verity.engines.shared_prompt`),
             when that saves positions; the values equal the padded window's up to rounding.
+        compiled_head: score through :mod:`verity.engines.compiled_head` (engines with
+            compiled layers, in every pass).
+        layout: the micro-batch's ``input_ids`` and ``attention_mask`` in host memory
+            (:func:`verity.engines.micro_batches.host_layout`): the window and the prompt
+            groups are planned from them, so the host does not wait for the device; default:
+            the micro-batch's own.
 
     Returns:
         ``(logprobs [B, R], entropy [B, R] or None)`` float32; autograd flows through
@@ -158,18 +170,34 @@ def response_logprobs(
     responses = micro_batch["responses"]
     attention_mask = micro_batch["attention_mask"]
     response_len = responses.shape[1]
-    first, kept = padding_free_window(attention_mask, response_len) if trim_padding else (0, response_len)
+    plan = micro_batch if layout is None else layout
+    first, kept = (
+        padding_free_window(plan["attention_mask"], response_len) if trim_padding else (0, response_len)
+    )
     end = input_ids.shape[1] - (response_len - kept)
     grouped = None
     if trim_padding and share_prompts and not has_images(micro_batch):
-        groups = find_prompt_groups(input_ids, attention_mask, input_ids.shape[1] - response_len)
+        groups = find_prompt_groups(
+            plan["input_ids"],
+            plan["attention_mask"],
+            input_ids.shape[1] - response_len,
+            device=input_ids.device,
+        )
         if should_share_prompts(model, micro_batch, groups, first, kept):
             grouped = grouped_response_logits(
                 model, micro_batch, groups, first, kept, logits_to_keep=_accepts_logits_to_keep(model)
             )
     if grouped is not None:
         return _score(
-            grouped, responses, attention_mask, kept, temperature, compute_entropy, chunk_tokens, entropy_grad
+            grouped,
+            responses,
+            attention_mask,
+            kept,
+            temperature,
+            compute_entropy,
+            chunk_tokens,
+            entropy_grad,
+            compiled_head,
         )
     kwargs = {
         "input_ids": input_ids[:, first:end],
@@ -190,8 +218,13 @@ def response_logprobs(
     if _accepts_logits_to_keep(model):
         # keep only positions P-1 .. P+kept-1 (the last kept+1), the last one is dropped below
         kwargs["logits_to_keep"] = kept + 1
+    # The last kept+1 positions: the kept ones and the one after them, scored with a dummy
+    # label and dropped in _score. With logits_to_keep this is the model's whole output, so
+    # the loss head reads it in place; slicing the extra position off first would copy the
+    # [B, kept, V] logits forward and zero-fill and copy their gradient backward.
     logits = model(**kwargs).logits
-    logits = logits[:, -(kept + 1) : -1, :]
+    if logits.shape[1] != kept + 1:  # no logits_to_keep: a view of the last kept+1 positions
+        logits = logits[:, -(kept + 1) :, :]
     if has_images(micro_batch):
         logits = mask_vision_tokens(logits, vision_token_ids(model))  # as the rollout sampled them
     return _score(
@@ -203,6 +236,8 @@ def response_logprobs(
         compute_entropy,
         chunk_tokens,
         entropy_grad,
+        compiled_head,
+        trailing=1,
     )
 
 
@@ -215,20 +250,30 @@ def _score(
     compute_entropy: bool,
     chunk_tokens: int,
     entropy_grad: bool = True,
+    compiled_head: bool = False,
+    trailing: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs and entropy ``[B, R]`` from the logits ``[B, kept, V]`` of the first ``kept`` response tokens.
+    """Log-probs and entropy ``[B, R]`` from the logits ``[B, kept + trailing, V]`` of the first ``kept`` response tokens.
 
-    Columns past ``kept`` read 0; with ``attention_mask`` (``[B, P+R]``) so do padding positions.
+    The ``trailing`` positions after them are scored against token 0 and dropped. Columns
+    past ``kept`` read 0; with ``attention_mask`` (``[B, P+R]``) so do padding positions.
     """
     response_len = responses.shape[1]
+    labels = responses[:, :kept]
+    if trailing:
+        labels = F.pad(labels, (0, trailing))
     logprobs, entropy = logprobs_and_entropy_from_logits(
         logits,
-        responses[:, :kept],
+        labels,
         temperature=temperature,
         compute_entropy=compute_entropy,
         chunk_tokens=chunk_tokens,
         entropy_grad=entropy_grad,
+        compiled_head=compiled_head,
     )
+    if trailing:
+        logprobs = logprobs[:, :kept]
+        entropy = None if entropy is None else entropy[:, :kept]
     if kept < response_len:
         logprobs = F.pad(logprobs, (0, response_len - kept))
         entropy = None if entropy is None else F.pad(entropy, (0, response_len - kept))

@@ -100,6 +100,31 @@ def take_rows(batch: Any, start: int, end: int, device: torch.device) -> Any:
     return pick_rows(batch, slice(start, end), device)
 
 
+def on_device(batch: Any, rows: int, device: torch.device) -> Any:
+    """The first ``rows`` rows of ``batch`` moved to ``device`` at once, for the micro-batches to slice.
+
+    One transfer per tensor per step instead of one per micro-batch: each blocking
+    host-to-device copy waits for the work already queued, so per-micro-batch copies keep
+    the host from running ahead of the device. A batch with images stays where it is (its
+    micro-batches move as they run: pixels can be large).
+    """
+    if has_images(batch):
+        return batch
+    return pick_rows(batch, slice(0, rows), device)
+
+
+def host_layout(batch: Any, start: int, end: int) -> dict[str, torch.Tensor] | None:
+    """``input_ids`` and ``attention_mask`` of rows ``start:end`` when they are in host memory, else None.
+
+    :func:`verity.engines.logprobs.response_logprobs` plans a micro-batch's window and
+    prompt groups from them without waiting on the device.
+    """
+    ids, mask = get_tensor(batch, "input_ids"), get_tensor(batch, "attention_mask")
+    if ids.device.type != "cpu" or mask.device.type != "cpu":
+        return None
+    return {"input_ids": ids[start:end], "attention_mask": mask[start:end]}
+
+
 def padding_rows(batch: Any) -> int:
     """Trailing rows that ``Batch.split`` added as padding (``batch.pad_rows``; 0 for a mapping)."""
     pad = int(getattr(batch, "pad_rows", 0) or 0)

@@ -63,12 +63,16 @@ class PromptGroups:
 
 
 def find_prompt_groups(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_len: int,
+    device: torch.device | None = None,
 ) -> PromptGroups:
     """Group the rows of ``input_ids [B, P+R]`` whose prompt columns ``0 .. P-1`` are equal.
 
     Two prompts are equal when their real tokens (``attention_mask`` 1) and padding
-    agree column by column. Groups are numbered in order of their first row.
+    agree column by column. Groups are numbered in order of their first row. The index
+    tensors are put on ``device`` (default: ``input_ids``'s) without waiting for it.
     """
     prompt = torch.where(attention_mask[:, :prompt_len].bool(), input_ids[:, :prompt_len], -1)
     _, inverse = torch.unique(prompt, dim=0, return_inverse=True)
@@ -86,11 +90,11 @@ def find_prompt_groups(
             first_row.append(row)
         group[row], slot[row] = g, counts[g]
         counts[g] += 1
-    device = input_ids.device
+    device = input_ids.device if device is None else device
     return PromptGroups(
-        group=group.to(device),
-        slot=slot.to(device),
-        first_row=torch.tensor(first_row, dtype=torch.long, device=device),
+        group=group.to(device, non_blocking=True),
+        slot=slot.to(device, non_blocking=True),
+        first_row=torch.tensor(first_row, dtype=torch.long).to(device, non_blocking=True),
         members=max(counts) if counts else 0,
     )
 

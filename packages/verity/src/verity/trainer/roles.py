@@ -51,6 +51,8 @@ class RoleGroups:
                 out[f"{name}_attention"] = str(facts["train_attention"])
             if facts.get("train_compiled_layers"):  # only runs that compiled say so
                 out[f"{name}_compiled_layers"] = str(facts["train_compiled_layers"])
+            if facts.get("train_compiled_head"):
+                out[f"{name}_compiled_head"] = "true"
             if facts.get("rollout_dtype"):
                 out["rollout_dtype"] = str(facts["rollout_dtype"])
             if facts.get("adapter"):

@@ -146,6 +146,7 @@ class ActorRolloutRefWorker(Worker):
             "train_compute_dtype": str(self.actor.compute_dtype).removeprefix("torch."),
             "train_attention": attention_implementation(self.actor.model),
             "train_compiled_layers": getattr(self.actor, "compiled_layers", 0),
+            "train_compiled_head": bool(getattr(self.actor, "compiled_head", False)),
             "rollout_engine": self.rollout.name,
             "rollout_dtype": self.rollout.serving_dtype,
             "rollout_wrappers": list(self.rollout.wrappers),

@@ -100,7 +100,8 @@ class MegatronEngine(TrainingEngine):
         total_steps: int = 1,
         device: torch.device | str | None = None,
     ) -> None:
-        from verity.engines.fsdp2 import load_causal_lm, resolve_device
+        from verity.engines.device import resolve_device
+        from verity.engines.fsdp2 import load_causal_lm
 
         self.options = options or MegatronOptions()
         self.options.validate()
@@ -302,7 +303,14 @@ class MegatronEngine(TrainingEngine):
                     metric_sums[key] = metric_sums.get(key, 0.0) + float(value)
             keys = sorted(metric_sums)
             reduced = all_reduce_floats(
-                [loss_total, entropy_total, entropy_tokens, float(len(results)), float(real_rows), *row_counts]
+                [
+                    loss_total,
+                    entropy_total,
+                    entropy_tokens,
+                    float(len(results)),
+                    float(real_rows),
+                    *row_counts,
+                ]
                 + [metric_sums[k] for k in keys],
                 lay.dp_group,
                 self.device,

@@ -1,0 +1,95 @@
+"""The no-grad passes of :class:`~verity.engines.fsdp2.FSDP2Engine`: log-probs and values, micro-batch by micro-batch.
+
+:class:`FSDP2ScoringMixin` runs the model without a gradient over a mini-batch (the old
+and reference log-probs of a PPO step, a critic's values). The rows go to the device once
+per call (:func:`~verity.engines.micro_batches.on_device`), each micro-batch's window is
+planned from the host copy (:func:`~verity.engines.micro_batches.host_layout`), and the
+answers come back to the host in one copy at the end, so the host never waits on the
+device between micro-batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from verity.engines.logprobs import response_logprobs
+from verity.engines.micro_batches import (
+    LOGPROB_KEYS,
+    host_layout,
+    model_inputs,
+    num_rows,
+    on_device,
+    take_rows,
+    validate_layout,
+)
+from verity.engines.values import response_values
+
+__all__ = ["FSDP2ScoringMixin"]
+
+
+class FSDP2ScoringMixin:
+    """``compute_logprobs`` and ``compute_values`` for an engine with ``_module``, ``device``,
+    ``_micro_ranges``, ``_autocast``, ``logprob_chunk_tokens`` and ``compiled_head``."""
+
+    def _no_grad_passes(self, batch: Any, micro_batch_size: int, forward: Any) -> list[Any]:
+        """Run ``forward(model_inputs)`` on each micro-batch; the answers of the real ones, in order.
+
+        Every rank runs the same number of passes (FSDP2 all-gathers in each); a rank
+        with fewer rows repeats a one-row pass whose answer is dropped.
+        """
+        ranges, max_count = self._micro_ranges(batch, num_rows(batch), micro_batch_size)
+        local_count = len(ranges)
+        resident = on_device(batch, num_rows(batch), self.device)
+        self._module.eval()
+        answers = []
+        with torch.no_grad():
+            for i in range(max_count):
+                start, end = ranges[i] if i < local_count else (0, 1)
+                micro = model_inputs(take_rows(resident, start, end, self.device))
+                with self._autocast():
+                    answer = forward(micro, host_layout(batch, start, end))
+                if i < local_count:
+                    answers.append(answer)
+        return answers
+
+    def compute_logprobs(
+        self,
+        batch: Any,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        *,
+        compute_entropy: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """See :meth:`TrainingEngine.compute_logprobs`; returns float32 CPU tensors ``[B, R]``."""
+        validate_layout(batch, LOGPROB_KEYS)
+
+        def forward(micro: dict[str, torch.Tensor], layout: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+            logprobs, entropy = response_logprobs(
+                self._module,
+                micro,
+                temperature=temperature,
+                compute_entropy=compute_entropy,
+                chunk_tokens=self.logprob_chunk_tokens,
+                compiled_head=self.compiled_head,
+                layout=layout,
+            )
+            return logprobs.float(), (entropy.float() if entropy is not None else None)
+
+        parts = self._no_grad_passes(batch, micro_batch_size, forward)  # on the device: one copy back
+        entropy_out = torch.cat([e for _, e in parts]).cpu() if compute_entropy else None
+        return torch.cat([lp for lp, _ in parts]).cpu(), entropy_out
+
+    def compute_values(self, batch: Any, micro_batch_size: int) -> torch.Tensor:
+        """Values of the response tokens under a value model (a critic): float32 CPU ``[B, R]``, no grad.
+
+        The model must have a scalar head (see :mod:`verity.engines.values`); the value
+        of response token ``j`` is read at position ``P-1+j``. ``batch`` as for
+        :meth:`compute_logprobs`.
+        """
+        validate_layout(batch, LOGPROB_KEYS)
+        parts = self._no_grad_passes(
+            batch, micro_batch_size, lambda micro, _layout: response_values(self._module, micro).float()
+        )
+        return torch.cat(parts).cpu()
