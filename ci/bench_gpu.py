@@ -15,9 +15,11 @@ downloaded. Every row is a distinct random prompt of ``--prompt-len`` tokens fol
 | side | what runs |
 |---|---|
 | ``update-verity`` | ``FSDP2Engine.train_step`` (one process, bf16 autocast over float32 master weights, SDPA, fused AdamW), a GRPO policy-gradient loss |
-| ``update-verity-compiled`` | the same with ``compile_layers=True`` (each decoder layer through inductor) |
+| ``update-verity-compiled`` | the same with ``compile_layers=True``: each decoder layer through inductor, and the loss head (:mod:`verity.engines.compiled_head`) |
+| ``update-verity-compiled-eager-head`` | compiled layers, the eager chunked loss head (:mod:`verity.engines.fused_logprobs`): what the compiled head adds |
 | ``update-verity-autograd-head`` | ``update-verity`` with the loss head through autograd (``entropy_requires_grad=True``: a float32 ``[N, V]`` log-softmax kept for the backward, the entropy in the graph; the head every step ran before :mod:`verity.engines.fused_logprobs`, then with ``logsumexp``) |
 | ``update-torch`` | a plain PyTorch loop on the same work: bf16 autocast, ``logits_to_keep``, log-softmax, the same loss, backward, clip, fused AdamW |
+| ``update-torch-compiled`` | that loop with each decoder layer compiled (``layer.compile()``), as verity's compiled side does |
 | ``generate-verity`` | ``HFRollout.generate`` (its own KV-cache decode loop), bf16 weights, EOS ignored |
 | ``generate-hf`` | ``transformers`` ``model.generate`` on the same prompts, bf16, ``min_new_tokens`` = ``max_new_tokens`` |
 
@@ -67,6 +69,7 @@ from bench_gpu_model import (  # noqa: E402
     train_batch,
     training_flops_per_row,
 )
+from bench_gpu_profile import maybe_profile, sync  # noqa: E402
 
 __all__ = [
     "MODELS",
@@ -85,26 +88,23 @@ __all__ = [
 SIDES = (
     "update-verity",
     "update-verity-compiled",
+    "update-verity-compiled-eager-head",
     "update-verity-autograd-head",
     "update-torch",
+    "update-torch-compiled",
     "generate-verity",
     "generate-hf",
 )
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def timed_steps(step: Callable[[], Any], device: torch.device, warmup: int, steps: int) -> dict:
     """Seconds of ``warmup`` then ``steps`` calls of ``step``, synchronised around each; ``last``: its last result."""
     seconds, last = [], None
     for _ in range(warmup + steps):
-        _sync(device)
+        sync(device)
         start = time.perf_counter()
         last = step()
-        _sync(device)
+        sync(device)
         seconds.append(time.perf_counter() - start)
     return {
         "warmup_seconds": seconds[:warmup],
@@ -112,21 +112,6 @@ def timed_steps(step: Callable[[], Any], device: torch.device, warmup: int, step
         "median_seconds": statistics.median(seconds[warmup:]),
         "last": last,
     }
-
-
-def maybe_profile(args: argparse.Namespace, name: str, step: Callable[[], Any]) -> None:
-    """With ``--profile DIR``: one more ``step`` under the torch profiler, its kernel table to ``DIR/name.txt``."""
-    if args.profile is None:
-        return
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities) as prof:
-        step()
-        _sync(torch.device(args.device))
-    sort = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-    args.profile.mkdir(parents=True, exist_ok=True)
-    (args.profile / f"{name}.txt").write_text(prof.key_averages().table(sort_by=sort, row_limit=40))
 
 
 def measure_matmul_peak(device: torch.device, n: int = 8192, repeats: int = 10) -> float | None:
@@ -149,12 +134,17 @@ def measure_matmul_peak(device: torch.device, n: int = 8192, repeats: int = 10) 
 
 
 def update_verity(
-    args: argparse.Namespace, device: torch.device, compiled: bool, autograd_head: bool = False
+    args: argparse.Namespace,
+    device: torch.device,
+    compiled: bool,
+    autograd_head: bool = False,
+    compiled_head: bool | None = None,
 ) -> dict:
     """``FSDP2Engine.train_step`` seconds on the bench batch; the engine's own ``ran`` facts.
 
     ``autograd_head``: the loss head through autograd (an entropy gradient asked for, which
     the policy loss then ignores: the same gradient, autograd's cost for the head).
+    ``compiled_head``: the engine's ``compile_head`` (default: as ``compiled``).
     """
     from verity.engines import FSDP2Engine, OptimConfig
 
@@ -166,6 +156,7 @@ def update_verity(
         mixed_precision=args.bf16,
         attn_implementation="sdpa",
         compile_layers=compiled,
+        compile_head=compiled_head,
     )
     batch = train_batch(MODELS[args.model], args.rows, args.prompt_len, args.response_len, seed=1)
 
@@ -173,7 +164,12 @@ def update_verity(
         return engine.train_step(batch, policy_loss, args.micro_rows, entropy_requires_grad=autograd_head)
 
     out = timed_steps(step, device, args.warmup, args.steps)
-    name = "update-verity" + ("-compiled" if compiled else "") + ("-autograd-head" if autograd_head else "")
+    name = (
+        "update-verity"
+        + ("-compiled" if compiled else "")
+        + ("-eager-head" if compiled and not engine.compiled_head else "")
+        + ("-autograd-head" if autograd_head else "")
+    )
     maybe_profile(args, name, step)
     metrics = out.pop("last")
     out["engine_tokens"] = metrics["tokens"]  # what the engine says it trained on, checked below
@@ -183,13 +179,17 @@ def update_verity(
             f"{args.rows * (args.prompt_len + args.response_len)}"
         )
     out["compiled_layers"] = bool(getattr(engine, "compiled_layers", False))
+    out["compiled_head"] = engine.compiled_head
     out["mixed_precision"] = engine.mixed_precision
     return out
 
 
-def update_torch(args: argparse.Namespace, device: torch.device) -> dict:
-    """The same update as a plain PyTorch loop (no verity code)."""
+def update_torch(args: argparse.Namespace, device: torch.device, compiled: bool = False) -> dict:
+    """The same update as a plain PyTorch loop (no verity code); ``compiled``: each decoder layer compiled."""
     model = build_model(MODELS[args.model], device).train()
+    if compiled:
+        for layer in model.model.layers:
+            layer.compile()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device.type == "cuda")
     batch = {
         k: v.to(device)
@@ -209,6 +209,7 @@ def update_torch(args: argparse.Namespace, device: torch.device) -> dict:
                     attention_mask=batch["attention_mask"][rows],
                     position_ids=batch["position_ids"][rows],
                     logits_to_keep=r + 1,
+                    use_cache=False,
                 ).logits[:, :-1]
             logp = logits.float().log_softmax(-1).gather(-1, batch["responses"][rows, :, None]).squeeze(-1)
             loss = -(logp * batch["advantages"][rows] * batch["response_mask"][rows]).sum() / tokens
@@ -219,7 +220,7 @@ def update_torch(args: argparse.Namespace, device: torch.device) -> dict:
 
     out = timed_steps(step, device, args.warmup, args.steps)
     out.pop("last")
-    maybe_profile(args, "update-torch", step)
+    maybe_profile(args, "update-torch" + ("-compiled" if compiled else ""), step)
     return out
 
 
@@ -295,6 +296,11 @@ def summarise(
     pairs = {
         "update_verity_vs_torch": ("update-verity", "update-torch"),
         "update_verity_compiled_vs_torch": ("update-verity-compiled", "update-torch"),
+        "update_verity_compiled_vs_torch_compiled": ("update-verity-compiled", "update-torch-compiled"),
+        "update_verity_compiled_vs_eager_head": (
+            "update-verity-compiled",
+            "update-verity-compiled-eager-head",
+        ),
         "update_verity_vs_autograd_head": ("update-verity", "update-verity-autograd-head"),
         "generate_verity_vs_hf": ("generate-verity", "generate-hf"),
     }
@@ -323,16 +329,16 @@ def format_table(result: dict) -> str:
     """A short text table of the sides."""
     lines = [
         f"device: {result['environment']['device']}  model: {result['config']['model']}",
-        f"{'side':24} {'s (median)':>11} {'tokens/s':>12} {'MFU(sheet)':>11} {'MFU(meas.)':>11}",
+        f"{'side':34} {'s (median)':>11} {'tokens/s':>12} {'MFU(sheet)':>11} {'MFU(meas.)':>11}",
     ]
     for name, side in result["sides"].items():
         if "error" in side:
-            lines.append(f"{name:24} error: {side['error'][:80]}")
+            lines.append(f"{name:34} error: {side['error'][:80]}")
             continue
         mfu = side.get("mfu_vs_datasheet")
         meas = side.get("mfu_vs_measured_matmul")
         lines.append(
-            f"{name:24} {side['median_seconds']:11.4f} {side['tokens_per_s']:12.0f} "
+            f"{name:34} {side['median_seconds']:11.4f} {side['tokens_per_s']:12.0f} "
             f"{'' if mfu is None else f'{mfu:.1%}':>11} {'' if meas is None else f'{meas:.1%}':>11}"
         )
     for key, value in result["summary"].items():
@@ -343,8 +349,10 @@ def format_table(result: dict) -> str:
 
 def run(args: argparse.Namespace) -> dict:
     """Every requested side in turn (each failure recorded, the rest still run); the JSON written after each."""
+    from verity.engines.compiled_head import use_kernels
     from verity.hardware.flops import peak_flops_for
 
+    use_kernels(args.compiled_head_kernels)
     device = torch.device(args.device)
     env = environment(device)
     peak = peak_flops_for(env["device"]) if device.type == "cuda" else None
@@ -359,10 +367,14 @@ def run(args: argparse.Namespace) -> dict:
     runners: dict[str, Callable[[], dict]] = {
         "update-verity": lambda: update_verity(args, device, compiled=False),
         "update-verity-compiled": lambda: update_verity(args, device, compiled=True),
+        "update-verity-compiled-eager-head": lambda: update_verity(
+            args, device, compiled=True, compiled_head=False
+        ),
         "update-verity-autograd-head": lambda: update_verity(
             args, device, compiled=False, autograd_head=True
         ),
         "update-torch": lambda: update_torch(args, device),
+        "update-torch-compiled": lambda: update_torch(args, device, compiled=True),
         "generate-verity": lambda: generate_verity(args, device),
         "generate-hf": lambda: generate_hf(args, device),
     }
@@ -406,6 +418,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gen-prompt-len", type=int, default=256)
     p.add_argument("--gen-new-tokens", type=int, default=256)
     p.add_argument("--gen-repeats", type=int, default=2)
+    p.add_argument(
+        "--compiled-head-kernels",
+        choices=("auto", "inductor", "triton"),
+        default="auto",
+        help="what the compiled sides' loss head runs (verity.engines.compiled_head.use_kernels)",
+    )
     p.add_argument("--profile", type=Path, default=None, help="folder for one profiled step per update side")
     p.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, from {','.join(SIDES)}")
     args = p.parse_args(argv)

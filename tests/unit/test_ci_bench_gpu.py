@@ -94,3 +94,31 @@ def test_cuda_without_a_device_is_refused(capsys):
     with pytest.raises(SystemExit):
         bench.parse_args([])
     assert "no CUDA device here" in capsys.readouterr().err
+
+
+def test_the_compiled_sides_run_and_profile_on_the_tiny_shape(tmp_path):
+    from verity.engines.compiled_layers import compile_unavailable_reason
+
+    reason = compile_unavailable_reason(torch.device("cpu"))
+    if reason is not None:
+        pytest.skip(f"inductor cannot compile here: {reason}")
+    out, prof = tmp_path / "result.json", tmp_path / "prof"
+    sides = "update-verity-compiled,update-verity-compiled-eager-head,update-torch-compiled"
+    argv = _tiny_argv(out, "--rows 4 --micro-rows 2 --prompt-len 8 --response-len 8 --warmup 1 --steps 1")
+    assert bench.main(argv + ["--sides", sides, "--profile", str(prof)]) == 0
+    result = json.loads(out.read_text())["sides"]
+    assert result["update-verity-compiled"]["compiled_head"] is True
+    assert result["update-verity-compiled-eager-head"]["compiled_head"] is False
+    assert result["update-verity-compiled"]["compiled_layers"] is True
+    assert {p.name for p in prof.iterdir()} == {f"{s}.txt" for s in sides.split(",")}  # no device: no gaps
+
+
+def test_device_gaps_are_the_holes_between_the_kernels():
+    import bench_gpu_profile
+
+    kernels = [(100.0, 110.0, "a"), (105.0, 112.0, "b"), (120.0, 130.0, "c"), (131.0, 140.0, "d")]
+    gaps = bench_gpu_profile.device_gaps(kernels)
+    assert gaps["span_ms"] == pytest.approx(0.040) and gaps["busy_ms"] == pytest.approx(0.031)
+    assert gaps["idle_ms"] == pytest.approx(0.009)
+    assert gaps["gaps"][0] == (pytest.approx(0.012), pytest.approx(0.008), "b", "c")
+    assert bench_gpu_profile.device_gaps([])["idle_ms"] == 0.0
