@@ -187,18 +187,14 @@ def response_logprobs(
             grouped = grouped_response_logits(
                 model, micro_batch, groups, first, kept, logits_to_keep=_accepts_logits_to_keep(model)
             )
+
+    def score(logits: torch.Tensor, trailing: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        mask = attention_mask if trim_padding else None
+        head = (temperature, compute_entropy, chunk_tokens, entropy_grad, compiled_head)
+        return _score(logits, responses, mask, kept, *head, trailing=trailing)
+
     if grouped is not None:
-        return _score(
-            grouped,
-            responses,
-            attention_mask,
-            kept,
-            temperature,
-            compute_entropy,
-            chunk_tokens,
-            entropy_grad,
-            compiled_head,
-        )
+        return score(grouped)
     kwargs = {
         "input_ids": input_ids[:, first:end],
         "attention_mask": attention_mask[:, first:end],
@@ -227,18 +223,7 @@ def response_logprobs(
         logits = logits[:, -(kept + 1) :, :]
     if has_images(micro_batch):
         logits = mask_vision_tokens(logits, vision_token_ids(model))  # as the rollout sampled them
-    return _score(
-        logits,
-        responses,
-        attention_mask if trim_padding else None,
-        kept,
-        temperature,
-        compute_entropy,
-        chunk_tokens,
-        entropy_grad,
-        compiled_head,
-        trailing=1,
-    )
+    return score(logits, trailing=1)
 
 
 def _score(
