@@ -174,7 +174,7 @@ def test_generate_answers_rows_in_host_memory(monkeypatch, resident) -> None:
         return real_to(self, device, non_blocking)
 
     monkeypatch.setattr(Batch, "to", spy_to)
-    monkeypatch.setattr(rollout_side, "keep_resident", lambda rows, pad, also: ("resident", rows))
+    monkeypatch.setattr(rollout_side, "keep_resident", lambda rows, pad, also, echo: ("resident", rows))
     monkeypatch.setattr(rollout_side, "resident_response_keys", lambda cfg: ())
     rows = Batch.from_dict({"responses": torch.ones(2, 3, dtype=torch.long)})
     cfg = SimpleNamespace(trainer=SimpleNamespace(resident_rows=resident))
@@ -222,5 +222,55 @@ def test_response_side_keys_kept_with_the_rows_are_not_padded_when_prompt_widths
     kept = [keep_resident(b, 0, put, also=("rollout_logprobs", "not_there")) for b in (narrow, wide)]
     assert "rollout_logprobs" in kept[0].resident_keys() and "responses" in kept[0].tensor_keys()
     joined = materialize(Batch.concat(kept), fetch)
-    assert torch.equal(joined["rollout_logprobs"], torch.cat([narrow["rollout_logprobs"], wide["rollout_logprobs"]]))
+    assert torch.equal(
+        joined["rollout_logprobs"], torch.cat([narrow["rollout_logprobs"], wide["rollout_logprobs"]])
+    )
     assert joined["prompts"].shape == (4, 5) and joined["input_ids"].shape == (4, 9)  # the prompt side padded
+
+
+ECHO = ("responses", "response_mask")
+
+
+def test_echoed_keys_stay_on_the_driver_and_travel_as_handles_while_unchanged() -> None:
+    from verity.batch.resident import DIGEST_BYTES, echo_digest_bytes, send_echoes_as_handles
+    from verity.controller.transfer_meter import payload_bytes
+
+    store = FakeStore()
+    rows = generated(6, 5)
+    light = keep_resident(rows, pad_token_id=0, put=store.put, echo=ECHO)
+    assert light.tensor_keys() == ["responses", "response_mask", "rollout_logprobs"]  # the driver reads them
+    assert torch.equal(light["responses"], rows["responses"])
+    assert echo_digest_bytes(light) == 6 * len(ECHO) * DIGEST_BYTES  # what the handles carry, counted
+    assert payload_bytes(light) == sum(rows[k].nbytes for k in light.tensor_keys()) + 6 * 2 * DIGEST_BYTES
+    # as after the driver split the rows among two workers and sent them
+    for part in light.split(2):
+        sent = pickle.loads(pickle.dumps(send_echoes_as_handles(part.select(*PROMPT_SIDE, *ECHO))))
+        assert sent.tensor_keys() == [] and set(sent.resident_keys()) == {*PROMPT_SIDE, *ECHO}
+        assert echo_digest_bytes(sent) == 0  # the digests stay on the driver
+        assert_same(
+            materialize(sent, fetch=store.get), materialize(part, fetch=store.get).select(*PROMPT_SIDE, *ECHO)
+        )
+    assert light.tensor_keys() == [
+        "responses",
+        "response_mask",
+        "rollout_logprobs",
+    ]  # the driver's batch as it was
+
+
+def test_an_echoed_key_the_driver_changed_is_sent_as_it_is() -> None:
+    from verity.batch.resident import send_echoes_as_handles
+
+    store = FakeStore()
+    light = keep_resident(generated(6, 5), pad_token_id=0, put=store.put, echo=ECHO)
+    edited = light.index(torch.tensor([5, 1, 2]))
+    edited["response_mask"][1, 0] = 1 - edited["response_mask"][1, 0]  # in place, on one row
+    sent = send_echoes_as_handles(edited)
+    assert sent.tensor_keys() == ["response_mask", "rollout_logprobs"] and "responses" in sent.resident_keys()
+    assert torch.equal(materialize(sent, fetch=store.get)["response_mask"], edited["response_mask"])
+    trimmed = light.select("input_ids", *ECHO)
+    trimmed["responses"] = light["responses"][:, :2]  # narrower: another shape, another digest
+    assert "responses" in send_echoes_as_handles(trimmed).tensor_keys()
+    # rows of a source that echoed nothing: every row must match, so the key is sent
+    plain = keep_resident(generated(2, 5, seed=1), pad_token_id=0, put=store.put)
+    mixed = Batch.concat([light.select("input_ids", *ECHO), plain.select("input_ids", *ECHO)])
+    assert send_echoes_as_handles(mixed).tensor_keys() == ["responses", "response_mask"]

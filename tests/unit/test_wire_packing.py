@@ -77,3 +77,30 @@ def test_tensors_that_cannot_shrink_are_sent_unchanged():
         assert code is None and out is tensor
     out, code = pack_tensor(torch.full((3, 4), 7, dtype=torch.int32))
     assert code == (4, "int32") and out.dtype == torch.int8 and out.shape == (3, 1)
+
+
+def test_an_advantage_times_a_response_mask_travels_as_a_value_and_a_length():
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.tensor([3, 0, 7, 1, 5, 7])
+    mask = (torch.arange(7)[None, :] < lengths[:, None]).float()
+    advantage = torch.randn(6, generator=g)
+    advantage[3] = -advantage[3].abs()  # a negative value times 0: -0.0 past its prefix
+    advantage[4] = 0.0  # a zero-advantage row
+    for dtype in (torch.float32, torch.float64):
+        tensor = advantage.to(dtype)[:, None] * mask.to(dtype)
+        batch = Batch.from_dict({"advantages": tensor, "other": torch.randn(6, 7, generator=g)})
+        packed = pack_batch(batch)
+        assert packed.meta[WIRE_META] == {"advantages": (7, f"prefix:{str(dtype).removeprefix('torch.')}")}
+        assert packed["advantages"].shape == (6, 2)
+        restored = unpack_batch(packed)["advantages"]
+        bits = torch.int32 if dtype == torch.float32 else torch.int64
+        assert restored.dtype == dtype and torch.equal(restored.view(bits), tensor.view(bits))
+        for got, want in zip(pack_batch(batch).split(4), batch.split(4), strict=True):  # shards, as sent
+            assert torch.equal(unpack_batch(got)["advantages"].view(bits), want["advantages"].view(bits))
+    # a hole in the mask (a tool turn), or a second value in a row: sent as it is
+    holed = advantage[:, None] * torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    second = advantage[:, None] * mask
+    second[2, 4] += 1.0
+    for tensor in (holed, second):
+        out, code = pack_tensor(tensor)
+        assert code is None and out is tensor

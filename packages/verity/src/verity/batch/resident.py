@@ -23,6 +23,14 @@ process that made it, never through the driver), the rows are gathered in order 
 the prompt side is left-padded to the widest source when rows of differently wide
 prompt batches meet (dynamic sampling's rounds). The method sees a whole batch.
 
+The responses and their mask the driver does read (rewards, advantages, metrics), so they
+come back to it; but the update needs them again on the workers. With ``echo`` the
+generating worker stores them as well, with an 8-byte digest per row, and the driver keeps
+its copies: when a stage sends a batch to workers (:func:`send_echoes_as_handles`), a key
+whose every row still matches its digest goes as the handles the batch carries anyway, and
+a key the driver changed goes as it is. The digests travel with the handles to the driver
+only, and ``perf/driver_bytes_*`` count them.
+
 A driver-side diagnostic (a test's probe stage) may call :func:`materialize` too; the rows
 then do come through the driver, outside ``perf/driver_bytes_*``. With
 ``trainer.resident_rows=false`` every key stays on the driver as before.
@@ -33,23 +41,29 @@ batch is dropped on the driver.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 __all__ = [
+    "DIGEST_BYTES",
     "RESIDENT",
     "ResidentKeyError",
     "RowSource",
+    "echo_digest_bytes",
     "keep_resident",
     "materialize",
     "prompt_aligned_keys",
     "resident_prompt_width",
     "resident_row_tokens",
+    "row_digests",
+    "send_echoes_as_handles",
 ]
 
+DIGEST_BYTES = 8
 RESIDENT = "_resident"
 """The per-row column of handles: ``(RowSource, index of the row in the stored batch)``."""
 
@@ -71,6 +85,8 @@ class RowSource:
         prompt_width: ``P`` of the stored rows (prompt columns, left-padded).
         pad_token_id: the id left padding of token keys uses.
         row_tokens: per stored row, its real tokens (``attention_mask.sum(-1)``), or ``None``.
+        echoes: keys stored here that the driver keeps too (:func:`keep_resident`'s ``echo``),
+            each with one digest per stored row (:func:`row_digests`), or ``None``.
     """
 
     ref: Any
@@ -78,6 +94,7 @@ class RowSource:
     prompt_width: int
     pad_token_id: int
     row_tokens: tuple[int, ...] | None = None
+    echoes: Mapping[str, tuple[bytes, ...]] | None = None
 
     @property
     def ref_id(self) -> str:
@@ -94,7 +111,14 @@ class RowSource:
             self.prompt_width,
             self.pad_token_id,
             self.row_tokens,
+            self.echoes,
         )
+
+    def for_workers(self, echoed: Sequence[str] = ()) -> RowSource:
+        """The source as a batch sent to a worker carries it: also giving access to the
+        ``echoed`` keys it stores, and without the digests (the worker has no use for them)."""
+        extra = tuple(k for k in echoed if k not in self.keys and k in (self.echoes or {}))
+        return RowSource(self.ref, self.keys + extra, self.prompt_width, self.pad_token_id, self.row_tokens)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, RowSource) and (self.ref_id, self.keys) == (other.ref_id, other.keys)
@@ -141,12 +165,28 @@ def restrict_column(
     return out
 
 
+def row_digests(values: torch.Tensor) -> tuple[bytes, ...]:
+    """One 8-byte BLAKE2b digest per row of ``values [B, ...]``, of its dtype, shape and bytes.
+
+    A change detector, not a signature: two different rows agree with probability 2^-64.
+    """
+    rows = values.detach().cpu().contiguous()
+    head = f"{rows.dtype}{tuple(rows.shape[1:])}".encode()
+    flat = rows.reshape(rows.shape[0], -1)
+    raw = flat.view(torch.uint8) if flat.numel() else flat.to(torch.uint8)
+    return tuple(
+        hashlib.blake2b(head + raw[i].numpy().tobytes(), digest_size=DIGEST_BYTES).digest()
+        for i in range(len(raw))
+    )
+
+
 def keep_resident(
     batch: Any,
     pad_token_id: int,
     put: Callable[[Any], Any] | None = None,
     *,
     also: Sequence[str] = (),
+    echo: Sequence[str] = (),
 ) -> Any:
     """Put ``batch``'s prompt-aligned tensors in Ray's object store; return the batch with handles instead.
 
@@ -154,6 +194,9 @@ def keep_resident(
     driver never reads in this run (``rollout_logprobs``, see
     :func:`verity.workers.rollout_side.resident_response_keys`); ``R`` is the rollout's
     ``max_new_tokens``, the same in every source, so they need no padding when rows meet.
+    ``echo``: ``[B, R]`` keys the driver reads (``responses``, ``response_mask``): stored as
+    well, with a digest per row, and kept on the driver; a batch the driver later sends a
+    worker leaves out a row set whose values still match the digests (:func:`send_echoes_as_handles`).
     Returns ``batch`` unchanged when it has no prompt-aligned tensor or Ray is not
     running in this process (a batch built outside a worker group keeps its tensors).
     The stored block is owned by this process; Ray frees it when no handle is left.
@@ -165,13 +208,14 @@ def keep_resident(
     if not keys:
         return batch
     keys += [k for k in also if k in batch.tensor_keys() and k not in keys]
+    echoed = [k for k in echo if k in batch.tensor_keys() and k not in keys]
     if put is None:
         import ray
 
         if not ray.is_initialized():
             return batch
         put = ray.put
-    stored = batch.select(*keys)
+    stored = batch.select(*keys, *echoed)
     stored.meta = {}
     stored.pad_rows = 0
     if "prompts" in keys:
@@ -183,7 +227,8 @@ def keep_resident(
     tokens = (
         tuple(int(n) for n in batch["attention_mask"].sum(-1).tolist()) if "attention_mask" in keys else None
     )
-    source = RowSource(put(stored), tuple(keys), width, int(pad_token_id), tokens)
+    echoes = {k: row_digests(batch[k]) for k in echoed} or None
+    source = RowSource(put(stored), tuple(keys), width, int(pad_token_id), tokens, echoes)
     light = [k for k in batch.tensor_keys() if k not in keys]
     out = Batch(batch.tensors.select(*light), dict(batch.non_tensors), dict(batch.meta), batch.pad_rows)
     out.non_tensors[RESIDENT] = [(source, i) for i in range(len(batch))]
@@ -240,6 +285,56 @@ def materialize(batch: Any, fetch: Callable[[list[Any]], list[Any]] | None = Non
     from tensordict import TensorDict
 
     return Batch(TensorDict(tensors, batch_size=[rows]), rest, dict(batch.meta), batch.pad_rows)
+
+
+def send_echoes_as_handles(batch: Any) -> Any:
+    """``batch`` as it goes to workers: each echoed key whose rows all still match their digests
+    made resident again, and the digests left behind.
+
+    Such a key then travels as the handles the batch already carries (the worker fetches the
+    rows from the process that generated them), not through the driver. A key the driver
+    changed — replaced, edited in place, trimmed, rows from a source that did not echo it —
+    fails the check and is sent as it is. The batch given is not changed; a batch without
+    handles is returned as is.
+    """
+    from verity.batch.core import Batch
+
+    column = batch.non_tensors.get(RESIDENT)
+    if not column:
+        return batch
+    sources = column_sources(column)
+    matching = []
+    for key in batch.tensor_keys():
+        if not all(source.echoes and key in source.echoes for source in sources):
+            continue
+        local = row_digests(batch[key])
+        if all(
+            source.echoes[key][index] == digest for (source, index), digest in zip(column, local, strict=True)
+        ):
+            matching.append(key)
+    sent: dict[int, RowSource] = {}
+    new_column = []
+    for source, index in column:
+        narrow = sent.get(id(source))
+        if narrow is None:
+            narrow = sent[id(source)] = source.for_workers(matching)
+        new_column.append((narrow, index))
+    light = [k for k in batch.tensor_keys() if k not in matching]
+    out = Batch(batch.tensors.select(*light), dict(batch.non_tensors), dict(batch.meta), batch.pad_rows)
+    out.non_tensors[RESIDENT] = new_column
+    return out
+
+
+def echo_digest_bytes(batch: Any) -> int:
+    """Bytes of the row digests the batch's handles carry (counted with the tensors moved)."""
+    column = batch.non_tensors.get(RESIDENT) if hasattr(batch, "non_tensors") else None
+    if not column:
+        return 0
+    return sum(
+        len(digests) * DIGEST_BYTES
+        for source in column_sources(column)
+        for digests in (source.echoes or {}).values()
+    )
 
 
 def resident_prompt_width(batch: Any) -> int | None:

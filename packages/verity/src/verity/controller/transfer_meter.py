@@ -9,8 +9,9 @@ data it routes through the controller — the figure to drive towards "per-row s
 and the prompts" as more data stays on the ranks that made it.
 
 Only tensors are counted (``Tensor.nbytes``, inside a ``Batch``, list, tuple or dict),
-as they travel: after :mod:`verity.controller.wire` has packed them. Per-row Python
-values (strings, ints) are small beside them and are left out.
+as they travel: after :mod:`verity.controller.wire` has packed them, and the row digests a
+batch's resident-row handles carry (:func:`verity.batch.resident.echo_digest_bytes`).
+Per-row Python values (strings, ints) are small beside them and are left out.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def payload_bytes(value: Any) -> int:
     if isinstance(value, torch.Tensor):
         return int(value.nbytes)
     if isinstance(value, Batch):
-        return sum(int(value.tensors[key].nbytes) for key in value.tensor_keys())
+        from verity.batch.resident import echo_digest_bytes
+
+        return sum(int(value.tensors[key].nbytes) for key in value.tensor_keys()) + echo_digest_bytes(value)
     if isinstance(value, list | tuple):
         return sum(payload_bytes(item) for item in value)
     if isinstance(value, dict):

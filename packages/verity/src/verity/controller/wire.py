@@ -8,6 +8,10 @@ is stored in its smallest exact form:
 
 - a 2-D tensor whose every row repeats its first column, bit for bit (``-0.0`` and NaN
   payloads included), as that column ``[B, 1]``;
+- a 2-D float32 or float64 tensor whose every row is one value on a prefix of its columns
+  and that value times 0 after it — an outcome advantage ``A x response_mask`` over
+  right-padded responses — as ``[B, 2]`` integers: the value's bits and the prefix length,
+  kept only when ``value * (column < length)`` gives back every bit;
 - an integer tensor in the narrowest integer dtype that holds its values (``int8``,
   ``int16``, ``int32``).
 
@@ -45,6 +49,30 @@ def _rows_repeat_first_column(tensor: torch.Tensor) -> bool:
     return bool((bits == bits[:, :1]).all())
 
 
+PREFIX = "prefix:"
+"""Code prefix of a tensor packed as (row value, prefix length) pairs; the float dtype follows."""
+
+
+def _masked_prefix_rows(tensor: torch.Tensor) -> torch.Tensor | None:
+    """``[B, 2]`` (value bits, prefix length) when every row of a 2-D float32/float64 tensor is
+    ``value * (column < length)`` bit for bit, else None."""
+    if tensor.dtype not in (torch.float32, torch.float64) or tensor.shape[1] < 2:
+        return None
+    bits = tensor.view(_BITS_VIEW[tensor.dtype])
+    same = bits == bits[:, :1]
+    # the prefix: columns before the first one that differs from the row's first value
+    length = torch.where(same.all(-1), tensor.shape[1], (~same).to(torch.int8).argmax(-1))
+    if not torch.equal(_prefix_rows(tensor[:, 0], length, tensor.shape[1]).view(bits.dtype), bits):
+        return None
+    return torch.stack([bits[:, 0], length.to(bits.dtype)], dim=1)
+
+
+def _prefix_rows(values: torch.Tensor, length: torch.Tensor, width: int) -> torch.Tensor:
+    """``values[:, None] * (column < length[:, None])`` over ``width`` columns, in ``values``' dtype."""
+    inside = torch.arange(width)[None, :] < length[:, None]
+    return values[:, None] * inside.to(values.dtype)
+
+
 def _narrowest_int(tensor: torch.Tensor) -> torch.dtype | None:
     """The narrowest integer dtype holding every value of an integer tensor (None: no narrower one)."""
     if tensor.numel() == 0:
@@ -64,7 +92,8 @@ def pack_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int | None, s
 
     ``code = (width, dtype)``: ``width`` is the original second dimension when the rows were
     cut to their first column, ``dtype`` the original dtype's name when the values were
-    narrowed (see the module docstring).
+    narrowed; ``(width, "prefix:<dtype>")`` for (value, prefix length) pairs (see the module
+    docstring).
     """
     if tensor.device.type != "cpu" or tensor.dim() == 0 or tensor.shape[0] == 0:
         return tensor, None
@@ -77,6 +106,8 @@ def pack_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int | None, s
     ):
         width = int(tensor.shape[1])
         tensor = tensor[:, :1].contiguous()
+    elif tensor.dim() == 2 and (pairs := _masked_prefix_rows(tensor)) is not None:
+        return pairs, (int(tensor.shape[1]), PREFIX + str(tensor.dtype).removeprefix("torch."))
     dtype_name = None
     if not tensor.dtype.is_floating_point and not tensor.dtype.is_complex and tensor.dtype != torch.bool:
         narrow = _narrowest_int(tensor)
@@ -91,6 +122,9 @@ def pack_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int | None, s
 def unpack_tensor(tensor: torch.Tensor, code: tuple[int | None, str | None]) -> torch.Tensor:
     """The tensor :func:`pack_tensor` was given, from its packed form and ``code``."""
     width, dtype_name = code
+    if dtype_name is not None and dtype_name.startswith(PREFIX):
+        values = tensor[:, 0].view(getattr(torch, dtype_name.removeprefix(PREFIX)))
+        return _prefix_rows(values, tensor[:, 1], width)
     if dtype_name is not None:
         tensor = tensor.to(getattr(torch, dtype_name))
     if width is not None:

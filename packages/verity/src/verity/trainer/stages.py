@@ -31,6 +31,7 @@ import torch
 from verity.algorithms.advantages import compute_advantages
 from verity.algorithms.kl_control import apply_kl_penalty
 from verity.batch import Batch, register_key
+from verity.batch.resident import send_echoes_as_handles
 from verity.config.derived import needs_baseline, needs_critic, needs_reference, old_logprobs_source
 from verity.config.schema import VerityConfig
 from verity.data.vision_inputs import VISION_KEYS
@@ -166,8 +167,9 @@ SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 
 def _model_keys(batch: Batch, *keys: str) -> Batch:
-    """``batch.select(keys)`` plus the per-row image keys when the prompts have images."""
-    return batch.select(*keys, *(k for k in VISION_KEYS if k in batch))
+    """``batch.select(keys)`` plus the per-row image keys when the prompts have images, as it goes to
+    workers: the echoed keys the driver has not changed travel as handles (:mod:`verity.batch.resident`)."""
+    return send_echoes_as_handles(batch.select(*keys, *(k for k in VISION_KEYS if k in batch)))
 
 
 def old_log_prob(ctx: StepContext, batch: Batch) -> Batch:

@@ -86,7 +86,25 @@ def rows_for_driver(cfg: VerityConfig, rows: Batch, pad_token_id: int) -> Batch:
     rows = rows.to("cpu")
     if not cfg.trainer.resident_rows:
         return rows
-    return keep_resident(rows, pad_token_id, also=resident_response_keys(cfg))
+    return keep_resident(rows, pad_token_id, also=resident_response_keys(cfg), echo=echoed_keys(rows))
+
+
+ECHOED_KEYS = ("responses", "response_mask")
+"""``[B, R]`` keys the driver reads (rewards, advantages, metrics) and the update needs: kept on
+both sides, so that the update's batch carries handles for them while they are unchanged
+(:func:`verity.batch.resident.send_echoes_as_handles`)."""
+
+
+ECHO_MIN_TOKENS = 32
+"""Below this response width a row's packed responses and mask (a byte a token at least) cost
+no more than the digests that stand in for them (8 bytes a row and key), so nothing is echoed."""
+
+
+def echoed_keys(rows: Batch) -> tuple[str, ...]:
+    """:data:`ECHOED_KEYS` when the responses are at least :data:`ECHO_MIN_TOKENS` wide, else none."""
+    if "responses" not in rows.tensor_keys() or rows["responses"].shape[1] < ECHO_MIN_TOKENS:
+        return ()
+    return ECHOED_KEYS
 
 
 def resident_response_keys(cfg: VerityConfig) -> tuple[str, ...]:
