@@ -100,12 +100,15 @@ def test_a_step_moves_its_rows_once_and_plans_from_the_host():
         "attention_mask": torch.ones(4, 3, dtype=torch.long),
         "advantages": torch.arange(4.0),
     }
-    moved = on_device(batch, 3, torch.device("cpu"))  # the first 3 rows (the rest are Batch.split padding)
-    assert torch.equal(moved["input_ids"], batch["input_ids"][:3])
-    micro = take_rows(moved, 1, 3, torch.device("cpu"))
+    moved = on_device(batch, 3, torch.device("meta"))  # the first 3 rows (the rest are Batch.split padding)
+    assert moved["input_ids"].device.type == "meta" and moved["input_ids"].shape == (3, 3)
+    assert take_rows(moved, 1, 3, torch.device("meta"))["advantages"].shape == (2,)
+    assert on_device(batch, 3, torch.device("cpu")) is batch  # nothing to move
+    micro = take_rows(batch, 1, 3, torch.device("cpu"))
     assert torch.equal(micro["advantages"], torch.tensor([1.0, 2.0]))
     plan = host_layout(batch, 1, 3)
-    assert set(plan) == {"input_ids", "attention_mask"} and torch.equal(plan["input_ids"], batch["input_ids"][1:3])
+    assert set(plan) == {"input_ids", "attention_mask"}
+    assert torch.equal(plan["input_ids"], batch["input_ids"][1:3])
     on_meta = {k: v.to("meta") for k, v in batch.items()}
     assert host_layout(on_meta, 0, 2) is None  # rows already on a device: nothing to plan from on the host
     with_images = {**batch, "pixel_values": [None] * 4, "image_grid_thw": [None] * 4}

@@ -106,9 +106,10 @@ def on_device(batch: Any, rows: int, device: torch.device) -> Any:
     One transfer per tensor per step instead of one per micro-batch: each blocking
     host-to-device copy waits for the work already queued, so per-micro-batch copies keep
     the host from running ahead of the device. A batch with images stays where it is (its
-    micro-batches move as they run: pixels can be large).
+    micro-batches move as they run: pixels can be large), and so does any batch when
+    ``device`` is the CPU (there is nothing to move).
     """
-    if has_images(batch):
+    if has_images(batch) or device.type == "cpu":
         return batch
     return pick_rows(batch, slice(0, rows), device)
 
