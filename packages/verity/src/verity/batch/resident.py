@@ -151,18 +151,25 @@ def column_sources(column: Sequence[tuple[RowSource, int]]) -> list[RowSource]:
     return list(distinct)
 
 
-def restrict_column(
-    column: Sequence[tuple[RowSource, int]], keys: Sequence[str]
+def map_column(
+    column: Sequence[tuple[RowSource, int]], rebuild: Callable[[RowSource], RowSource]
 ) -> list[tuple[RowSource, int]]:
-    """The handle column giving access to ``keys`` only (sources rebuilt once each)."""
+    """The handle column with each source replaced by ``rebuild(source)``, rebuilt once per source."""
     swapped: dict[int, RowSource] = {}
     out = []
     for source, index in column:
-        narrow = swapped.get(id(source))
-        if narrow is None:
-            narrow = swapped[id(source)] = source.restricted(keys)
-        out.append((narrow, index))
+        new = swapped.get(id(source))
+        if new is None:
+            new = swapped[id(source)] = rebuild(source)
+        out.append((new, index))
     return out
+
+
+def restrict_column(
+    column: Sequence[tuple[RowSource, int]], keys: Sequence[str]
+) -> list[tuple[RowSource, int]]:
+    """The handle column giving access to ``keys`` only."""
+    return map_column(column, lambda source: source.restricted(keys))
 
 
 def row_digests(values: torch.Tensor) -> tuple[bytes, ...]:
@@ -312,16 +319,9 @@ def send_echoes_as_handles(batch: Any) -> Any:
             source.echoes[key][index] == digest for (source, index), digest in zip(column, local, strict=True)
         ):
             matching.append(key)
-    sent: dict[int, RowSource] = {}
-    new_column = []
-    for source, index in column:
-        narrow = sent.get(id(source))
-        if narrow is None:
-            narrow = sent[id(source)] = source.for_workers(matching)
-        new_column.append((narrow, index))
     light = [k for k in batch.tensor_keys() if k not in matching]
     out = Batch(batch.tensors.select(*light), dict(batch.non_tensors), dict(batch.meta), batch.pad_rows)
-    out.non_tensors[RESIDENT] = new_column
+    out.non_tensors[RESIDENT] = map_column(column, lambda source: source.for_workers(matching))
     return out
 
 
