@@ -16,7 +16,9 @@ scatter and a cast backward) that is two reads and one write of ``[N, V]`` per m
 instead of about a dozen passes, most of them float32.
 
 On CUDA the same math runs as hand-written Triton kernels that read each row once
-(:mod:`verity.engines.triton_head`); inductor's forward reads it three times.
+(:mod:`verity.engines.triton_head`); inductor's forward loops over a row once for each of
+its reductions (its CPU code: maximum, normaliser, entropy), and on an H200 it took 6.7 ms
+where Triton's takes 2.1 ms (``ci/reports/2026-11-26-gpu-h200-2.md``).
 
 Engines use it when their layers are compiled (``fsdp2.compile=true``), in the training
 pass and in every no-grad pass alike, so that recomputed and training log-probs come from

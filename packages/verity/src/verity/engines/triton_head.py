@@ -11,8 +11,9 @@ to the row's ``M``, ``S``, ``T`` and::
 (``H = lse - E_p[z]`` and ``E_p[z - M] = T / S``). Backward, one program per row and
 block of columns: ``(1[v = y] - exp(z_v - lse)) g / tau`` written in the logits' dtype.
 
-Inductor's kernels for the same math (:func:`verity.engines.compiled_head.head_forward`)
-read each row three times (maximum, normaliser, entropy); these read it once. Used on CUDA
+Inductor's kernel for the same math (:func:`verity.engines.compiled_head.head_forward`)
+loops over each row once per reduction (maximum, normaliser, entropy, as its CPU code
+shows); these read it once. Used on CUDA
 for 16- and 32-bit logits; :mod:`verity.engines.compiled_head` chooses.
 """
 
