@@ -274,3 +274,12 @@ def test_an_echoed_key_the_driver_changed_is_sent_as_it_is() -> None:
     plain = keep_resident(generated(2, 5, seed=1), pad_token_id=0, put=store.put)
     mixed = Batch.concat([light.select("input_ids", *ECHO), plain.select("input_ids", *ECHO)])
     assert send_echoes_as_handles(mixed).tensor_keys() == ["responses", "response_mask"]
+
+
+def test_a_batch_whose_handles_echo_nothing_goes_as_it_is() -> None:
+    from verity.batch.resident import send_echoes_as_handles
+
+    light = keep_resident(generated(4, 5), pad_token_id=0, put=FakeStore().put)
+    assert send_echoes_as_handles(light) is light
+    plain = Batch.from_dict({"responses": torch.ones(2, 3, dtype=torch.long)})
+    assert send_echoes_as_handles(plain) is plain

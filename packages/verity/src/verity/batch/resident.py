@@ -302,7 +302,7 @@ def send_echoes_as_handles(batch: Any) -> Any:
     rows from the process that generated them), not through the driver. A key the driver
     changed — replaced, edited in place, trimmed, rows from a source that did not echo it —
     fails the check and is sent as it is. The batch given is not changed; a batch without
-    handles is returned as is.
+    handles, or whose handles echo nothing, is returned as is.
     """
     from verity.batch.core import Batch
 
@@ -310,6 +310,8 @@ def send_echoes_as_handles(batch: Any) -> Any:
     if not column:
         return batch
     sources = column_sources(column)
+    if not any(source.echoes for source in sources):
+        return batch  # nothing echoed: no digests to check or to leave behind
     matching = []
     for key in batch.tensor_keys():
         if not all(source.echoes and key in source.echoes for source in sources):
