@@ -80,6 +80,7 @@ from bench_trl_report import (  # noqa: E402, F401 (also this module's names: th
     SIDES,
     TRL_BF16_EAGER_SIDE,
     build_result,
+    check_sides,
     format_table,
     is_bf16_side,
     layout_side,
@@ -265,6 +266,7 @@ def run_bench(
     for name, count in steps.items():
         if count < 2:
             raise ValueError(f"steps for {name}: expected >= 2 (the first step is not counted), got {count}")
+    check_sides(shapes, all_sides)
     started, load_before = time.perf_counter(), os.getloadavg()
     runs: dict[str, dict[str, list]] = {}
     for name in shapes:

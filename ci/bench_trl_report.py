@@ -148,6 +148,16 @@ def build_result(
     return {"ratios": ratios, "shapes": shapes, "settings": dict(settings)}
 
 
+def check_sides(shapes: Sequence[str], sides: Sequence[str]) -> None:
+    """Raise the ``ValueError`` :func:`build_result` would raise for these sides, before any of them runs.
+
+    A run restricted with ``--sides`` to sides that cannot be compared would otherwise spend
+    its whole time training and then stop without a result.
+    """
+    placeholder = {"step_seconds": [1.0, 1.0]}
+    build_result({shape: {side: [placeholder] for side in sides} for shape in shapes}, {})
+
+
 def format_table(result: Mapping[str, Any]) -> str:
     """A Markdown table: per shape and side, s/step and held-out accuracy; then the ratios."""
 

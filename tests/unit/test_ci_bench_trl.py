@@ -290,6 +290,20 @@ def test_bf16_sides_are_compared_with_each_other_only(tmp_path: Path) -> None:
         bench_trl.run_bench(["512x8"], {}, 1, tmp_path, str(tmp_path), trl_eager=True)
 
 
+def test_sides_that_cannot_be_compared_are_refused_before_any_side_runs(tmp_path, monkeypatch) -> None:
+    def no_compute(*args, **kwargs):
+        raise AssertionError("a side started although the run could never give a ratio")
+
+    monkeypatch.setattr(bench_trl, "prepare_inputs", no_compute)
+    monkeypatch.setattr(bench_trl, "run_side_process", no_compute)
+    only = ["trl-bf16-compiled", "verity-bf16-all-rows-compiled"]  # neither reference side of bf16
+    with pytest.raises(ValueError, match="no 'verity-bf16' side to compare with"):
+        bench_trl.run_bench(
+            ["512x8"], {}, 1, tmp_path, str(tmp_path), all_rows=True, bf16=True, compile_sides=True, only_sides=only
+        )
+    bench_trl.check_sides(["512x8"], ["trl-bf16", "verity-bf16", *only])  # with them it can
+
+
 def test_compile_adds_a_compiled_twin_of_each_bf16_side(tmp_path: Path, monkeypatch) -> None:
     from verity.cli.quickstart import preset_path
     from verity.config import load_config
