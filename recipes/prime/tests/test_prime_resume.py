@@ -181,6 +181,7 @@ def test_a_separate_prm_worker_group_trains_beside_the_actor(prime_tiny_model_an
         "actor_attention": "sdpa",
         "rollout": "hf",
         "rollout_dtype": "float32",
+        "rollout_attention": "verity_sdpa_gqa",  # grouped key/value heads read in place on CPU
         "prm": "fsdp2",
         "prm_sharding": "full",
         "prm_compute_dtype": "float32",

@@ -66,6 +66,14 @@ class RolloutEngine(abc.ABC):
         dtype = getattr(self, "dtype", None)
         return None if dtype is None else str(dtype).removeprefix("torch.")
 
+    @property
+    def serving_attention(self) -> str | None:
+        """The attention kernel the engine decodes with (e.g. ``"sdpa"``); None when it does not say.
+
+        What a run records as ``ran.rollout_attention``.
+        """
+        return None
+
     def sleep(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Free accelerator memory held by the engine (weights, caches) until :meth:`wake`."""
 

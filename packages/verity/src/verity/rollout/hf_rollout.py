@@ -42,6 +42,7 @@ from verity.data.vision_inputs import (
 )
 from verity.rollout.base import RolloutEngine
 from verity.rollout.batch_io import build_rollout_output, read_prompt_rows, resolve_sampling
+from verity.rollout.gqa_attention import GQA_SDPA, grouped_sdpa, takes_grouped_sdpa
 from verity.rollout.kv_cache import reserved_cache
 from verity.rollout.prompts import position_ids_from_mask
 from verity.rollout.sampling import SamplingParams, sample_next_token
@@ -119,6 +120,14 @@ class HFRollout(RolloutEngine):
         """The dtype of the model's parameters (the dtype it generates in)."""
         return next(self.model.parameters()).dtype
 
+    @property
+    def serving_attention(self) -> str | None:
+        """The model's attention implementation as it decodes: :data:`GQA_SDPA` where
+        :func:`grouped_sdpa` switches it (grouped heads on CPU), else transformers' name."""
+        if takes_grouped_sdpa(self.model):
+            return GQA_SDPA
+        return getattr(getattr(self.model, "config", None), "_attn_implementation", None)
+
     def _new_generator(self, seed: int) -> torch.Generator:
         generator = torch.Generator(device=self.device)
         generator.manual_seed(seed)
@@ -143,7 +152,8 @@ class HFRollout(RolloutEngine):
         params = resolve_sampling(batch, self.sampling, params)
         rows = read_prompt_rows(batch, params.n, takes_images="hf")
         images = per_row_images(rows.non_tensors) if has_images(rows.non_tensors) else None
-        responses, response_mask, logprobs = self._decode(rows.prompt_ids, rows.prompt_mask, params, images)
+        with grouped_sdpa(self.model):  # grouped KV heads read in place on CPU (rollout.gqa_attention)
+            responses, response_mask, logprobs = self._decode(rows.prompt_ids, rows.prompt_mask, params, images)
         return build_rollout_output(rows, responses, response_mask, logprobs)
 
     @torch.no_grad()

@@ -55,6 +55,8 @@ class RoleGroups:
                 out[f"{name}_compiled_head"] = "true"
             if facts.get("rollout_dtype"):
                 out["rollout_dtype"] = str(facts["rollout_dtype"])
+            if facts.get("rollout_attention"):
+                out["rollout_attention"] = str(facts["rollout_attention"])
             if facts.get("adapter"):
                 out[f"{name}_adapter"] = str(facts["adapter"])
             if facts.get("device_name"):  # the first role's (the actor's): what the run computed on

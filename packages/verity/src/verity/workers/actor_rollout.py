@@ -149,6 +149,7 @@ class ActorRolloutRefWorker(Worker):
             "train_compiled_head": bool(getattr(self.actor, "compiled_head", False)),
             "rollout_engine": self.rollout.name,
             "rollout_dtype": self.rollout.serving_dtype,
+            "rollout_attention": self.rollout.serving_attention,
             "rollout_wrappers": list(self.rollout.wrappers),
             "reference_engine": self.ref.name if self.ref is not None else None,
             "skip_zero_advantage": self.skip_zero_advantage,

@@ -67,6 +67,7 @@ class RolloutWorker(Worker):
             "device": str(device),
             "rollout_engine": self.rollout.name,
             "rollout_dtype": self.rollout.serving_dtype,
+            "rollout_attention": self.rollout.serving_attention,
             "rollout_wrappers": list(self.rollout.wrappers),
         }
 

@@ -99,6 +99,11 @@ class AgentRollout(RolloutEngine):
         return self.engine.serving_dtype
 
     @property
+    def serving_attention(self) -> str | None:
+        """The wrapped engine's attention kernel."""
+        return self.engine.serving_attention
+
+    @property
     def sampling(self) -> SamplingParams:  # type: ignore[override]
         """The wrapped engine's default sampling parameters."""
         return self.engine.sampling
