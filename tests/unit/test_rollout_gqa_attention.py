@@ -41,6 +41,7 @@ def test_only_cpu_sdpa_models_with_grouped_heads_are_switched(tokenizer):
     assert not takes_grouped_sdpa(eager)
     with grouped_sdpa(grouped_model(tokenizer, kv_heads=4)) as switched:
         assert switched is False
+    assert not takes_grouped_sdpa(grouped_model(tokenizer).to("meta"))  # off the CPU: transformers' sdpa
 
 
 def test_the_block_switches_and_always_switches_back(tokenizer):
