@@ -127,6 +127,7 @@ def test_multi_turn_rl_on_two_workers_trains_only_the_models_tokens(tmp_path, mo
         "actor_attention": "sdpa",
         "rollout": "scripted",
         "rollout_dtype": "float32",
+        "rollout_attention": "sdpa",  # what the plug-in's own generate runs, not HFRollout's decode
         "rollout_wrappers": "agent",
         "device": "cpu",
     }

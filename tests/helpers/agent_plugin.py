@@ -199,6 +199,11 @@ class ScriptedRollout(HFRollout):
         super().__init__(model, tokenizer, **kwargs)
         self.tokenizer = tokenizer
 
+    @property
+    def serving_attention(self) -> str | None:
+        """The model's own attention: this engine's ``generate`` scores its script outside HFRollout's decode."""
+        return self.model.config._attn_implementation
+
     def generate(self, batch: Batch | Mapping[str, Any], params: SamplingParams | None = None) -> Batch:
         params = resolve_sampling(batch, self.sampling, params)
         rows = read_prompt_rows(batch, params.n)

@@ -104,3 +104,34 @@ def test_an_advantage_times_a_response_mask_travels_as_a_value_and_a_length():
     for tensor in (holed, second):
         out, code = pack_tensor(tensor)
         assert code is None and out is tensor
+
+
+def test_right_and_left_padded_masks_travel_as_a_value_and_a_length():
+    lengths = torch.tensor([3, 0, 7, 1, 5, 7])
+    response_mask = (torch.arange(7)[None, :] < lengths[:, None]).long()  # right-padded responses
+    attention_mask = response_mask.flip(1)  # left-padded prompts
+    labels = 300 * response_mask.int()  # another value than 1: the pairs need int16
+    batch = Batch.from_dict(
+        {"response_mask": response_mask, "attention_mask": attention_mask, "labels": labels}
+    )
+    packed = pack_batch(batch)
+    assert packed.meta[WIRE_META] == {
+        "response_mask": (7, "prefix:int64"),
+        "attention_mask": (7, "suffix:int64"),
+        "labels": (7, "prefix:int32"),
+    }
+    assert packed["response_mask"].shape == (6, 2) and packed["response_mask"].dtype == torch.int8
+    assert packed["labels"].dtype == torch.int16
+    assert packed["attention_mask"][[0, 2, 3]].tolist() == [[1, 3], [1, 7], [1, 1]]  # (value, length)
+    assert_identical(unpack_batch(packed), batch)
+    for got, want in zip(pack_batch(batch).split(4), batch.split(4), strict=True):  # shards, as sent
+        assert_identical(unpack_batch(got), want)
+    # a hole (a tool turn's tokens), a mask open at both ends, or two columns: not as pairs
+    holed = response_mask.clone()
+    holed[2, 3] = 0
+    both_ends = response_mask.clone()
+    both_ends[1, 6] = 1
+    for tensor in (holed, both_ends, response_mask[:, :2]):
+        out, code = pack_tensor(tensor)
+        assert code == (None, "int64") and out.shape == tensor.shape  # only narrowed
+        assert torch.equal(unpack_batch(pack_batch(Batch.from_dict({"m": tensor})))["m"], tensor)

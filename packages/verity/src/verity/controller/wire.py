@@ -12,6 +12,10 @@ is stored in its smallest exact form:
   and that value times 0 after it — an outcome advantage ``A x response_mask`` over
   right-padded responses — as ``[B, 2]`` integers: the value's bits and the prefix length,
   kept only when ``value * (column < length)`` gives back every bit;
+- a 2-D integer tensor whose every row is one value on a prefix of its columns and 0 after
+  it (a ``response_mask`` over right-padded responses), or 0 and then one value on a suffix
+  (the ``attention_mask`` of left-padded prompts), as ``[B, 2]`` (value, length) pairs in
+  the narrowest integer dtype that holds them;
 - an integer tensor in the narrowest integer dtype that holds its values (``int8``,
   ``int16``, ``int32``).
 
@@ -50,7 +54,9 @@ def _rows_repeat_first_column(tensor: torch.Tensor) -> bool:
 
 
 PREFIX = "prefix:"
-"""Code prefix of a tensor packed as (row value, prefix length) pairs; the float dtype follows."""
+"""Code prefix of a tensor packed as (row value, prefix length) pairs; the original dtype follows."""
+SUFFIX = "suffix:"
+"""Code prefix of an integer tensor packed as (row value, suffix length) pairs; the original dtype follows."""
 
 
 def _masked_prefix_rows(tensor: torch.Tensor) -> torch.Tensor | None:
@@ -73,6 +79,26 @@ def _prefix_rows(values: torch.Tensor, length: torch.Tensor, width: int) -> torc
     return values[:, None] * inside.to(values.dtype)
 
 
+def _int_run_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, str] | None:
+    """``([B, 2] (value, length) pairs, PREFIX or SUFFIX)`` when every row of a 2-D integer
+    tensor is ``value * (column < length)`` (prefix) or ``value * (column >= width - length)``
+    (suffix), else None. The pairs are narrowed to the smallest integer dtype holding them."""
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+        return None
+    width = tensor.shape[1]
+    if width < 3:  # two columns or fewer: the pairs are no smaller
+        return None
+    for kind, rows in ((PREFIX, tensor), (SUFFIX, tensor.flip(1))):
+        values = rows[:, 0]
+        same = rows == values[:, None]
+        length = torch.where(same.all(-1), width, (~same).to(torch.int8).argmax(-1))
+        if torch.equal(_prefix_rows(values, length, width), rows):
+            pairs = torch.stack([values, length.to(tensor.dtype)], dim=1)
+            narrow = _narrowest_int(pairs)
+            return (pairs if narrow is None else pairs.to(narrow)), kind
+    return None
+
+
 def _narrowest_int(tensor: torch.Tensor) -> torch.dtype | None:
     """The narrowest integer dtype holding every value of an integer tensor (None: no narrower one)."""
     if tensor.numel() == 0:
@@ -92,8 +118,8 @@ def pack_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int | None, s
 
     ``code = (width, dtype)``: ``width`` is the original second dimension when the rows were
     cut to their first column, ``dtype`` the original dtype's name when the values were
-    narrowed; ``(width, "prefix:<dtype>")`` for (value, prefix length) pairs (see the module
-    docstring).
+    narrowed; ``(width, "prefix:<dtype>")`` / ``(width, "suffix:<dtype>")`` for (value, prefix
+    or suffix length) pairs (see the module docstring).
     """
     if tensor.device.type != "cpu" or tensor.dim() == 0 or tensor.shape[0] == 0:
         return tensor, None
@@ -108,6 +134,9 @@ def pack_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int | None, s
         tensor = tensor[:, :1].contiguous()
     elif tensor.dim() == 2 and (pairs := _masked_prefix_rows(tensor)) is not None:
         return pairs, (int(tensor.shape[1]), PREFIX + str(tensor.dtype).removeprefix("torch."))
+    elif tensor.dim() == 2 and (runs := _int_run_rows(tensor)) is not None:
+        pairs, kind = runs
+        return pairs, (int(tensor.shape[1]), kind + str(tensor.dtype).removeprefix("torch."))
     dtype_name = None
     if not tensor.dtype.is_floating_point and not tensor.dtype.is_complex and tensor.dtype != torch.bool:
         narrow = _narrowest_int(tensor)
@@ -122,9 +151,13 @@ def pack_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int | None, s
 def unpack_tensor(tensor: torch.Tensor, code: tuple[int | None, str | None]) -> torch.Tensor:
     """The tensor :func:`pack_tensor` was given, from its packed form and ``code``."""
     width, dtype_name = code
-    if dtype_name is not None and dtype_name.startswith(PREFIX):
-        values = tensor[:, 0].view(getattr(torch, dtype_name.removeprefix(PREFIX)))
-        return _prefix_rows(values, tensor[:, 1], width)
+    if dtype_name is not None and dtype_name.startswith((PREFIX, SUFFIX)):
+        kind, _, name = dtype_name.partition(":")
+        dtype = getattr(torch, name)
+        if dtype.is_floating_point:  # the value's bits
+            return _prefix_rows(tensor[:, 0].view(dtype), tensor[:, 1], width)
+        rows = _prefix_rows(tensor[:, 0].to(dtype), tensor[:, 1].long(), width)
+        return rows if kind + ":" == PREFIX else rows.flip(1).contiguous()
     if dtype_name is not None:
         tensor = tensor.to(getattr(torch, dtype_name))
     if width is not None:
