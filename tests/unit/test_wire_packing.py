@@ -135,3 +135,23 @@ def test_right_and_left_padded_masks_travel_as_a_value_and_a_length():
         out, code = pack_tensor(tensor)
         assert code == (None, "int64") and out.shape == tensor.shape  # only narrowed
         assert torch.equal(unpack_batch(pack_batch(Batch.from_dict({"m": tensor})))["m"], tensor)
+
+
+def test_position_ids_of_left_padded_prompts_travel_as_one_start_per_row():
+    from verity.rollout.prompts import position_ids_from_mask
+
+    lengths = torch.tensor([3, 0, 7, 1, 5, 7])
+    attention_mask = (torch.arange(7)[None, :] >= 7 - lengths[:, None]).long()
+    positions = position_ids_from_mask(attention_mask)
+    shifted = torch.arange(7)[None, :] + torch.arange(6)[:, None]  # counts from 0..5: negative starts
+    batch = Batch.from_dict({"position_ids": positions, "shifted": shifted})
+    packed = pack_batch(batch)
+    assert packed.meta[WIRE_META] == {"position_ids": (7, "ramp:int64"), "shifted": (7, "ramp:int64")}
+    assert packed["position_ids"].shape == (6, 1) and packed["position_ids"].dtype == torch.int8
+    assert_identical(unpack_batch(packed), batch)
+    for got, want in zip(pack_batch(batch).split(4), batch.split(4), strict=True):  # shards, as sent
+        assert_identical(unpack_batch(got), want)
+    bent = positions.clone()
+    bent[2, 3] += 1  # not a count any more
+    out, code = pack_tensor(bent)
+    assert code == (None, "int64") and out.shape == bent.shape

@@ -16,6 +16,9 @@ is stored in its smallest exact form:
   it (a ``response_mask`` over right-padded responses), or 0 and then one value on a suffix
   (the ``attention_mask`` of left-padded prompts), as ``[B, 2]`` (value, length) pairs in
   the narrowest integer dtype that holds them;
+- a 2-D integer tensor whose every row counts up from 0 after a run of 0s,
+  ``max(column - start, 0)`` (the ``position_ids`` of left-padded prompts), as its
+  ``start`` per row ``[B, 1]``;
 - an integer tensor in the narrowest integer dtype that holds its values (``int8``,
   ``int16``, ``int32``).
 
@@ -57,6 +60,8 @@ PREFIX = "prefix:"
 """Code prefix of a tensor packed as (row value, prefix length) pairs; the original dtype follows."""
 SUFFIX = "suffix:"
 """Code prefix of an integer tensor packed as (row value, suffix length) pairs; the original dtype follows."""
+RAMP = "ramp:"
+"""Code prefix of an integer tensor packed as one ``start`` per row of ``max(column - start, 0)``."""
 
 
 def _masked_prefix_rows(tensor: torch.Tensor) -> torch.Tensor | None:
@@ -99,6 +104,25 @@ def _int_run_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, str] | None:
     return None
 
 
+def _ramp(start: torch.Tensor, width: int) -> torch.Tensor:
+    """``max(column - start[:, None], 0)`` over ``width`` columns, in ``start``'s dtype."""
+    return (torch.arange(width, dtype=start.dtype)[None, :] - start[:, None]).clamp(min=0)
+
+
+def _ramp_rows(tensor: torch.Tensor) -> torch.Tensor | None:
+    """``[B, 1]`` starts, narrowed, when every row of a 2-D integer tensor is ``max(column - start, 0)``."""
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+        return None
+    width = tensor.shape[1]
+    if width < 3:
+        return None
+    start = (width - 1) - tensor[:, -1]  # the last column reads width - 1 - start
+    if not torch.equal(_ramp(start, width), tensor):
+        return None
+    narrow = _narrowest_int(start)
+    return (start if narrow is None else start.to(narrow))[:, None]
+
+
 def _narrowest_int(tensor: torch.Tensor) -> torch.dtype | None:
     """The narrowest integer dtype holding every value of an integer tensor (None: no narrower one)."""
     if tensor.numel() == 0:
@@ -119,7 +143,8 @@ def pack_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int | None, s
     ``code = (width, dtype)``: ``width`` is the original second dimension when the rows were
     cut to their first column, ``dtype`` the original dtype's name when the values were
     narrowed; ``(width, "prefix:<dtype>")`` / ``(width, "suffix:<dtype>")`` for (value, prefix
-    or suffix length) pairs (see the module docstring).
+    or suffix length) pairs, ``(width, "ramp:<dtype>")`` for one start per row of a count from
+    0 after left padding (see the module docstring).
     """
     if tensor.device.type != "cpu" or tensor.dim() == 0 or tensor.shape[0] == 0:
         return tensor, None
@@ -137,6 +162,8 @@ def pack_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int | None, s
     elif tensor.dim() == 2 and (runs := _int_run_rows(tensor)) is not None:
         pairs, kind = runs
         return pairs, (int(tensor.shape[1]), kind + str(tensor.dtype).removeprefix("torch."))
+    elif tensor.dim() == 2 and (starts := _ramp_rows(tensor)) is not None:
+        return starts, (int(tensor.shape[1]), RAMP + str(tensor.dtype).removeprefix("torch."))
     dtype_name = None
     if not tensor.dtype.is_floating_point and not tensor.dtype.is_complex and tensor.dtype != torch.bool:
         narrow = _narrowest_int(tensor)
@@ -151,6 +178,8 @@ def pack_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int | None, s
 def unpack_tensor(tensor: torch.Tensor, code: tuple[int | None, str | None]) -> torch.Tensor:
     """The tensor :func:`pack_tensor` was given, from its packed form and ``code``."""
     width, dtype_name = code
+    if dtype_name is not None and dtype_name.startswith(RAMP):
+        return _ramp(tensor[:, 0].to(getattr(torch, dtype_name.removeprefix(RAMP))), width)
     if dtype_name is not None and dtype_name.startswith((PREFIX, SUFFIX)):
         kind, _, name = dtype_name.partition(":")
         dtype = getattr(torch, name)
