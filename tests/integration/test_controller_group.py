@@ -195,6 +195,23 @@ def test_batch_travels_to_workers_intact(group):
     assert back.keys() == b.keys() and torch.equal(back["old_logprobs"], b["old_logprobs"])
 
 
+@pytest.mark.parametrize(("prompts", "sent_once"), [(8, True), (6, False)])
+def test_rows_marked_as_repeats_go_once_and_arrive_whole(group, prompts, sent_once):
+    from verity.controller.transfer_meter import DRIVER_TRANSFERS
+    from verity.controller.wire import REPEATED_ROWS
+
+    rows = scores_batch(prompts).repeat_interleave(4)  # 4 samples a prompt, as the generate stage sends
+    rows.meta[REPEATED_ROWS] = 4
+    DRIVER_TRANSFERS.take()
+    out = group.tag_rows(rows)
+    sent, _ = DRIVER_TRANSFERS.take()
+    # every rank worked on its own whole shard of the repeated rows, in order
+    assert out["scores"].tolist() == rows["scores"].tolist() and out["uid"] == rows["uid"]
+    assert out["group"].tolist() == [r for r in range(4) for _ in range(prompts)]
+    # 8 prompts split in whole runs over 4 ranks: one copy each; 6 do not: the 24 rows as they are
+    assert sent == 4 * (prompts if sent_once else 4 * prompts)
+
+
 # ---------------------------------------------------------------- bad input
 def test_dp_split_with_something_other_than_a_batch(group):
     with pytest.raises(

@@ -155,3 +155,37 @@ def test_position_ids_of_left_padded_prompts_travel_as_one_start_per_row():
     bent[2, 3] += 1  # not a count any more
     out, code = pack_tensor(bent)
     assert code == (None, "int64") and out.shape == bent.shape
+
+
+def test_rows_marked_as_repeats_go_once_when_exact_and_split_in_whole_runs():
+    from verity.controller.wire import REPEATED_ROWS, ROW_REPEATS
+
+    prompts = Batch.from_dict(
+        {"input_ids": torch.arange(36).reshape(6, 6), "group": torch.arange(6)},
+        non_tensors={"uid": [f"p{i}" for i in range(6)], "image": [torch.zeros(2)] * 6},
+        meta={"seed": 5},
+    )
+    rows = prompts.repeat_interleave(4)
+    rows.meta[REPEATED_ROWS] = 4
+    want = prompts.repeat_interleave(4)  # what every receiver must see: the rows, without the mark
+    packed = pack_batch(rows, parts=3)  # 6 prompts over 3 ranks: whole runs
+    assert len(packed) == 6 and packed.meta[ROW_REPEATS] == 4 and REPEATED_ROWS not in packed.meta
+    assert_identical(unpack_batch(packed), want)
+    for got, part in zip(packed.split(3), want.split(3), strict=True):  # each rank's shard
+        assert_identical(unpack_batch(got), part)
+    # 6 prompts over 4 ranks would cut a run: the rows go as they are, the mark taken off
+    whole = pack_batch(rows, parts=4)
+    assert len(whole) == 24 and ROW_REPEATS not in whole.meta and REPEATED_ROWS not in whole.meta
+    assert_identical(unpack_batch(whole), want)
+    # rows that are not exact repeats (a tensor or a per-row value differs) go as they are
+    for key in ("input_ids", "uid"):
+        bent = prompts.repeat_interleave(4)
+        if key == "uid":
+            bent.non_tensors["uid"][5] = "other"
+        else:
+            bent["input_ids"][5, 0] = -1
+        bent.meta[REPEATED_ROWS] = 4
+        assert len(pack_batch(bent)) == 24 and ROW_REPEATS not in pack_batch(bent).meta
+    # an unmarked batch is never compacted, however repetitive
+    plain = prompts.repeat_interleave(4)
+    assert len(pack_batch(plain)) == 24

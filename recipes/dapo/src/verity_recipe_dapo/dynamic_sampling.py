@@ -42,6 +42,7 @@ import torch
 from verity.batch import Batch
 from verity.batch.resident import resident_prompt_width
 from verity.batch.schema import declared_keys
+from verity.controller.wire import REPEATED_ROWS
 from verity.rollout.prompts import position_ids_from_mask
 from verity.trainer.stages import Stage, StageFn, StepContext, sampling_for_training
 
@@ -180,6 +181,7 @@ def make_dynamic_sampling(before: Sequence[Stage], after: Sequence[Stage]) -> St
             rows["group"] = torch.arange(first, first + len(prompts), dtype=torch.long).repeat_interleave(n)
             rows.meta["sampling"] = sampling_for_training(cfg)
             rows.meta["seed"] = round_seed(cfg.trainer.seed, ctx.step, rounds)
+            rows.meta[REPEATED_ROWS] = n  # each prompt goes to the workers once (controller.wire)
             rows = _timed(ctx, "generate", ctx.actor.generate, rows)
             for stage in after:
                 rows = _timed(ctx, stage.name, stage.run, ctx, rows)

@@ -22,6 +22,11 @@ is stored in its smallest exact form:
 - an integer tensor in the narrowest integer dtype that holds its values (``int8``,
   ``int16``, ``int32``).
 
+A batch whose rows are each of fewer rows repeated ``n`` times in a row — the generate
+stage's prompts, one copy per sample — says so in ``meta[REPEATED_ROWS] = n``; it then goes
+as one copy of each row (``meta[ROW_REPEATS] = n``) when that is exact and each data-parallel
+rank's part holds whole runs, and the receiver repeats the rows again (:func:`unpack_batch`).
+
 The batch's ``meta`` records what was done under :data:`WIRE_META`, so the receiver
 (:func:`unpack`) restores the original shapes and dtypes: the method on the other side
 sees the tensors it would have seen without packing, bit for bit. Packing happens before
@@ -40,6 +45,13 @@ from verity.batch import Batch
 
 WIRE_META = "_wire"
 """``batch.meta`` key of a packed batch: ``{key: (width or None, dtype name or None)}``."""
+
+REPEATED_ROWS = "repeated_rows"
+"""``batch.meta`` key a sender sets to ``n`` when every row of the batch is one of ``len / n`` rows
+repeated ``n`` times in a row (``Batch.repeat_interleave(n)``): the rows may go once each."""
+
+ROW_REPEATS = "_row_repeats"
+"""``batch.meta`` key of a batch sent as one copy of each run of repeated rows: the copies per row."""
 
 _NARROW_INTS = (torch.int8, torch.int16, torch.int32)
 _BITS_VIEW = {
@@ -194,8 +206,67 @@ def unpack_tensor(tensor: torch.Tensor, code: tuple[int | None, str | None]) -> 
     return tensor
 
 
-def pack_batch(batch: Batch) -> Batch:
-    """A copy of ``batch`` with its tensors packed (the same object when nothing shrinks)."""
+def _same_rows(a: Batch, b: Batch) -> bool:
+    """Whether two batches hold the same tensors (bit for bit) and the same per-row values."""
+    if a.tensor_keys() != b.tensor_keys() or set(a.non_tensors) != set(b.non_tensors):
+        return False
+    for key in a.tensor_keys():
+        x, y = a.tensors[key], b.tensors[key]
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return False
+        if x.dtype in _BITS_VIEW:
+            x, y = x.view(_BITS_VIEW[x.dtype]), y.view(_BITS_VIEW[y.dtype])
+        if not torch.equal(x, y):
+            return False
+    for key, values in a.non_tensors.items():
+        for x, y in zip(values, b.non_tensors[key], strict=True):
+            if x is y:
+                continue
+            try:
+                if not bool(x == y):
+                    return False
+            except Exception:  # noqa: BLE001 - values without a plain equality (tensors, arrays): not the same
+                return False
+    return True
+
+
+def compact_repeats(batch: Batch, parts: int = 1) -> Batch:
+    """``batch`` with the :data:`REPEATED_ROWS` mark taken off; sent as one copy of each run of
+    repeated rows (marked :data:`ROW_REPEATS`) when the runs are exactly that and ``parts``
+    data-parallel parts of it hold whole runs each, so that each part of the copies, repeated
+    again, is the part the full batch would have given."""
+    n = batch.meta.get(REPEATED_ROWS)
+    if n is None:
+        return batch
+    meta = {k: v for k, v in batch.meta.items() if k != REPEATED_ROWS}
+    plain = Batch(batch.tensors, dict(batch.non_tensors), meta, batch.pad_rows)
+    if not isinstance(n, int) or n < 2 or len(batch) % n or (len(batch) // n) % parts:
+        return plain
+    if batch.pad_rows or batch.resident_keys() or ROW_REPEATS in meta:
+        return plain
+    once = plain.index(torch.arange(0, len(batch), n))
+    if not _same_rows(once.repeat_interleave(n), plain):
+        return plain
+    once.meta[ROW_REPEATS] = n
+    return once
+
+
+def expand_repeats(batch: Batch) -> Batch:
+    """``batch`` with every row repeated :data:`ROW_REPEATS` times again (the same object when unmarked)."""
+    n = batch.meta.get(ROW_REPEATS)
+    if n is None:
+        return batch
+    out = batch.repeat_interleave(n)
+    out.meta = {k: v for k, v in out.meta.items() if k != ROW_REPEATS}
+    return out
+
+
+def pack_batch(batch: Batch, parts: int = 1) -> Batch:
+    """A copy of ``batch`` with its tensors packed (the same object when nothing shrinks).
+
+    ``parts``: the data-parallel parts the batch will be split into (for :func:`compact_repeats`).
+    """
+    batch = compact_repeats(batch, parts)
     if WIRE_META in batch.meta:
         return batch  # already packed
     codes: dict[str, tuple[int | None, str | None]] = {}
@@ -211,15 +282,16 @@ def pack_batch(batch: Batch) -> Batch:
 
 
 def unpack_batch(batch: Batch) -> Batch:
-    """``batch`` as it was before :func:`pack_batch` (the same object when it was not packed)."""
+    """``batch`` as it was before :func:`pack_batch` (the same object when it was not packed);
+    rows sent once per run of repeats are repeated again."""
     codes = batch.meta.get(WIRE_META)
     if not codes:
-        return batch
+        return expand_repeats(batch)
     tensors = {key: batch.tensors[key] for key in batch.tensor_keys()}
     for key, code in codes.items():
         tensors[key] = unpack_tensor(tensors[key], code)
     meta = {k: v for k, v in batch.meta.items() if k != WIRE_META}
-    return _rebuilt(batch, tensors, meta)
+    return expand_repeats(_rebuilt(batch, tensors, meta))
 
 
 def _rebuilt(batch: Batch, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Batch:
@@ -229,9 +301,10 @@ def _rebuilt(batch: Batch, tensors: dict[str, torch.Tensor], meta: dict[str, Any
     return Batch(td, dict(batch.non_tensors), meta, batch.pad_rows)
 
 
-def pack(value: Any) -> Any:
-    """``value`` with every ``Batch`` in it (directly, or in a tuple, list or dict) packed."""
-    return _map_batches(value, pack_batch)
+def pack(value: Any, parts: int = 1) -> Any:
+    """``value`` with every ``Batch`` in it (directly, or in a tuple, list or dict) packed;
+    ``parts``: the data-parallel parts a split call will cut each batch into."""
+    return _map_batches(value, lambda batch: pack_batch(batch, parts))
 
 
 def unpack(value: Any) -> Any:
@@ -251,4 +324,16 @@ def _map_batches(value: Any, fn: Any) -> Any:
     return value
 
 
-__all__ = ["WIRE_META", "pack", "pack_batch", "pack_tensor", "unpack", "unpack_batch", "unpack_tensor"]
+__all__ = [
+    "REPEATED_ROWS",
+    "ROW_REPEATS",
+    "WIRE_META",
+    "compact_repeats",
+    "expand_repeats",
+    "pack",
+    "pack_batch",
+    "pack_tensor",
+    "unpack",
+    "unpack_batch",
+    "unpack_tensor",
+]

@@ -32,6 +32,7 @@ from verity.controller.dispatch import (
     DPLayout,
     MethodSpec,
     collect_results,
+    dp_collectors,
     plan_call,
     registered_methods,
 )
@@ -284,7 +285,11 @@ class WorkerGroup:
             raise ControllerError(f"worker group {self.name!r} was shut down; cannot call {method}")
         label = self._label(role, method)
         # smallest exact tensors on the wire (controller.wire), packed after the schema check
-        plan = plan_call(label, spec, args, kwargs, self._layouts[role], share=ray.put, prepare=pack)
+        # rows repeated per sample go once each where every data-parallel part holds whole runs
+        parts = dp_collectors(label, self._layouts[role])[0] if spec.dispatch is Dispatch.DP_SPLIT else 1
+        plan = plan_call(
+            label, spec, args, kwargs, self._layouts[role], share=ray.put, prepare=lambda v: pack(v, parts)
+        )
         DRIVER_TRANSFERS.add(sent=plan.payload)
         refs = [self._hosts[rank].call.remote(role, method, *a, **kw) for rank, a, kw in plan.calls]
         return GroupCall(self, role, method, spec, plan, refs)

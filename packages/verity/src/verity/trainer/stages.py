@@ -34,6 +34,7 @@ from verity.batch import Batch, register_key
 from verity.batch.resident import send_echoes_as_handles
 from verity.config.derived import needs_baseline, needs_critic, needs_reference, old_logprobs_source
 from verity.config.schema import VerityConfig
+from verity.controller.wire import REPEATED_ROWS
 from verity.data.vision_inputs import VISION_KEYS
 from verity.rewards.manager import response_span, token_rewards_from_scores
 from verity.trainer.agent_metrics import agent_metrics
@@ -134,13 +135,18 @@ def generate_baseline(ctx: StepContext, prompts: Batch) -> Batch:
 
 
 def training_rows(cfg: VerityConfig, prompts: Batch, step: int) -> Batch:
-    """Step ``step``'s rows: each prompt repeated ``rollout.n`` times (interleaved), ``group`` ids, sampling and seed."""
+    """Step ``step``'s rows: each prompt repeated ``rollout.n`` times (interleaved), ``group`` ids, sampling and seed.
+
+    The rows are marked as repeats (``controller.wire.REPEATED_ROWS``), so a group call sends
+    each prompt once and the workers repeat it again.
+    """
     n = cfg.rollout.n
     rows = prompts.repeat_interleave(n)
     base = step * len(prompts)
     rows["group"] = torch.arange(base, base + len(prompts), dtype=torch.long).repeat_interleave(n)
     rows.meta["sampling"] = sampling_for_training(cfg)
     rows.meta["seed"] = cfg.trainer.seed * 1_000_003 + step
+    rows.meta[REPEATED_ROWS] = n
     return rows
 
 
