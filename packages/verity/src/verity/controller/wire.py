@@ -96,11 +96,16 @@ def _prefix_rows(values: torch.Tensor, length: torch.Tensor, width: int) -> torc
     return values[:, None] * inside.to(values.dtype)
 
 
+def _is_integer(dtype: torch.dtype) -> bool:
+    """Whether ``dtype`` is an integer type (not float, complex or bool)."""
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
 def _int_run_rows(tensor: torch.Tensor) -> tuple[torch.Tensor, str] | None:
     """``([B, 2] (value, length) pairs, PREFIX or SUFFIX)`` when every row of a 2-D integer
     tensor is ``value * (column < length)`` (prefix) or ``value * (column >= width - length)``
     (suffix), else None. The pairs are narrowed to the smallest integer dtype holding them."""
-    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+    if not _is_integer(tensor.dtype):
         return None
     width = tensor.shape[1]
     if width < 3:  # two columns or fewer: the pairs are no smaller
@@ -123,7 +128,7 @@ def _ramp(start: torch.Tensor, width: int) -> torch.Tensor:
 
 def _ramp_rows(tensor: torch.Tensor) -> torch.Tensor | None:
     """``[B, 1]`` starts, narrowed, when every row of a 2-D integer tensor is ``max(column - start, 0)``."""
-    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+    if not _is_integer(tensor.dtype):
         return None
     width = tensor.shape[1]
     if width < 3:
@@ -177,7 +182,7 @@ def pack_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int | None, s
     elif tensor.dim() == 2 and (starts := _ramp_rows(tensor)) is not None:
         return starts, (int(tensor.shape[1]), RAMP + str(tensor.dtype).removeprefix("torch."))
     dtype_name = None
-    if not tensor.dtype.is_floating_point and not tensor.dtype.is_complex and tensor.dtype != torch.bool:
+    if _is_integer(tensor.dtype):
         narrow = _narrowest_int(tensor)
         if narrow is not None:
             dtype_name = str(tensor.dtype).removeprefix("torch.")
