@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import torch
 from verity.batch import Batch
-from verity.controller.wire import WIRE_META, pack, pack_batch, pack_tensor, unpack, unpack_batch
+from verity.controller.wire import (
+    WIRE_META,
+    pack,
+    pack_batch,
+    pack_tensor,
+    unpack,
+    unpack_batch,
+    unpack_tensor,
+)
 
 
 def rl_batch(rows: int = 6, width: int = 5) -> Batch:
@@ -77,6 +85,53 @@ def test_tensors_that_cannot_shrink_are_sent_unchanged():
         assert code is None and out is tensor
     out, code = pack_tensor(torch.full((3, 4), 7, dtype=torch.int32))
     assert code == (4, "int32") and out.dtype == torch.int8 and out.shape == (3, 1)
+
+
+def test_whole_number_scores_travel_as_small_integers_and_come_back_bit_for_bit():
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        scores = torch.tensor([0.0, 1.0, 1.0, 0.0, -3.0, 100.0], dtype=dtype)
+        out, code = pack_tensor(scores)
+        assert code == (None, str(dtype).removeprefix("torch.")) and out.dtype == torch.int8
+        back = unpack_tensor(out, code)
+        assert back.dtype == dtype and torch.equal(back, scores)
+    wide, code = pack_tensor(torch.tensor([0.0, 30_000.0]))
+    assert wide.dtype == torch.int16 and code == (None, "float32")
+    # what a small integer cannot say exactly goes as it is
+    for values in ([0.0, 0.5], [1.0, -0.0], [1.0, float("nan")], [1.0, float("inf")], [0.0, 1e6]):
+        tensor = torch.tensor(values)
+        out, code = pack_tensor(tensor)
+        assert code is None and out is tensor, values
+    # a row-constant float column of whole numbers: one column, narrowed
+    out, code = pack_tensor(torch.ones(3, 4))
+    assert code == (4, "float32") and out.shape == (3, 1) and out.dtype == torch.int8
+    assert torch.equal(unpack_tensor(out, code), torch.ones(3, 4))
+
+
+def test_a_1d_tensor_of_one_repeated_element_travels_as_that_element() -> None:
+    nan_with_payload = torch.tensor([0x7FC00123], dtype=torch.int32).view(torch.float32)
+    for tensor in (
+        torch.full((6,), float("nan")),  # an accuracy no row had
+        nan_with_payload.expand(5).clone(),
+        torch.full((4,), -0.0),
+        torch.full((3,), 2**40),
+        torch.zeros(7, dtype=torch.int8),
+    ):
+        out, code = pack_tensor(tensor)
+        assert out.shape == (len(tensor), 0) and out.nbytes == 0
+        assert code[0] is None and code[1].startswith("fill:" + str(tensor.dtype).removeprefix("torch.") + ":")
+        back = unpack_tensor(out, code)
+        assert back.dtype == tensor.dtype and back.shape == tensor.shape
+        bits = {torch.float32: torch.int32}.get(tensor.dtype)
+        assert torch.equal(back.view(bits), tensor.view(bits)) if bits else torch.equal(back, tensor)
+    # two NaNs with different payloads are not one element
+    mixed = torch.cat([torch.full((1,), float("nan")), nan_with_payload])
+    assert pack_tensor(mixed)[1] is None
+    assert pack_tensor(torch.ones(1))[1] == (None, "float32")  # one element: only narrowed
+    # it splits with its batch: every shard restores its own rows
+    batch = Batch.from_dict({"acc": torch.full((5,), float("nan")), "scores": torch.zeros(5)})
+    for shard in pack_batch(batch).split(2):
+        restored = unpack_batch(shard)
+        assert torch.isnan(restored["acc"]).all() and torch.equal(restored["scores"], torch.zeros(len(shard)))
 
 
 def test_an_advantage_times_a_response_mask_travels_as_a_value_and_a_length():

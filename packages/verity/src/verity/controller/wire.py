@@ -19,8 +19,12 @@ is stored in its smallest exact form:
 - a 2-D integer tensor whose every row counts up from 0 after a run of 0s,
   ``max(column - start, 0)`` (the ``position_ids`` of left-padded prompts), as its
   ``start`` per row ``[B, 1]``;
+- a 1-D float or integer tensor whose every element has the same bits (a step where every
+  sample scored 0, an accuracy no row had) as that element's bits in the code and a ``[B, 0]``
+  tensor;
 - an integer tensor in the narrowest integer dtype that holds its values (``int8``,
-  ``int16``, ``int32``).
+  ``int16``, ``int32``), and so a float tensor whose every value is a whole number (0/1
+  scores and accuracies; not ``-0.0``, NaN or infinities).
 
 A batch whose rows are each of fewer rows repeated ``n`` times in a row — the generate
 stage's prompts, one copy per sample — says so in ``meta[REPEATED_ROWS] = n``; it then goes
@@ -31,7 +35,7 @@ The batch's ``meta`` records what was done under :data:`WIRE_META`, so the recei
 (:func:`unpack`) restores the original shapes and dtypes: the method on the other side
 sees the tensors it would have seen without packing, bit for bit. Packing happens before
 a split call is planned, so each rank's shard (``Batch.split``) carries its part packed.
-Float tensors other than row-constant ones, bool tensors and tensors of other ranks are
+Other float tensors (beyond row-constant ones), bool tensors and tensors of other ranks are
 left as they are. ``perf/driver_bytes_*`` count the packed bytes: what actually moved.
 """
 
@@ -74,6 +78,10 @@ SUFFIX = "suffix:"
 """Code prefix of an integer tensor packed as (row value, suffix length) pairs; the original dtype follows."""
 RAMP = "ramp:"
 """Code prefix of an integer tensor packed as one ``start`` per row of ``max(column - start, 0)``."""
+FILL = "fill:"
+"""Code prefix of a 1-D tensor whose every element has the same bits: ``fill:<dtype>:<bits>``, the
+element's bits as an integer in the code, the tensor itself ``[B, 0]`` (no bytes, still ``B`` rows
+so that it splits with the batch)."""
 
 
 def _masked_prefix_rows(tensor: torch.Tensor) -> torch.Tensor | None:
@@ -154,6 +162,23 @@ def _narrowest_int(tensor: torch.Tensor) -> torch.dtype | None:
     return None
 
 
+def _integral_float_int(tensor: torch.Tensor) -> torch.dtype | None:
+    """The narrowest integer dtype that holds a float tensor exactly — every value finite, whole
+    and not ``-0.0`` (0/1 scores and accuracies) — or None."""
+    if tensor.numel() == 0 or not torch.isfinite(tensor).all() or not (tensor == tensor.trunc()).all():
+        return None
+    if (torch.signbit(tensor) & (tensor == 0)).any():
+        return None
+    low, high = float(tensor.min()), float(tensor.max())
+    for dtype in _NARROW_INTS:
+        if torch.iinfo(dtype).bits >= torch.finfo(tensor.dtype).bits:
+            return None
+        info = torch.iinfo(dtype)
+        if info.min <= low and high <= info.max:
+            return dtype
+    return None
+
+
 def pack_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int | None, str | None] | None]:
     """``(packed tensor, code)``; ``code`` is None when the tensor is sent as it is.
 
@@ -161,11 +186,21 @@ def pack_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int | None, s
     cut to their first column, ``dtype`` the original dtype's name when the values were
     narrowed; ``(width, "prefix:<dtype>")`` / ``(width, "suffix:<dtype>")`` for (value, prefix
     or suffix length) pairs, ``(width, "ramp:<dtype>")`` for one start per row of a count from
-    0 after left padding (see the module docstring).
+    0 after left padding, ``(None, "fill:<dtype>:<bits>")`` for a 1-D tensor of one repeated
+    element, sent as ``[B, 0]`` (see the module docstring).
     """
     if tensor.device.type != "cpu" or tensor.dim() == 0 or tensor.shape[0] == 0:
         return tensor, None
     width = None
+    if (
+        tensor.dim() == 1
+        and tensor.shape[0] > 1
+        and (tensor.dtype in _BITS_VIEW or _is_integer(tensor.dtype))
+        and _rows_repeat_first_column(tensor[None, :])
+    ):
+        bits = tensor[:1].view(_BITS_VIEW.get(tensor.dtype, tensor.dtype))
+        name = str(tensor.dtype).removeprefix("torch.")
+        return tensor.new_empty((tensor.shape[0], 0)), (None, f"{FILL}{name}:{int(bits.item())}")
     if (
         tensor.dim() == 2
         and tensor.shape[1] > 1
@@ -182,8 +217,8 @@ def pack_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int | None, s
     elif tensor.dim() == 2 and (starts := _ramp_rows(tensor)) is not None:
         return starts, (int(tensor.shape[1]), RAMP + str(tensor.dtype).removeprefix("torch."))
     dtype_name = None
-    if _is_integer(tensor.dtype):
-        narrow = _narrowest_int(tensor)
+    if _is_integer(tensor.dtype) or tensor.is_floating_point():
+        narrow = _narrowest_int(tensor) if _is_integer(tensor.dtype) else _integral_float_int(tensor)
         if narrow is not None:
             dtype_name = str(tensor.dtype).removeprefix("torch.")
             tensor = tensor.to(narrow)
@@ -195,6 +230,11 @@ def pack_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int | None, s
 def unpack_tensor(tensor: torch.Tensor, code: tuple[int | None, str | None]) -> torch.Tensor:
     """The tensor :func:`pack_tensor` was given, from its packed form and ``code``."""
     width, dtype_name = code
+    if dtype_name is not None and dtype_name.startswith(FILL):
+        name, _, bits = dtype_name.removeprefix(FILL).partition(":")
+        dtype = getattr(torch, name)
+        value = torch.tensor([int(bits)], dtype=_BITS_VIEW.get(dtype, dtype)).view(dtype)
+        return value.expand(tensor.shape[0]).contiguous()
     if dtype_name is not None and dtype_name.startswith(RAMP):
         return _ramp(tensor[:, 0].to(getattr(torch, dtype_name.removeprefix(RAMP))), width)
     if dtype_name is not None and dtype_name.startswith((PREFIX, SUFFIX)):
