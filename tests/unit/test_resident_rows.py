@@ -175,7 +175,7 @@ def test_generate_answers_rows_in_host_memory(monkeypatch, resident) -> None:
 
     monkeypatch.setattr(Batch, "to", spy_to)
     monkeypatch.setattr(rollout_side, "keep_resident", lambda rows, pad, also, echo: ("resident", rows))
-    monkeypatch.setattr(rollout_side, "resident_response_keys", lambda cfg: ())
+    monkeypatch.setattr(rollout_side, "resident_response_keys", lambda cfg, scored: ())
     rows = Batch.from_dict({"responses": torch.ones(2, 3, dtype=torch.long)})
     cfg = SimpleNamespace(trainer=SimpleNamespace(resident_rows=resident))
     out = rollout_side.rows_for_driver(cfg, rows, pad_token_id=0)
@@ -192,6 +192,23 @@ def test_rollout_logprobs_stay_unless_they_are_the_old_logprobs() -> None:
         "rollout_logprobs",
     )
     assert resident_response_keys(load_config(["actor.old_logprobs=rollout"])) == ()
+
+
+def test_response_ids_stay_only_when_the_rank_scored_them_and_no_driver_stage_decodes_them() -> None:
+    from verity.config import load_config
+    from verity.workers.rollout_side import resident_response_keys
+
+    on_workers = load_config(["reward.placement=workers"])
+    assert resident_response_keys(on_workers, scored=True) == (
+        "rollout_logprobs",
+        "responses",
+        "response_attention",
+    )
+    # a held-out evaluation's rows are scored on the driver: their responses come back
+    assert resident_response_keys(on_workers, scored=False) == ("rollout_logprobs",)
+    assert resident_response_keys(load_config([]), scored=True) == ("rollout_logprobs",)
+    rows_on_driver = load_config(["reward.placement=workers", "trainer.resident_rows=false"])
+    assert resident_response_keys(rows_on_driver, scored=True) == ("rollout_logprobs",)
 
 
 def test_response_side_keys_kept_with_the_rows_are_not_padded_when_prompt_widths_differ() -> None:
@@ -283,3 +300,23 @@ def test_a_batch_whose_handles_echo_nothing_goes_as_it_is() -> None:
     assert send_echoes_as_handles(light) is light
     plain = Batch.from_dict({"responses": torch.ones(2, 3, dtype=torch.long)})
     assert send_echoes_as_handles(plain) is plain
+
+
+def test_a_key_is_echoed_only_when_it_takes_more_bytes_on_the_wire_than_its_digest() -> None:
+    from verity.workers.rollout_side import echoed_keys
+
+    def rows(width: int, holes: bool = False) -> Batch:
+        g = torch.Generator().manual_seed(width)
+        lengths = torch.randint(1, width + 1, (6,), generator=g)
+        mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
+        if holes:  # a multi-turn rollout's mask: 0 on the tools' tokens
+            mask[:, 1::3] = 0
+        return Batch.from_dict(
+            {"responses": torch.randint(0, 100, (6, width), generator=g), "response_mask": mask}
+        )
+
+    assert echoed_keys(rows(8)) == ()  # 8 int8 token ids a row: no more than an 8-byte digest
+    assert echoed_keys(rows(9)) == ("responses",)
+    assert echoed_keys(rows(64)) == ("responses",)  # a right-padded mask goes as (value, length)
+    assert echoed_keys(rows(64, holes=True)) == ("responses", "response_mask")
+    assert echoed_keys(rows(64).index(slice(0, 0))) == ()

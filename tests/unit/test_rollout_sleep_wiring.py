@@ -7,6 +7,7 @@ from verity.batch import Batch
 from verity.config import load_config
 from verity.rollout.base import RolloutEngine
 from verity.workers.actor_rollout import ActorRolloutRefWorker
+from verity.workers.rollout_side import RowScorer
 
 
 class RecordingRollout(RolloutEngine):
@@ -37,6 +38,7 @@ def test_generate_wakes_the_rollout_first_and_puts_it_to_sleep_after() -> None:
     worker.cfg = load_config(["rollout.micro_batch_size=2"])
     worker.rollout = RecordingRollout()  # no seed in the batch: the rank is not read
     worker.pad_token_id = 0
+    worker.score_rows = RowScorer(worker.cfg, tokenizer=None)
     prompts = Batch.from_dict({"input_ids": torch.ones(3, 4, dtype=torch.long)})
     out = ActorRolloutRefWorker.generate(worker, prompts)
     assert len(out) == 3

@@ -14,11 +14,14 @@ __all__ = [
     "needs_reference",
     "old_logprobs_source",
     "on_policy",
+    "responses_stay_on_workers",
+    "scores_on_workers",
     "skips_zero_advantage_rows",
     "zero_advantage_rows_matter",
 ]
 
 OLD_LOGPROBS_MODES = ("auto", "recompute", "rollout")
+REWARD_PLACEMENTS = ("driver", "workers")
 SKIP_ZERO_ADVANTAGE_MODES = ("auto", "on", "off")
 VANISHING_POLICY_LOSSES = frozenset({"ppo", "vanilla", "gspo", "gpg", "cispo"})
 """Built-in policy losses whose every token term is ``A_t`` times a finite factor: exactly 0, with
@@ -102,3 +105,18 @@ def skips_zero_advantage_rows(cfg: Any) -> bool:
     if cfg.actor.skip_zero_advantage == "off":
         return False
     return zero_advantage_rows_matter(cfg) is None
+
+
+def scores_on_workers(cfg: Any) -> bool:
+    """Whether each rollout rank scores the training rows it generates (``reward.placement=workers``)."""
+    return getattr(cfg.reward, "placement", "driver") == "workers"
+
+
+def responses_stay_on_workers(cfg: Any) -> bool:
+    """Whether the generated response ids stay on the ranks that made them, the driver holding handles.
+
+    They do when the ranks score them (:func:`scores_on_workers`), the rows stay where they are made
+    (``trainer.resident_rows``) and no driver stage decodes them: the reward model's stage does
+    (``reward_model.enabled``), so there they come back as before.
+    """
+    return scores_on_workers(cfg) and bool(cfg.trainer.resident_rows) and not cfg.reward_model.enabled

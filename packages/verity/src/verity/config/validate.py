@@ -170,6 +170,12 @@ def validate_config(cfg: VerityConfig) -> None:
         for f in getattr(d, key):
             if not Path(f).expanduser().is_file():
                 raise ConfigError(f"data.{key}: file {f!r} does not exist")
+    from verity.config.derived import REWARD_PLACEMENTS
+
+    if cfg.reward.placement not in REWARD_PLACEMENTS:
+        raise ConfigError(
+            f"reward.placement must be one of {'|'.join(REWARD_PLACEMENTS)}, got {cfg.reward.placement!r}"
+        )
     if cfg.reward.custom_path and not Path(cfg.reward.custom_path).expanduser().is_file():
         raise ConfigError(f"reward.custom_path: file {cfg.reward.custom_path!r} does not exist")
 

@@ -35,6 +35,17 @@ def _describe(index: int, row: dict[str, Any], spec: str, log_chars: int) -> str
     )
 
 
+def describe_first_failure(
+    rows: Sequence[dict[str, Any]], specs: Sequence[str], outcomes: Sequence[Any], log_chars: int = 400
+) -> str | None:
+    """The first failed sample (data source, reward function, response, ground truth) and its
+    traceback, as :func:`report_failures` would stop with it; None when every sample scored."""
+    for i, outcome in enumerate(outcomes):
+        if outcome.status != "ok":
+            return f"{_describe(i, rows[i], specs[i], log_chars)}:\n{(outcome.error or outcome.status).rstrip()}"
+    return None
+
+
 def report_failures(
     rows: Sequence[dict[str, Any]],
     specs: Sequence[str],

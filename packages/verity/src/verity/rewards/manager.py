@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from verity.batch import ResidentKeyError
-from verity.rewards.failures import report_failures
+from verity.rewards.failures import describe_first_failure, report_failures
 from verity.rewards.process_pool import TaskOutcome, TimeoutPool
 from verity.rewards.registry import call_reward, custom_spec_from, preload_reward_functions, resolve_spec
 
@@ -176,6 +176,8 @@ class RewardManager:
         self.tokenizer = tokenizer
         self._custom_spec = custom_spec_from(self.config.custom_path, self.config.custom_name)
         self._pool: TimeoutPool | None = None
+        self.last_failure: str | None = None
+        """The first failed sample of the last :meth:`score` call, described with its traceback (None: none failed)."""
 
     # -- lifecycle -------------------------------------------------------------------------------
     def _get_pool(self) -> TimeoutPool:
@@ -355,6 +357,7 @@ class RewardManager:
                     extra.setdefault(key, [None] * n)[i] = value
             else:
                 extra["reward_error"][i] = outcome.error
+        self.last_failure = describe_first_failure(rows, specs, outcomes, self.config.log_chars)
         report_failures(
             rows,
             specs,

@@ -32,11 +32,23 @@ from verity.algorithms.advantages import compute_advantages
 from verity.algorithms.kl_control import apply_kl_penalty
 from verity.batch import Batch, register_key
 from verity.batch.resident import send_echoes_as_handles
-from verity.config.derived import needs_baseline, needs_critic, needs_reference, old_logprobs_source
+from verity.config.derived import (
+    needs_baseline,
+    needs_critic,
+    needs_reference,
+    old_logprobs_source,
+    scores_on_workers,
+)
 from verity.config.schema import VerityConfig
 from verity.controller.wire import REPEATED_ROWS
 from verity.data.vision_inputs import VISION_KEYS
 from verity.rewards.manager import response_span, token_rewards_from_scores
+from verity.rewards.on_workers import (
+    FIRST_FAILURE,
+    SCORE_ON_WORKERS,
+    collect_worker_scores,
+    scored_on_workers,
+)
 from verity.trainer.agent_metrics import agent_metrics
 
 
@@ -127,8 +139,10 @@ def generate_baseline(ctx: StepContext, prompts: Batch) -> Batch:
         "max_new_tokens": ctx.cfg.data.max_response_length,
         "n": 1,
     }
+    if scores_on_workers(ctx.cfg):
+        greedy.meta[SCORE_ON_WORKERS] = True
     out = ctx.actor.generate(greedy)
-    scores, _, _ = ctx.rewards.score(out)
+    scores = _scores(ctx, out)[0]
     prompts["baseline_scores"] = scores.float()
     ctx.metrics["reward/baseline_mean"] = float(scores.float().mean())
     return prompts
@@ -138,7 +152,8 @@ def training_rows(cfg: VerityConfig, prompts: Batch, step: int) -> Batch:
     """Step ``step``'s rows: each prompt repeated ``rollout.n`` times (interleaved), ``group`` ids, sampling and seed.
 
     The rows are marked as repeats (``controller.wire.REPEATED_ROWS``), so a group call sends
-    each prompt once and the workers repeat it again.
+    each prompt once and the workers repeat it again; with ``reward.placement=workers`` they also
+    ask the generating ranks to score them (:mod:`verity.rewards.on_workers`).
     """
     n = cfg.rollout.n
     rows = prompts.repeat_interleave(n)
@@ -147,6 +162,8 @@ def training_rows(cfg: VerityConfig, prompts: Batch, step: int) -> Batch:
     rows.meta["sampling"] = sampling_for_training(cfg)
     rows.meta["seed"] = cfg.trainer.seed * 1_000_003 + step
     rows.meta[REPEATED_ROWS] = n
+    if scores_on_workers(cfg):
+        rows.meta[SCORE_ON_WORKERS] = True
     return rows
 
 
@@ -155,17 +172,34 @@ def generate(ctx: StepContext, prompts: Batch) -> Batch:
     return ctx.actor.generate(training_rows(ctx.cfg, prompts, ctx.step))
 
 
-def reward(ctx: StepContext, batch: Batch) -> Batch:
-    """Score responses by ``data_source``: ``scores [B]``, ``acc [B]``, ``token_rewards [B, R]``."""
+def _scores(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """``(scores [B], acc [B], metrics)`` of generated rows: the workers' (``reward.placement=workers``),
+    else the driver's reward manager's. ``acc`` is the verifier's where every row has one, else ``scores > 0``."""
+    if scored_on_workers(batch):
+        failure = batch.meta.pop(FIRST_FAILURE, None)  # said once, not carried to later group calls
+        return collect_worker_scores(batch, ctx.cfg.reward.max_failure_rate, failure)
     scores, extra, metrics = ctx.rewards.score(batch)
-    batch["scores"] = scores
     acc = extra.get("acc")
     if acc is not None and all(a is not None for a in acc):
-        batch["acc"] = torch.tensor([float(a) for a in acc])
+        acc_tensor = torch.tensor([float(a) for a in acc])
     else:
-        batch["acc"] = (scores > 0).float()
+        acc_tensor = (scores > 0).float()
+    return scores, acc_tensor, {k: v for k, v in metrics.items() if k in ("reward/timeouts", "reward/errors")}
+
+
+def reward(ctx: StepContext, batch: Batch) -> Batch:
+    """Score responses by ``data_source``: ``scores [B]``, ``acc [B]``, ``token_rewards [B, R]``.
+
+    With ``reward.placement=workers`` the generating ranks scored them already; this stage
+    then checks the batch's failure share and builds ``token_rewards`` from their scores.
+    ``reward/scored_on_workers`` (1 or 0) records where this step's rows were scored.
+    """
+    ctx.metrics["reward/scored_on_workers"] = float(scored_on_workers(batch))  # where it ran, as seen
+    scores, acc, metrics = _scores(ctx, batch)
+    batch["scores"] = scores
+    batch["acc"] = acc
     batch["token_rewards"] = token_rewards_from_scores(scores, batch["response_mask"])
-    ctx.metrics.update({k: v for k, v in metrics.items() if k in ("reward/timeouts", "reward/errors")})
+    ctx.metrics.update(metrics)
     return batch
 
 

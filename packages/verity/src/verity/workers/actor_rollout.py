@@ -47,7 +47,7 @@ from verity.workers.role_training import (
     role_model_dtype,
     rollout_dtype,
 )
-from verity.workers.rollout_side import build_role_rollout, generate_batch, pad_id, rows_for_driver
+from verity.workers.rollout_side import RowScorer, build_role_rollout, generate_batch, pad_id, rows_for_driver
 
 
 class ActorRolloutRefWorker(Worker):
@@ -91,6 +91,7 @@ class ActorRolloutRefWorker(Worker):
         n_params = sum(p.numel() for p in policy.parameters())
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.pad_token_id = pad_id(tokenizer)
+        self.score_rows = RowScorer(cfg, tokenizer)  # reward.placement=workers
         # the rollout takes its copy before the engine shards the policy in place
         self.rollout = build_role_rollout(
             cfg,
@@ -176,7 +177,7 @@ class ActorRolloutRefWorker(Worker):
         # until the next weight sync (vLLM sleep mode at rollout.vllm.sleep_level; HF: model to
         # host memory); on CPU every engine's sleep is a no-op
         self.rollout.sleep()
-        return rows_for_driver(self.cfg, out, self.pad_token_id)
+        return rows_for_driver(self.cfg, self.score_rows(batch, out), self.pad_token_id)
 
     # --------------------------------------------------------------- scoring
     @register(Dispatch.DP_SPLIT)

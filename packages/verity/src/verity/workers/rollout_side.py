@@ -15,8 +15,11 @@ import torch
 from torch import nn
 
 from verity.batch import Batch, keep_resident
-from verity.config.derived import old_logprobs_source
+from verity.batch.resident import DIGEST_BYTES
+from verity.config.derived import old_logprobs_source, responses_stay_on_workers
 from verity.config.schema import VerityConfig
+from verity.controller.wire import pack_tensor
+from verity.rewards.on_workers import scored_on_workers
 from verity.rollout import RolloutBuildContext, RolloutEngine, SamplingParams, build_rollout_engine
 
 
@@ -74,6 +77,34 @@ def generate_batch(rollout: RolloutEngine, batch: Batch, chunk_rows: int, dp_ran
     return parts[0] if len(parts) == 1 else Batch.concat(parts)
 
 
+class RowScorer:
+    """Scores a rank's generated rows when the generate call asks for it (``reward.placement=workers``).
+
+    The :class:`~verity.rewards.RewardManager` (and its process pool) is built on the first such
+    call, so a run that scores on the driver never starts one here.
+    """
+
+    def __init__(self, cfg: VerityConfig, tokenizer: Any) -> None:
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self._manager: Any = None
+
+    def __call__(self, request: Batch, rows: Batch) -> Batch:
+        """``rows`` scored (:func:`verity.rewards.on_workers.score_on_worker`) when ``request.meta`` asks, else as they are."""
+        from verity.rewards.on_workers import SCORE_ON_WORKERS, score_on_worker, worker_reward_manager
+
+        if not request.meta.get(SCORE_ON_WORKERS):
+            return rows
+        if self._manager is None:
+            self._manager = worker_reward_manager(self.cfg.reward, self.tokenizer)
+        return score_on_worker(self._manager, rows)
+
+    def close(self) -> None:
+        """Stop the reward processes, if any were started."""
+        if self._manager is not None:
+            self._manager.close()
+
+
 def rows_for_driver(cfg: VerityConfig, rows: Batch, pad_token_id: int) -> Batch:
     """What a generate call answers: with ``trainer.resident_rows`` the prompt-aligned tensors stay here.
 
@@ -86,7 +117,9 @@ def rows_for_driver(cfg: VerityConfig, rows: Batch, pad_token_id: int) -> Batch:
     rows = rows.to("cpu")
     if not cfg.trainer.resident_rows:
         return rows
-    return keep_resident(rows, pad_token_id, also=resident_response_keys(cfg), echo=echoed_keys(rows))
+    resident = resident_response_keys(cfg, scored=scored_on_workers(rows))
+    echo = tuple(k for k in echoed_keys(rows) if k not in resident)
+    return keep_resident(rows, pad_token_id, also=resident, echo=echo)
 
 
 ECHOED_KEYS = ("responses", "response_mask")
@@ -95,26 +128,35 @@ both sides, so that the update's batch carries handles for them while they are u
 (:func:`verity.batch.resident.send_echoes_as_handles`)."""
 
 
-ECHO_MIN_TOKENS = 32
-"""Below this response width a row's packed responses and mask (a byte a token at least) cost
-no more than the digests that stand in for them (8 bytes a row and key), so nothing is echoed."""
-
-
 def echoed_keys(rows: Batch) -> tuple[str, ...]:
-    """:data:`ECHOED_KEYS` when the responses are at least :data:`ECHO_MIN_TOKENS` wide, else none."""
-    if "responses" not in rows.tensor_keys() or rows["responses"].shape[1] < ECHO_MIN_TOKENS:
+    """The :data:`ECHOED_KEYS` worth echoing: those that take more bytes a row on the wire, packed
+    (:func:`verity.controller.wire.pack_tensor`), than the digest that stands in for them
+    (:data:`verity.batch.resident.DIGEST_BYTES`). Token ids of a few dozen tokens are; a
+    right-padded response mask, which travels as a (value, length) pair, is not."""
+    if not len(rows):
         return ()
-    return ECHOED_KEYS
+    return tuple(
+        key
+        for key in ECHOED_KEYS
+        if key in rows.tensor_keys() and pack_tensor(rows[key])[0].nbytes > DIGEST_BYTES * len(rows)
+    )
 
 
-def resident_response_keys(cfg: VerityConfig) -> tuple[str, ...]:
+def resident_response_keys(cfg: VerityConfig, *, scored: bool = False) -> tuple[str, ...]:
     """The ``[B, R]`` keys that stay with the rows because the driver never reads them in this run.
 
     ``rollout_logprobs`` go to workers only (the update's importance weights with
     ``actor.off_policy.is_cap``), except when they are the run's old log-probs
-    (``actor.old_logprobs=rollout``), which the driver's old-log-prob stage copies.
+    (``actor.old_logprobs=rollout``), which the driver's old-log-prob stage copies. The
+    response ids (and a multi-turn rollout's ``response_attention``, read only to decode
+    them) stay when this rank ``scored`` the rows and no driver stage decodes them
+    (:func:`verity.config.derived.responses_stay_on_workers`); rows generated for a held-out
+    evaluation, scored on the driver, bring theirs back.
     """
-    return () if old_logprobs_source(cfg) == "rollout" else ("rollout_logprobs",)
+    keys = () if old_logprobs_source(cfg) == "rollout" else ("rollout_logprobs",)
+    if scored and responses_stay_on_workers(cfg):
+        keys += ("responses", "response_attention")
+    return keys
 
 
 def pad_id(tokenizer: Any) -> int:

@@ -1,0 +1,113 @@
+"""Scoring where the rows are made (``reward.placement=workers``).
+
+With the reward on the driver, every generated response travels to the driver to be
+decoded and scored. With ``reward.placement=workers`` each rollout rank scores the rows
+it generated, right after generating them, with a :class:`RewardManager` of its own (same
+config, same tokenizer, same reward table and user function, its own process pool); the
+answer to the driver then carries three per-row scalars in place of the responses:
+
+- ``scores [B]`` float32: the reward function's score (``failure_score`` where it failed);
+- ``acc [B]`` float32: the function's ``acc`` extra, NaN where it returned none;
+- ``reward_status [B]`` int: 0 ok, 1 timeout, 2 error.
+
+and, when a row failed, the first failure's description in ``meta``. The response ids stay
+in the rank's object store with the prompt side (:mod:`verity.batch.resident`) unless a
+driver stage decodes them (a reward model's).
+
+The driver's ``reward`` stage (:func:`scored_on_workers`) turns them into exactly what it
+makes of a driver-side call: ``acc`` is the verifier's where every row has one, else
+``scores > 0``; ``reward/timeouts`` and ``reward/errors`` count the whole batch, and the
+whole batch's failure share is held against ``reward.max_failure_rate`` (a rank logs its
+own failures but never stops on its share alone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from verity.batch import Batch, register_key
+from verity.rewards.failures import RewardFailureError
+from verity.rewards.manager import RewardManager, RewardManagerConfig
+
+__all__ = [
+    "FIRST_FAILURE",
+    "SCORE_ON_WORKERS",
+    "STATUS_CODES",
+    "collect_worker_scores",
+    "score_on_worker",
+    "scored_on_workers",
+    "worker_reward_manager",
+]
+
+SCORE_ON_WORKERS = "score_on_workers"
+"""``batch.meta`` flag of a generate call: score the generated rows on the rank that made them."""
+
+FIRST_FAILURE = "reward_first_failure"
+"""``batch.meta`` key of a worker's answer: the first failed sample, described, with its traceback."""
+
+STATUS_CODES = {"ok": 0, "timeout": 1, "error": 2}
+
+register_key(
+    "reward_status",
+    ("B",),
+    "int",
+    "how the sample's reward function ended on the worker that scored it: 0 ok, 1 timeout, 2 error",
+)
+
+
+def worker_reward_manager(config: Any, tokenizer: Any) -> RewardManager:
+    """The reward manager a rollout rank scores with: the run's ``reward`` config, never stopping on
+    the rank's own failure share (the driver holds the whole batch's share against the limit)."""
+    base = RewardManagerConfig.from_any(config)
+    return RewardManager(dataclasses.replace(base, max_failure_rate=1.0), tokenizer=tokenizer)
+
+
+def score_on_worker(manager: RewardManager, rows: Batch) -> Batch:
+    """Score the generated ``rows`` in place: adds ``scores [B]``, ``acc [B]`` and ``reward_status [B]``.
+
+    ``rows`` carry ``responses [B, R]`` with their mask and the non-tensor ``data_source``,
+    ``ground_truth`` (and ``extra_info``) of each row, as a driver-side call reads them.
+    """
+    scores, extra, _ = manager.score(rows)
+    n = len(rows)
+    acc = [float(a) if a is not None else float("nan") for a in extra.get("acc", [None] * n)]
+    rows["scores"] = scores.to(torch.float32)
+    rows["acc"] = torch.tensor(acc, dtype=torch.float32)
+    rows["reward_status"] = torch.tensor([STATUS_CODES[s] for s in extra["reward_status"]], dtype=torch.int8)
+    if manager.last_failure is not None:
+        rows.meta[FIRST_FAILURE] = manager.last_failure
+    return rows
+
+
+def scored_on_workers(batch: Batch) -> bool:
+    """Whether ``batch``'s rows were scored by the workers that generated them."""
+    return "reward_status" in batch.tensor_keys()
+
+
+def collect_worker_scores(
+    batch: Batch, max_failure_rate: float, first_failure: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """``(scores [B], acc [B], metrics)`` of rows the workers scored, as the driver-side reward stage gives them.
+
+    Raises :class:`RewardFailureError` when more than ``max_failure_rate`` of the rows failed,
+    quoting ``first_failure`` (the answer's ``meta[FIRST_FAILURE]``).
+    """
+    scores = batch["scores"].to(torch.float32)
+    acc = batch["acc"].to(torch.float32)
+    if torch.isnan(acc).any():
+        acc = (scores > 0).float()
+    status = batch["reward_status"]
+    timeouts = int((status == STATUS_CODES["timeout"]).sum())
+    errors = int((status == STATUS_CODES["error"]).sum())
+    n = len(batch)
+    if timeouts + errors > max_failure_rate * n:
+        raise RewardFailureError(
+            f"reward: {timeouts + errors} of {n} samples failed ({errors} errors, {timeouts} timeouts) on the "
+            f"rollout workers (reward.placement=workers), more than reward.max_failure_rate = "
+            f"{max_failure_rate:g} of them; stopping instead of training on failure scores. First failure: "
+            f"{first_failure or '(not described)'}"
+        )
+    return scores, acc, {"reward/timeouts": float(timeouts), "reward/errors": float(errors)}

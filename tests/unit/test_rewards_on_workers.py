@@ -1,0 +1,153 @@
+"""Scoring on the rollout workers (``reward.placement=workers``): the same scores, accuracies and
+failure handling as the driver's reward stage, from per-row scalars."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+from verity.batch import Batch
+from verity.config import load_config
+from verity.rewards import RewardFailureError, RewardManager
+from verity.rewards.on_workers import (
+    FIRST_FAILURE,
+    SCORE_ON_WORKERS,
+    collect_worker_scores,
+    score_on_worker,
+    scored_on_workers,
+    worker_reward_manager,
+)
+from verity.trainer.stages import StepContext, reward
+from verity.workers.rollout_side import RowScorer
+
+
+def generated_rows(texts: list[str], truths: list[str], source: str = "openai/gsm8k") -> Batch:
+    lengths = torch.tensor([3, 5, 1, 4, 2, 5][: len(texts)])
+    mask = (torch.arange(5)[None, :] < lengths[:, None]).long()
+    return Batch.from_dict(
+        {"responses": torch.ones(len(texts), 5, dtype=torch.long) * 7, "response_mask": mask},
+        non_tensors={
+            "response_text": texts,
+            "data_source": [source] * len(texts),
+            "ground_truth": truths,
+        },
+    )
+
+
+TEXTS = ["#### 4", "the answer is 5", "#### 12", "####  3", "no idea", "#### 9"]
+TRUTHS = ["4", "5", "12", "4", "1", "9"]
+
+
+def driver_ctx(placement: str = "driver", **reward: object) -> StepContext:
+    cfg = load_config([f"reward.placement={placement}"] + [f"reward.{k}={v}" for k, v in reward.items()])
+    return StepContext(cfg=cfg, actor=None, rewards=RewardManager(cfg.reward), kl_controller=None)
+
+
+def test_rows_scored_on_a_worker_give_the_driver_stage_exactly_what_it_computes_itself() -> None:
+    on_driver = reward(driver_ctx(), generated_rows(TEXTS, TRUTHS))
+
+    ctx = driver_ctx("workers")
+    scored = score_on_worker(worker_reward_manager(ctx.cfg.reward, None), generated_rows(TEXTS, TRUTHS))
+    assert scored_on_workers(scored) and FIRST_FAILURE not in scored.meta
+    on_workers = reward(ctx, scored)
+
+    for key in ("scores", "acc", "token_rewards"):
+        assert torch.equal(on_workers[key], on_driver[key]), key
+    assert on_driver["acc"].tolist() == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    assert ctx.metrics["reward/scored_on_workers"] == 1.0
+    assert ctx.metrics["reward/timeouts"] == ctx.metrics["reward/errors"] == 0.0
+
+
+def write_reward(tmp_path, body: str) -> str:
+    path = tmp_path / "my_reward.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def test_without_an_acc_from_every_row_the_accuracy_is_score_above_zero(tmp_path) -> None:
+    path = write_reward(
+        tmp_path,
+        """
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+            if solution_str.startswith("#"):
+                return {"score": 0.5, "acc": 0.0}  # the verifier's own judgement
+            return -1.0 if "idea" in solution_str else 2.0
+        """,
+    )
+    ctx = driver_ctx("workers", custom_path=path, num_workers=0)
+    scored = score_on_worker(worker_reward_manager(ctx.cfg.reward, None), generated_rows(TEXTS, TRUTHS))
+    assert torch.isnan(scored["acc"]).tolist() == [False, True, False, False, True, False]
+    out = reward(ctx, scored)
+    assert out["acc"].tolist() == (out["scores"] > 0).float().tolist() == [1.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+
+    on_driver = reward(driver_ctx(custom_path=path, num_workers=0), generated_rows(TEXTS, TRUTHS))
+    assert torch.equal(out["acc"], on_driver["acc"]) and torch.equal(out["scores"], on_driver["scores"])
+
+
+FAILING = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if ground_truth == "boom":
+        raise ValueError("cannot read " + solution_str)
+    return 1.0
+"""
+
+
+def test_the_whole_batch_failure_share_stops_the_run_with_the_first_failure_a_worker_described(
+    tmp_path,
+) -> None:
+    path = write_reward(tmp_path, FAILING)
+    ctx = driver_ctx("workers", custom_path=path, num_workers=0, max_failure_rate=0.5)
+    manager = worker_reward_manager(ctx.cfg.reward, None)
+    # one rank's rows fail 2 of 3 (above the rate on its own): it reports, it does not stop
+    first = score_on_worker(manager, generated_rows(TEXTS[:3], ["boom", "boom", "1"]))
+    assert first["reward_status"].tolist() == [2, 2, 0] and first["scores"].tolist() == [0.0, 0.0, 1.0]
+    assert "cannot read #### 4" in first.meta[FIRST_FAILURE] and "ValueError" in first.meta[FIRST_FAILURE]
+    second = score_on_worker(manager, generated_rows(TEXTS[3:], ["1", "1", "1"]))
+    assert FIRST_FAILURE not in second.meta
+    # the whole batch: 2 of 6 failed, within 0.5
+    batch = Batch.concat([first, second])
+    out = reward(ctx, batch)
+    assert ctx.metrics["reward/errors"] == 2.0 and ctx.metrics["reward/timeouts"] == 0.0
+    assert out["scores"].tolist() == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
+    assert FIRST_FAILURE not in out.meta  # said once, not carried to the later group calls
+
+    failing = score_on_worker(manager, generated_rows(TEXTS[:4], ["boom", "boom", "boom", "1"]))
+    with pytest.raises(RewardFailureError, match=r"(?s)3 of 4 samples failed \(3 errors.*cannot read #### 4"):
+        reward(ctx, failing)
+
+
+def test_collect_counts_timeouts_and_errors_by_status_code() -> None:
+    batch = Batch.from_dict(
+        {
+            "scores": torch.tensor([1.0, 0.0, 0.0, 1.0]),
+            "acc": torch.tensor([1.0, 0.0, 0.0, 1.0]),
+            "reward_status": torch.tensor([0, 1, 2, 0], dtype=torch.int8),
+        }
+    )
+    scores, acc, metrics = collect_worker_scores(batch, max_failure_rate=0.5, first_failure=None)
+    assert metrics == {"reward/timeouts": 1.0, "reward/errors": 1.0}
+    assert acc.tolist() == [1.0, 0.0, 0.0, 1.0]
+    with pytest.raises(RewardFailureError, match=r"2 of 4 samples failed .*\(not described\)"):
+        collect_worker_scores(batch, max_failure_rate=0.25)
+
+
+def test_a_rank_scores_only_the_calls_that_ask_and_builds_its_manager_on_the_first() -> None:
+    cfg = load_config(["reward.placement=workers"])
+    scorer = RowScorer(cfg, tokenizer=None)
+    rows = generated_rows(TEXTS, TRUTHS)
+    untouched = scorer(Batch.from_dict({"x": torch.zeros(6)}), rows)
+    assert untouched is rows and scorer._manager is None and "scores" not in rows
+    request = Batch.from_dict({"x": torch.zeros(6)}, meta={SCORE_ON_WORKERS: True})
+    scored = scorer(request, generated_rows(TEXTS, TRUTHS))
+    assert scored["scores"].tolist() == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    assert scorer._manager is not None and scorer._manager.config.max_failure_rate == 1.0
+    scorer.close()
+
+
+def test_placement_is_checked_before_the_run() -> None:
+    from verity.config.errors import ConfigError
+    from verity.config.validate import validate_config
+
+    with pytest.raises(ConfigError, match=r"reward.placement must be one of driver\|workers, got 'gpu'"):
+        validate_config(load_config(["reward.placement=gpu"]))
