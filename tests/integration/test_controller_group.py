@@ -37,6 +37,18 @@ class ShardWorker(Worker):
         group = torch.full((len(batch),), self.rank, dtype=torch.long)
         return Batch.from_dict({"scores": batch["scores"].clone(), "group": group}, {"uid": batch["uid"]})
 
+    @register(Dispatch.DP_SPLIT, extends_request=True)
+    def extend_rows(self, batch: Batch) -> Batch:
+        """The request's rows with a new key (``tool_calls``: the rank), one per-row list changed and
+        one tensor changed in place on rank 1 only: what changed must come back, the rest need not."""
+        batch["tool_calls"] = torch.full((len(batch),), self.rank, dtype=torch.long)
+        batch.non_tensors["prompt_text"] = [
+            f"{text}+{self.rank}" for text in batch.non_tensors["prompt_text"]
+        ]
+        if self.rank == 1:
+            batch["scores"].mul_(-1)
+        return batch
+
     @register(Dispatch.DP_SPLIT)
     def sample_twice(self, batch: Batch) -> Batch:
         """Two answers per input row (as n samples per prompt), built from scratch."""
@@ -197,8 +209,8 @@ def test_batch_travels_to_workers_intact(group):
 
 @pytest.mark.parametrize(("prompts", "sent_once"), [(8, True), (6, False)])
 def test_rows_marked_as_repeats_go_once_and_arrive_whole(group, prompts, sent_once):
-    from verity.controller.transfer_meter import DRIVER_TRANSFERS
-    from verity.controller.wire import REPEATED_ROWS
+    from verity.controller.transfer_meter import DRIVER_TRANSFERS, payload_bytes
+    from verity.controller.wire import REPEATED_ROWS, pack_batch
 
     rows = scores_batch(prompts).repeat_interleave(4)  # 4 samples a prompt, as the generate stage sends
     rows.meta[REPEATED_ROWS] = 4
@@ -209,7 +221,35 @@ def test_rows_marked_as_repeats_go_once_and_arrive_whole(group, prompts, sent_on
     assert out["scores"].tolist() == rows["scores"].tolist() and out["uid"] == rows["uid"]
     assert out["group"].tolist() == [r for r in range(4) for _ in range(prompts)]
     # 8 prompts split in whole runs over 4 ranks: one copy each; 6 do not: the 24 rows as they are
-    assert sent == 4 * (prompts if sent_once else 4 * prompts)
+    packed = pack_batch(rows, 4)  # as it left: the scores (whole numbers: int8) and the uid of each row sent
+    assert sent == payload_bytes(packed) and packed["scores"].nbytes == (
+        prompts if sent_once else 4 * prompts
+    )
+
+
+@pytest.mark.parametrize("rows", [8, 10])
+def test_an_answer_that_extends_its_request_brings_back_only_what_changed(group, rows):
+    from verity.controller.transfer_meter import DRIVER_TRANSFERS
+
+    request = Batch.from_dict(
+        {"scores": torch.arange(float(rows)), "group": torch.arange(rows) // 2},
+        {"uid": [f"u{i}" for i in range(rows)], "prompt_text": [f"n{i}" for i in range(rows)]},
+    )
+    DRIVER_TRANSFERS.take()
+    out = group.extend_rows(request)
+    _, received = DRIVER_TRANSFERS.take()
+    # the driver sees every key, as the method left it; 10 rows pad to 12 over 4 ranks, padding dropped
+    shard = -(-rows // 4)
+    ranks = [i // shard for i in range(rows)]
+    assert out["tool_calls"].tolist() == ranks
+    assert out["scores"].tolist() == [-float(i) if r == 1 else float(i) for i, r in enumerate(ranks)]
+    assert out["group"].tolist() == request["group"].tolist() and out["uid"] == request["uid"]
+    assert out["prompt_text"] == [f"n{i}+{r}" for i, r in enumerate(ranks)]
+    assert out.keys() == [*request.tensor_keys(), "tool_calls", "uid", "prompt_text"]
+    # back came the new key, the changed list and rank 1's changed scores: not group or uid
+    padded = 4 * shard
+    assert received < padded * (8 + 8 + 8 + 4) + sum(len(f"u{i}") for i in range(rows))
+    assert received >= padded * 1 + shard * 4  # the ranks (int8 after packing) + rank 1's scores
 
 
 # ---------------------------------------------------------------- bad input

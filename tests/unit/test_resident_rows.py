@@ -249,7 +249,13 @@ ECHO = ("responses", "response_mask")
 
 
 def test_echoed_keys_stay_on_the_driver_and_travel_as_handles_while_unchanged() -> None:
-    from verity.batch.resident import DIGEST_BYTES, echo_digest_bytes, send_echoes_as_handles
+    from verity.batch.resident import (
+        DIGEST_BYTES,
+        RESIDENT,
+        echo_digest_bytes,
+        handle_column_bytes,
+        send_echoes_as_handles,
+    )
     from verity.controller.transfer_meter import payload_bytes
 
     store = FakeStore()
@@ -258,7 +264,10 @@ def test_echoed_keys_stay_on_the_driver_and_travel_as_handles_while_unchanged() 
     assert light.tensor_keys() == ["responses", "response_mask", "rollout_logprobs"]  # the driver reads them
     assert torch.equal(light["responses"], rows["responses"])
     assert echo_digest_bytes(light) == 6 * len(ECHO) * DIGEST_BYTES  # what the handles carry, counted
-    assert payload_bytes(light) == sum(rows[k].nbytes for k in light.tensor_keys()) + 6 * 2 * DIGEST_BYTES
+    handles = handle_column_bytes(light.non_tensors[RESIDENT])
+    uids = len(pickle.dumps(light.non_tensors["uid"], protocol=pickle.HIGHEST_PROTOCOL))
+    tensors = sum(rows[k].nbytes for k in light.tensor_keys())
+    assert payload_bytes(light) == tensors + 6 * 2 * DIGEST_BYTES + handles + uids
     # as after the driver split the rows among two workers and sent them
     for part in light.split(2):
         sent = pickle.loads(pickle.dumps(send_echoes_as_handles(part.select(*PROMPT_SIDE, *ECHO))))
@@ -320,3 +329,25 @@ def test_a_key_is_echoed_only_when_it_takes_more_bytes_on_the_wire_than_its_dige
     assert echoed_keys(rows(64)) == ("responses",)  # a right-padded mask goes as (value, length)
     assert echoed_keys(rows(64, holes=True)) == ("responses", "response_mask")
     assert echoed_keys(rows(64).index(slice(0, 0))) == ()
+
+
+def test_a_handle_column_travels_as_runs_of_rows_and_comes_back_row_for_row() -> None:
+    from verity.batch.resident import RESIDENT, HandleRuns, handle_column_bytes
+
+    store = FakeStore()
+    a = keep_resident(generated(6, 5), pad_token_id=0, put=store.put)
+    b = keep_resident(generated(4, 5, seed=1), pad_token_id=0, put=store.put)
+    joined = Batch.concat([a, b])
+    runs = HandleRuns(joined.non_tensors[RESIDENT]).runs
+    assert [(first, count) for _, first, count in runs] == [(0, 6), (0, 4)]
+    picked = joined.index(torch.tensor([0, 1, 2, 7, 3, 8, 9]))  # out of order: more runs, same rows
+    assert [(f, c) for _, f, c in HandleRuns(picked.non_tensors[RESIDENT]).runs] == [(0, 3), (1, 1), (3, 1), (2, 2)]
+    for batch in (joined, picked):
+        back = pickle.loads(pickle.dumps(batch))
+        assert [(s.ref.key, i) for s, i in back.non_tensors[RESIDENT]] == [
+            (s.ref.key, i) for s, i in batch.non_tensors[RESIDENT]
+        ]
+        assert back.resident_keys() == batch.resident_keys()
+        assert_same(materialize(back, fetch=store.get), materialize(batch, fetch=store.get))
+    # counted as its runs: far below a tuple a row
+    assert handle_column_bytes(joined.non_tensors[RESIDENT]) < len(pickle.dumps(joined.non_tensors[RESIDENT]))

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from verity.batch.resident import RESIDENT, ResidentKeyError, column_sources, restrict_column
+from verity.batch.resident import RESIDENT, HandleRuns, ResidentKeyError, column_sources, restrict_column
 from verity.batch.transport import pack_tensor, unpack_tensor
 
 __all__ = ["Batch", "BatchError"]
@@ -486,10 +486,13 @@ class Batch:
         packed = {}
         for key, value in self.tensors.items():
             packed[key] = pack_tensor(value)
+        rows = self.non_tensors
+        if RESIDENT in rows:  # a handle per row pickles as a few runs of rows
+            rows = {**rows, RESIDENT: HandleRuns(rows[RESIDENT])}
         return {
             "size": len(self),
             "tensors": packed,
-            "non_tensors": self.non_tensors,
+            "non_tensors": rows,
             "meta": self.meta,
             "pad_rows": self.pad_rows,
         }
@@ -497,7 +500,10 @@ class Batch:
     def __setstate__(self, state: dict[str, Any]) -> None:
         tensors = {key: unpack_tensor(value) for key, value in state["tensors"].items()}
         self.tensors = TensorDict(tensors, batch_size=[state["size"]])
-        self.non_tensors = state["non_tensors"]
+        rows = state["non_tensors"]
+        if isinstance(rows.get(RESIDENT), HandleRuns):
+            rows = {**rows, RESIDENT: rows[RESIDENT].rows()}
+        self.non_tensors = rows
         self.meta = state["meta"]
         self.pad_rows = state["pad_rows"]
 

@@ -42,6 +42,7 @@ batch is dropped on the driver.
 from __future__ import annotations
 
 import hashlib
+import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,10 +51,12 @@ import torch
 
 __all__ = [
     "DIGEST_BYTES",
+    "HandleRuns",
     "RESIDENT",
     "ResidentKeyError",
     "RowSource",
     "echo_digest_bytes",
+    "handle_column_bytes",
     "keep_resident",
     "materialize",
     "prompt_aligned_keys",
@@ -69,6 +72,60 @@ RESIDENT = "_resident"
 
 # left padding that keeps a row's meaning: masks 0, position ids 0 (cumsum(mask) - 1 clipped at 0)
 _ZERO_FILL_KEYS = ("attention_mask", "position_ids")
+
+
+class HandleRuns:
+    """A handle column as it is pickled: one ``(source, first index, rows)`` per run of rows that
+    come from one source in order, in place of a ``(source, index)`` tuple per row.
+
+    A generated batch's column is a run per generating rank, and it stays so through
+    ``split`` and ``select``; a few runs travel where there were ``B`` tuples.
+    """
+
+    __slots__ = ("runs",)
+
+    def __init__(self, column: Sequence[tuple[Any, int]]) -> None:
+        runs: list[list[Any]] = []
+        for source, index in column:
+            last = runs[-1] if runs else None
+            if last is not None and last[0] is source and last[1] + last[2] == index:
+                last[2] += 1
+            else:
+                runs.append([source, index, 1])
+        self.runs = [tuple(run) for run in runs]
+
+    def rows(self) -> list[tuple[Any, int]]:
+        """The column again: one ``(source, index)`` per row."""
+        return [(source, first + i) for source, first, count in self.runs for i in range(count)]
+
+    def __getstate__(self) -> list[tuple[Any, int, int]]:
+        return self.runs
+
+    def __setstate__(self, runs: list[tuple[Any, int, int]]) -> None:
+        self.runs = runs
+
+
+OBJECT_ID_BYTES = 28
+"""Bytes of a Ray object id, the part of a handle's stored-object reference counted on the wire."""
+
+
+def handle_column_bytes(column: Sequence[tuple[Any, int]]) -> int:
+    """Bytes a handle column takes on the wire, as :class:`HandleRuns`: each distinct source's
+    description (object id, keys, prompt width, row token counts) once, and two integers a run."""
+    runs = HandleRuns(column).runs
+    sources = {id(source): source for source, _, _ in runs}.values()
+    described = sum(
+        OBJECT_ID_BYTES
+        + len(
+            pickle.dumps(
+                (s.keys, s.prompt_width, s.pad_token_id, s.row_tokens), protocol=pickle.HIGHEST_PROTOCOL
+            )
+        )
+        for s in sources
+    )
+    return described + len(
+        pickle.dumps([(first, count) for _, first, count in runs], protocol=pickle.HIGHEST_PROTOCOL)
+    )
 
 
 class ResidentKeyError(KeyError):

@@ -100,6 +100,7 @@ class MethodSpec:
     dispatch: Dispatch
     collect: Collect
     check_schema: bool = True
+    extends_request: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,13 +117,17 @@ def register(
     collect: Collect | str | None = None,
     *,
     check_schema: bool = True,
+    extends_request: bool = False,
 ) -> Callable:
     """Declare how a worker method is dispatched and collected when called on a group.
 
     ``collect`` defaults by dispatch mode (BROADCAST->ALL, DP_SPLIT->DP_CONCAT,
     RANK_ZERO->RANK_ZERO, DP_COLLECT->DP, PER_RANK->ALL). With ``check_schema`` every
     Batch argument and Batch answer is checked by ``verity.batch.validate``. Usable as
-    ``@register`` (broadcast) or ``@register(Dispatch.DP_SPLIT)``.
+    ``@register`` (broadcast) or ``@register(Dispatch.DP_SPLIT)``. ``extends_request``
+    (DP_SPLIT/DP_CONCAT only): the method answers its first Batch argument's rows in order
+    with keys added, so the request's unchanged keys need not come back
+    (:mod:`verity.controller.request_echo`).
     """
     if callable(dispatch) and not isinstance(dispatch, Dispatch | str):
         return register()(dispatch)
@@ -132,7 +137,11 @@ def register(
     gather = _DEFAULT_COLLECT[mode] if collect is None else Collect(collect)
     if mode is Dispatch.RANK_ZERO and gather not in (Collect.RANK_ZERO, Collect.NONE, Collect.ALL):
         raise ValueError(f"register: dispatch RANK_ZERO calls only rank 0 and cannot collect {gather.name}")
-    spec = MethodSpec(mode, gather, check_schema)
+    if extends_request and (mode is not Dispatch.DP_SPLIT or gather is not Collect.DP_CONCAT):
+        raise ValueError(
+            f"register: extends_request needs dispatch DP_SPLIT with collect DP_CONCAT, got {mode.name}/{gather.name}"
+        )
+    spec = MethodSpec(mode, gather, check_schema, extends_request)
 
     def decorate(fn: Callable) -> Callable:
         if not callable(fn):

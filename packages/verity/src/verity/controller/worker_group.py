@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from verity.batch import Batch
 from verity.controller.dispatch import (
     CallPlan,
     Collect,
@@ -39,6 +40,7 @@ from verity.controller.dispatch import (
 from verity.controller.errors import ControllerError, WorkerTimeoutError
 from verity.controller.host import SINGLE_ROLE, ColocatedRoles, RoleSpec, WorkerHost
 from verity.controller.rank_failures import explain_failure
+from verity.controller.request_echo import FROM_REQUEST, restore_request_echo
 from verity.controller.resource_pool import ResourcePool
 from verity.controller.transfer_meter import DRIVER_TRANSFERS
 from verity.controller.wire import pack, unpack
@@ -65,11 +67,19 @@ class GroupCall:
     """A group call in flight; :meth:`result` waits and returns the collected answer."""
 
     def __init__(
-        self, group: WorkerGroup, role: str, method: str, spec: MethodSpec, plan: CallPlan, refs: list
+        self,
+        group: WorkerGroup,
+        role: str,
+        method: str,
+        spec: MethodSpec,
+        plan: CallPlan,
+        refs: list,
+        request: Batch | None = None,
     ) -> None:
         self._group, self._role, self._method, self._spec, self._plan = group, role, method, spec, plan
         self.refs = refs
         self._layouts = list(group._layouts[role])
+        self._request = request  # an extends_request method's request: its columns come back from here
         self._done = False
         self._value: Any = None
 
@@ -82,6 +92,8 @@ class GroupCall:
         answers = group._gather(self.refs, ranks, self._role, self._method, timeout_s or group.call_timeout_s)
         DRIVER_TRANSFERS.add(received=[answer for answer, _ in answers.values()])  # as they travelled
         answers = {rank: (unpack(answer), layout) for rank, (answer, layout) in answers.items()}
+        if self._request is not None:
+            answers = self._with_request_columns(answers)
         for rank, (_, layout) in answers.items():
             group._layouts[self._role][rank] = layout
         layouts = self._layouts if self._spec.dispatch is Dispatch.DP_SPLIT else group._layouts[self._role]
@@ -91,6 +103,19 @@ class GroupCall:
         )
         self._done = True
         return self._value
+
+
+    def _with_request_columns(self, answers: dict[int, tuple[Any, DPLayout]]) -> dict[int, tuple[Any, DPLayout]]:
+        """Each answer with the request keys its rank left out put back from the rank's request shard."""
+        assert self._request is not None
+        shards: list[Batch] | None = None
+        out = {}
+        for rank, (answer, layout) in answers.items():
+            if isinstance(answer, Batch) and FROM_REQUEST in answer.meta:
+                shards = shards if shards is not None else self._request.split(layout.dp_size)
+                answer = restore_request_echo(answer, shards[layout.dp_rank])
+            out[rank] = (answer, layout)
+        return out
 
 
 class GroupMethod:
@@ -292,7 +317,8 @@ class WorkerGroup:
         )
         DRIVER_TRANSFERS.add(sent=plan.payload)
         refs = [self._hosts[rank].call.remote(role, method, *a, **kw) for rank, a, kw in plan.calls]
-        return GroupCall(self, role, method, spec, plan, refs)
+        request = next((a for a in args if isinstance(a, Batch)), None) if spec.extends_request else None
+        return GroupCall(self, role, method, spec, plan, refs, request)
 
     def _adhoc(self, role: str, method: str, spec: MethodSpec, args: tuple, kwargs: dict) -> Any:
         cls = self._role_classes[role]

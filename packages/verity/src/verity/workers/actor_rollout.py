@@ -160,7 +160,7 @@ class ActorRolloutRefWorker(Worker):
         return facts
 
     # ------------------------------------------------------------ generation
-    @register(Dispatch.DP_SPLIT)
+    @register(Dispatch.DP_SPLIT, extends_request=True)  # the prompts' own columns stay on the driver
     def generate(self, batch: Batch) -> Batch:
         """Sample one response per row of a (repeated) prompt batch.
 

@@ -72,7 +72,7 @@ class RolloutWorker(Worker):
             "rollout_wrappers": list(self.rollout.wrappers),
         }
 
-    @register(Dispatch.DP_SPLIT)
+    @register(Dispatch.DP_SPLIT, extends_request=True)  # the prompts' own columns stay on the driver
     def generate(self, batch: Batch) -> Batch:
         """Sample one response per row, as :meth:`ActorRolloutRefWorker.generate` does (``sampling``, ``seed`` meta)."""
         assert self.rollout is not None, "init_model() must run first"

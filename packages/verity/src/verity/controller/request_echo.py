@@ -1,0 +1,130 @@
+"""Answers that extend their request: only what the method added or changed comes back.
+
+A data-parallel method registered with ``extends_request=True`` (the rollout's ``generate``)
+answers with the rows of its first ``Batch`` argument, in order, plus what it computed. The
+request's own columns — a prompt's data source, ground truth, chat messages, group id — would
+otherwise travel back to the driver that sent them. So the worker host, after the method ran,
+drops from the answer every request key the method left exactly as it arrived
+(:func:`drop_request_echo`) and names them in ``answer.meta[FROM_REQUEST]``; the driver puts
+its own copies back from the rank's shard of the request before the answers are joined
+(:func:`restore_request_echo`). The method, and whoever reads the joined answer, see what they
+saw before.
+
+"Exactly as it arrived" is checked, not assumed: a tensor is dropped only when the request's
+tensor was not modified in place during the method (its version counter) and the answer's
+has the same dtype, shape and bits; a per-row list only when it pickles to the same bytes as
+the request's did before the method ran (a list holding tensors, images, is always sent).
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from verity.batch import Batch
+
+__all__ = ["FROM_REQUEST", "RequestSnapshot", "drop_request_echo", "restore_request_echo"]
+
+FROM_REQUEST = "_from_request"
+"""``answer.meta`` key: ``(tensor keys in answer order, per-row keys in answer order, dropped keys)``."""
+
+_BITS = {
+    torch.float64: torch.int64,
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+}
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
+        return False
+    if a.dtype in _BITS:
+        return torch.equal(a.view(_BITS[a.dtype]), b.view(_BITS[b.dtype]))
+    return torch.equal(a, b)
+
+
+def _holds_tensors(values: list) -> bool:
+    return any(isinstance(v, torch.Tensor) for v in values)
+
+
+@dataclass
+class RequestSnapshot:
+    """The request as it arrived, before the method ran: its tensors (the objects, which a method
+    replacing a key in the batch does not touch) with their version counters, and each per-row
+    list's pickled bytes."""
+
+    rows_count: int
+    pad_rows: int
+    tensors: dict[str, tuple[torch.Tensor, int]]
+    rows: dict[str, bytes]
+
+    @classmethod
+    def take(cls, request: Batch) -> RequestSnapshot:
+        """Record ``request`` as it arrived (call before the method runs)."""
+        tensors = {k: (request.tensors[k], request.tensors[k]._version) for k in request.tensor_keys()}
+        rows = {
+            k: pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
+            for k, v in request.non_tensors.items()
+            if not _holds_tensors(v)
+        }
+        return cls(len(request), request.pad_rows, tensors, rows)
+
+    def unchanged_tensor(self, key: str, value: torch.Tensor) -> bool:
+        """Whether ``value`` is request key ``key`` as it arrived: never written in place, same bits."""
+        if key not in self.tensors:
+            return False
+        original, version = self.tensors[key]
+        return original._version == version and _same_bits(value, original)
+
+
+def drop_request_echo(snapshot: RequestSnapshot, answer: Any) -> Any:
+    """``answer`` without the request keys it carries unchanged, named in ``meta[FROM_REQUEST]``.
+
+    Anything but a ``Batch`` of the request's length is returned as it is.
+    """
+    if (
+        not isinstance(answer, Batch)
+        or len(answer) != snapshot.rows_count
+        or answer.pad_rows != snapshot.pad_rows
+    ):
+        return answer
+    dropped = [key for key in answer.tensor_keys() if snapshot.unchanged_tensor(key, answer.tensors[key])]
+    for key, values in answer.non_tensors.items():
+        before = snapshot.rows.get(key)
+        unchanged = before is not None and not _holds_tensors(values)
+        if unchanged and pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL) == before:
+            dropped.append(key)
+    if not dropped:
+        return answer
+    gone = set(dropped)
+    order = (tuple(answer.tensor_keys()), tuple(answer.non_tensors))
+    kept = [k for k in answer.tensor_keys() if k not in gone]
+    return Batch(
+        TensorDict({k: answer.tensors[k] for k in kept}, batch_size=[len(answer)]),
+        {k: v for k, v in answer.non_tensors.items() if k not in gone},
+        {**answer.meta, FROM_REQUEST: (*order, tuple(dropped))},
+        answer.pad_rows,
+    )
+
+
+def restore_request_echo(answer: Any, shard: Batch) -> Any:
+    """``answer`` with the keys :func:`drop_request_echo` dropped taken back from ``shard``, the
+    rank's part of the request as the driver split it; anything without the mark as it is."""
+    if not isinstance(answer, Batch) or FROM_REQUEST not in answer.meta:
+        return answer
+    tensor_order, row_order, dropped = answer.meta[FROM_REQUEST]
+    if len(shard) != len(answer):
+        raise RuntimeError(
+            f"an answer that extends its request has {len(answer)} rows, its request shard {len(shard)}: "
+            "cannot put the request's columns back"
+        )
+    gone = set(dropped)
+    tensors = {k: (shard.tensors[k] if k in gone else answer.tensors[k]) for k in tensor_order}
+    rows = {k: (list(shard.non_tensors[k]) if k in gone else answer.non_tensors[k]) for k in row_order}
+    meta = {k: v for k, v in answer.meta.items() if k != FROM_REQUEST}
+    return Batch(TensorDict(tensors, batch_size=[len(answer)]), rows, meta, answer.pad_rows)
