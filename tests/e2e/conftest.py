@@ -29,3 +29,33 @@ def tiny_model_and_task(tmp_path_factory) -> dict[str, str]:
         "test": str(files["test"]),
         "root": str(Path(root)),
     }
+
+
+@pytest.fixture
+def tiny_grpo_overrides(tiny_model_and_task):
+    """``overrides(out_dir, *extra)``: a 2-worker GRPO run on the tiny model and task (8 prompts x 4
+    samples, 6 new tokens, one optimizer step a step), writing to ``out_dir``; ``extra`` last."""
+    paths = tiny_model_and_task
+
+    def overrides(out: str, *extra: str) -> list[str]:
+        return [
+            f"model.path={paths['model']}",
+            f"data.train_files=[{paths['train']}]",
+            f"data.val_files=[{paths['test']}]",
+            "data.train_batch_size=8",
+            "data.max_prompt_length=32",
+            "data.max_response_length=6",
+            "data.val_max_samples=16",
+            "rollout.n=4",
+            "actor.ppo_mini_batch_size=8",
+            "actor.micro_batch_size=8",
+            "actor.optim.lr=1e-3",
+            "trainer.total_steps=3",
+            "trainer.n_workers=2",
+            "trainer.cpus_per_worker=0.5",
+            "trainer.progress=false",
+            f"trainer.output_dir={out}",
+            *extra,
+        ]
+
+    return overrides

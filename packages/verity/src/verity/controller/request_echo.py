@@ -26,25 +26,19 @@ import torch
 from tensordict import TensorDict
 
 from verity.batch import Batch
+from verity.controller.wire import FLOAT_BITS
 
 __all__ = ["FROM_REQUEST", "RequestSnapshot", "drop_request_echo", "restore_request_echo"]
 
 FROM_REQUEST = "_from_request"
 """``answer.meta`` key: ``(tensor keys in answer order, per-row keys in answer order, dropped keys)``."""
 
-_BITS = {
-    torch.float64: torch.int64,
-    torch.float32: torch.int32,
-    torch.float16: torch.int16,
-    torch.bfloat16: torch.int16,
-}
-
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape or a.device != b.device:
         return False
-    if a.dtype in _BITS:
-        return torch.equal(a.view(_BITS[a.dtype]), b.view(_BITS[b.dtype]))
+    if a.dtype in FLOAT_BITS:
+        return torch.equal(a.view(FLOAT_BITS[a.dtype]), b.view(FLOAT_BITS[b.dtype]))
     return torch.equal(a, b)
 
 

@@ -58,17 +58,18 @@ ROW_REPEATS = "_row_repeats"
 """``batch.meta`` key of a batch sent as one copy of each run of repeated rows: the copies per row."""
 
 _NARROW_INTS = (torch.int8, torch.int16, torch.int32)
-_BITS_VIEW = {
+FLOAT_BITS = {
     torch.float64: torch.int64,
     torch.float32: torch.int32,
     torch.float16: torch.int16,
     torch.bfloat16: torch.int16,
 }
+"""The integer dtype of each float dtype's width: ``tensor.view(FLOAT_BITS[dtype])`` compares bits."""
 
 
 def _rows_repeat_first_column(tensor: torch.Tensor) -> bool:
     """Whether every row of a 2-D tensor equals its first column bit for bit."""
-    bits = tensor.view(_BITS_VIEW[tensor.dtype]) if tensor.dtype in _BITS_VIEW else tensor
+    bits = tensor.view(FLOAT_BITS[tensor.dtype]) if tensor.dtype in FLOAT_BITS else tensor
     return bool((bits == bits[:, :1]).all())
 
 
@@ -89,7 +90,7 @@ def _masked_prefix_rows(tensor: torch.Tensor) -> torch.Tensor | None:
     ``value * (column < length)`` bit for bit, else None."""
     if tensor.dtype not in (torch.float32, torch.float64) or tensor.shape[1] < 2:
         return None
-    bits = tensor.view(_BITS_VIEW[tensor.dtype])
+    bits = tensor.view(FLOAT_BITS[tensor.dtype])
     same = bits == bits[:, :1]
     # the prefix: columns before the first one that differs from the row's first value
     length = torch.where(same.all(-1), tensor.shape[1], (~same).to(torch.int8).argmax(-1))
@@ -195,10 +196,10 @@ def pack_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int | None, s
     if (
         tensor.dim() == 1
         and tensor.shape[0] > 1
-        and (tensor.dtype in _BITS_VIEW or _is_integer(tensor.dtype))
+        and (tensor.dtype in FLOAT_BITS or _is_integer(tensor.dtype))
         and _rows_repeat_first_column(tensor[None, :])
     ):
-        bits = tensor[:1].view(_BITS_VIEW.get(tensor.dtype, tensor.dtype))
+        bits = tensor[:1].view(FLOAT_BITS.get(tensor.dtype, tensor.dtype))
         name = str(tensor.dtype).removeprefix("torch.")
         return tensor.new_empty((tensor.shape[0], 0)), (None, f"{FILL}{name}:{int(bits.item())}")
     if (
@@ -233,7 +234,7 @@ def unpack_tensor(tensor: torch.Tensor, code: tuple[int | None, str | None]) -> 
     if dtype_name is not None and dtype_name.startswith(FILL):
         name, _, bits = dtype_name.removeprefix(FILL).partition(":")
         dtype = getattr(torch, name)
-        value = torch.tensor([int(bits)], dtype=_BITS_VIEW.get(dtype, dtype)).view(dtype)
+        value = torch.tensor([int(bits)], dtype=FLOAT_BITS.get(dtype, dtype)).view(dtype)
         return value.expand(tensor.shape[0]).contiguous()
     if dtype_name is not None and dtype_name.startswith(RAMP):
         return _ramp(tensor[:, 0].to(getattr(torch, dtype_name.removeprefix(RAMP))), width)
@@ -259,8 +260,8 @@ def _same_rows(a: Batch, b: Batch) -> bool:
         x, y = a.tensors[key], b.tensors[key]
         if x.dtype != y.dtype or x.shape != y.shape:
             return False
-        if x.dtype in _BITS_VIEW:
-            x, y = x.view(_BITS_VIEW[x.dtype]), y.view(_BITS_VIEW[y.dtype])
+        if x.dtype in FLOAT_BITS:
+            x, y = x.view(FLOAT_BITS[x.dtype]), y.view(FLOAT_BITS[y.dtype])
         if not torch.equal(x, y):
             return False
     for key, values in a.non_tensors.items():
