@@ -56,6 +56,27 @@ def test_generate_answers_on_the_host_when_the_rollout_ran_on_cuda():
     assert out["responses"].device.type == "cpu"
 
 
+def test_rows_generated_on_cuda_are_scored_on_the_host() -> None:
+    from verity.batch import Batch
+    from verity.config import load_config
+    from verity.rewards.on_workers import SCORE_ON_WORKERS
+    from verity.workers.rollout_side import RowScorer
+
+    mask = torch.ones(2, 3, dtype=torch.long, device="cuda")
+    rows = Batch.from_dict(
+        {"responses": torch.ones(2, 3, dtype=torch.long, device="cuda"), "response_mask": mask},
+        non_tensors={
+            "response_text": ["#### 4", "#### 5"],
+            "data_source": ["openai/gsm8k"] * 2,
+            "ground_truth": ["4", "4"],
+        },
+    )
+    request = Batch.from_dict({"x": torch.zeros(2)}, meta={SCORE_ON_WORKERS: True})
+    scored = RowScorer(load_config(["reward.placement=workers"]), tokenizer=None)(request, rows)
+    assert scored["scores"].tolist() == [1.0, 0.0]
+    assert {scored[k].device.type for k in scored.tensor_keys()} == {"cpu"}
+
+
 def test_compiled_loss_head_on_cuda_matches_the_eager_head():
     from verity.engines.fused_logprobs import chosen_token_logprobs
 

@@ -151,3 +151,18 @@ def test_placement_is_checked_before_the_run() -> None:
 
     with pytest.raises(ConfigError, match=r"reward.placement must be one of driver\|workers, got 'gpu'"):
         validate_config(load_config(["reward.placement=gpu"]))
+
+
+def test_a_rank_scores_its_rows_in_host_memory(monkeypatch) -> None:
+    moved_to = []
+    real_to = Batch.to
+
+    def spy_to(self, device, non_blocking=False):
+        moved_to.append(str(device))
+        return real_to(self, device, non_blocking)
+
+    monkeypatch.setattr(Batch, "to", spy_to)
+    scorer = RowScorer(load_config(["reward.placement=workers"]), tokenizer=None)
+    request = Batch.from_dict({"x": torch.zeros(6)}, meta={SCORE_ON_WORKERS: True})
+    scored = scorer(request, generated_rows(TEXTS, TRUTHS))
+    assert moved_to == ["cpu"] and scored["scores"].device.type == "cpu"

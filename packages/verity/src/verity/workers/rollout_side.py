@@ -97,7 +97,8 @@ class RowScorer:
             return rows
         if self._manager is None:
             self._manager = worker_reward_manager(self.cfg.reward, self.tokenizer)
-        return score_on_worker(self._manager, rows)
+        # in host memory, where the answer goes anyway (rows_for_driver): the scores join CPU tensors
+        return score_on_worker(self._manager, rows.to("cpu"))
 
     def close(self) -> None:
         """Stop the reward processes, if any were started."""
