@@ -166,3 +166,25 @@ def test_a_rank_scores_its_rows_in_host_memory(monkeypatch) -> None:
     request = Batch.from_dict({"x": torch.zeros(6)}, meta={SCORE_ON_WORKERS: True})
     scored = scorer(request, generated_rows(TEXTS, TRUTHS))
     assert moved_to == ["cpu"] and scored["scores"].device.type == "cpu"
+
+
+def test_the_remax_baseline_asks_the_ranks_to_score_the_greedy_responses_too() -> None:
+    from verity.trainer.stages import generate_baseline
+
+    cfg = load_config(["reward.placement=workers", "algorithm.advantage.estimator=remax"])
+    requests = []
+
+    class Actor:
+        def generate(self, batch: Batch) -> Batch:
+            requests.append(batch)
+            scored = score_on_worker(worker_reward_manager(cfg.reward, None), generated_rows(TEXTS, TRUTHS))
+            return scored
+
+    class NoDriverRewards:
+        def score(self, batch):
+            raise AssertionError("scored on the driver")
+
+    ctx = StepContext(cfg=cfg, actor=Actor(), rewards=NoDriverRewards(), kl_controller=None)
+    prompts = generate_baseline(ctx, Batch.from_dict({"x": torch.zeros(6)}))
+    assert requests[0].meta[SCORE_ON_WORKERS] is True and requests[0].meta["sampling"]["do_sample"] is False
+    assert prompts["baseline_scores"].tolist() == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
