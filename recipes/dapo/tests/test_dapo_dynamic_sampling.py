@@ -34,9 +34,9 @@ def config(*extra: str):
     )
 
 
-def run_step(cfg, batches: list[list[str]], step: int = 5):
+def run_step(cfg, batches: list[list[str]], step: int = 5, actor: FakeActor | None = None):
     """Run the plan's stages up to (without) the actor update on the first batch; return ctx, batch, loader."""
-    actor, loader = FakeActor(), FakeLoader(batches)
+    actor, loader = actor or FakeActor(), FakeLoader(batches)
     ctx = StepContext(cfg, actor, FakeRewards(), None, step=step, loader=loader)
     batch = loader.next_batch()  # what the loop draws for the step
     for stage in build_stage_plan(cfg).stages:
@@ -166,3 +166,20 @@ def test_async_mode_and_dynamic_sampling_fail_at_start_naming_both():
     # without dynamic sampling DAPO's other parts leave generation alone: async plans
     names = build_stage_plan(config("trainer.mode=async", "dapo.dynamic_sampling.enabled=false")).names()
     assert names[0] == "generate" and "rollout_sync" in names
+
+
+def test_with_reward_placement_workers_every_round_asks_the_ranks_to_score() -> None:
+    from verity.rewards.on_workers import SCORE_ON_WORKERS
+
+    asked = []
+
+    class RecordingActor(FakeActor):
+        def generate(self, rows):
+            asked.append(rows.meta.get(SCORE_ON_WORKERS))
+            return super().generate(rows)
+
+    run_step(config("reward.placement=workers"), [["same"] * P, ["mixed"] * P], actor=RecordingActor())
+    assert len(asked) >= 1 and all(flag is True for flag in asked)
+    asked.clear()
+    run_step(config(), [["same"] * P, ["mixed"] * P], actor=RecordingActor())
+    assert asked and all(flag is None for flag in asked)

@@ -102,3 +102,15 @@ def test_section_checks_use_the_whole_config():
         cfg("dapo.dynamic_sampling.metric=reward")
     with pytest.raises(ConfigError, match="max_num_gen_batches must be >= 0"):
         cfg("dapo.dynamic_sampling.max_num_gen_batches=-1")
+
+
+def test_the_overlong_filter_keeps_the_responses_coming_back_when_the_ranks_score() -> None:
+    from verity.config.derived import driver_response_readers, responses_stay_on_workers
+    from verity.workers.rollout_side import resident_response_keys
+
+    filtered = load_config(["reward.placement=workers", "dapo.overlong_filter.enabled=true"])
+    assert driver_response_readers(filtered) == ["dapo.overlong_filter"]
+    assert not responses_stay_on_workers(filtered)
+    assert "responses" not in resident_response_keys(filtered, scored=True)
+    shaped_only = load_config(["reward.placement=workers", "dapo.overlong_shaping.enabled=true"])
+    assert driver_response_readers(shaped_only) == [] and responses_stay_on_workers(shaped_only)

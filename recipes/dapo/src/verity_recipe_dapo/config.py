@@ -72,19 +72,13 @@ class DapoConfig:
             raise ValueError(f"overlong_shaping.penalty_factor must be >= 0, got {shaping.penalty_factor}")
 
     def validate_run(self, cfg: Any) -> None:
-        """This section against the whole run config ``cfg``: the response budget, ``rollout.n``, where rewards are scored."""
+        """This section against the whole run config ``cfg``: the response budget and ``rollout.n``."""
         ds, shaping = self.dynamic_sampling, self.overlong_shaping
         budget = cfg.data.max_response_length
         if shaping.enabled and shaping.buffer_len >= budget:
             raise ValueError(
                 f"overlong_shaping.buffer_len = {shaping.buffer_len} must be below data.max_response_length = "
                 f"{budget} (the penalty starts at max_response_length - buffer_len tokens)"
-            )
-        if self.overlong_filter.enabled and getattr(cfg.reward, "placement", "driver") == "workers":
-            raise ValueError(
-                "overlong_filter reads each response's last token on the driver to tell a truncated response, "
-                "and with reward.placement=workers the responses stay on the rollout workers: "
-                "set reward.placement=driver for it"
             )
         if ds.enabled and cfg.rollout.n < 2:
             raise ValueError(

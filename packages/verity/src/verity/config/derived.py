@@ -6,14 +6,17 @@ stages to run), so both always agree.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
+    "driver_response_readers",
     "needs_baseline",
     "needs_critic",
     "needs_reference",
     "old_logprobs_source",
     "on_policy",
+    "register_driver_response_reader",
     "responses_stay_on_workers",
     "scores_on_workers",
     "skips_zero_advantage_rows",
@@ -112,11 +115,32 @@ def scores_on_workers(cfg: Any) -> bool:
     return getattr(cfg.reward, "placement", "driver") == "workers"
 
 
+_RESPONSE_READERS: dict[str, Callable[[Any], bool]] = {
+    "reward_model": lambda cfg: bool(cfg.reward_model.enabled),  # its stage decodes them on the driver
+}
+
+
+def register_driver_response_reader(name: str, reads: Callable[[Any], bool]) -> None:
+    """Declare that a driver-side stage reads the response ids when ``reads(cfg)`` is true.
+
+    A plug-in whose stage reads ``batch["responses"]`` on the driver registers here (in its entry
+    point, which runs in the driver and in every worker), so that with ``reward.placement=workers``
+    the responses still come back in the runs where it needs them. Re-registering ``name`` replaces it.
+    """
+    _RESPONSE_READERS[name] = reads
+
+
+def driver_response_readers(cfg: Any) -> list[str]:
+    """The registered readers that read the response ids on the driver in this run."""
+    return [name for name, reads in _RESPONSE_READERS.items() if reads(cfg)]
+
+
 def responses_stay_on_workers(cfg: Any) -> bool:
     """Whether the generated response ids stay on the ranks that made them, the driver holding handles.
 
     They do when the ranks score them (:func:`scores_on_workers`), the rows stay where they are made
-    (``trainer.resident_rows``) and no driver stage decodes them: the reward model's stage does
-    (``reward_model.enabled``), so there they come back as before.
+    (``trainer.resident_rows``) and no driver stage reads them (:func:`driver_response_readers`: the
+    reward model's stage decodes them, DAPO's overlong filter reads their last token), so in those
+    runs they come back as before.
     """
-    return scores_on_workers(cfg) and bool(cfg.trainer.resident_rows) and not cfg.reward_model.enabled
+    return scores_on_workers(cfg) and bool(cfg.trainer.resident_rows) and not driver_response_readers(cfg)
