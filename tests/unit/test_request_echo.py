@@ -85,16 +85,35 @@ def test_a_signed_zero_is_a_change() -> None:
     assert torch.signbit(rebuilt["scores"]).all()
 
 
-def test_lists_of_tensors_answers_of_another_length_and_other_values_travel_whole() -> None:
-    sent = request()
-    sent.non_tensors["pixel_values"] = [torch.zeros(2, 3) for _ in range(4)]
-    _, light, rebuilt = round_trip(sent, lambda batch: batch)
-    assert "pixel_values" in light.non_tensors and "uid" not in light.non_tensors
-    assert all(
-        torch.equal(a, b)
-        for a, b in zip(rebuilt.non_tensors["pixel_values"], sent.non_tensors["pixel_values"], strict=True)
-    )
+def test_per_row_images_stay_unless_one_of_them_changed() -> None:
+    def images() -> Batch:
+        sent = request()
+        sent.non_tensors["pixel_values"] = [torch.full((2, 3), float(i)) for i in range(4)]
+        return sent
 
+    def same_images(a: list, b: list) -> bool:
+        return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+    sent = images()
+    answer, light, rebuilt = round_trip(sent, lambda batch: batch)
+    assert "pixel_values" not in light.non_tensors and "uid" not in light.non_tensors
+    assert same_images(rebuilt.non_tensors["pixel_values"], sent.non_tensors["pixel_values"])
+
+    def edit_one_in_place(batch: Batch) -> Batch:
+        batch.non_tensors["pixel_values"][2].mul_(1.0)  # same values, written in place: a change
+        return batch
+
+    def replace_one(batch: Batch) -> Batch:
+        batch.non_tensors["pixel_values"] = [*batch.non_tensors["pixel_values"][:3], torch.ones(2, 3)]
+        return batch
+
+    for method in (edit_one_in_place, replace_one):
+        answer, light, rebuilt = round_trip(images(), method)
+        assert "pixel_values" in light.non_tensors, method.__name__
+        assert same_images(rebuilt.non_tensors["pixel_values"], answer.non_tensors["pixel_values"])
+
+
+def test_answers_of_another_length_and_other_values_travel_whole() -> None:
     snapshot = RequestSnapshot.take(request())
     twice = request().repeat_interleave(2)
     assert drop_request_echo(snapshot, twice) is twice

@@ -13,7 +13,8 @@ saw before.
 "Exactly as it arrived" is checked, not assumed: a tensor is dropped only when the request's
 tensor was not modified in place during the method (its version counter) and the answer's
 has the same dtype, shape and bits; a per-row list only when it pickles to the same bytes as
-the request's did before the method ran (a list holding tensors, images, is always sent).
+the request's did before the method ran, and a per-row list of tensors (images) only when each
+row's tensor passes the tensor test.
 """
 
 from __future__ import annotations
@@ -46,27 +47,52 @@ def _holds_tensors(values: list) -> bool:
     return any(isinstance(v, torch.Tensor) for v in values)
 
 
+def _pickled(value: Any) -> bytes:
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
 @dataclass
 class RequestSnapshot:
     """The request as it arrived, before the method ran: its tensors (the objects, which a method
-    replacing a key in the batch does not touch) with their version counters, and each per-row
-    list's pickled bytes."""
+    replacing a key in the batch does not touch) with their version counters, each per-row list's
+    pickled bytes, and per-row lists of tensors item by item."""
 
     rows_count: int
     pad_rows: int
     tensors: dict[str, tuple[torch.Tensor, int]]
     rows: dict[str, bytes]
+    tensor_rows: dict[str, list[tuple[torch.Tensor, int] | bytes]]
 
     @classmethod
     def take(cls, request: Batch) -> RequestSnapshot:
         """Record ``request`` as it arrived (call before the method runs)."""
         tensors = {k: (request.tensors[k], request.tensors[k]._version) for k in request.tensor_keys()}
-        rows = {
-            k: pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL)
-            for k, v in request.non_tensors.items()
-            if not _holds_tensors(v)
-        }
-        return cls(len(request), request.pad_rows, tensors, rows)
+        rows, tensor_rows = {}, {}
+        for key, values in request.non_tensors.items():
+            if _holds_tensors(values):  # per-row tensors (images): each one, as tensors are
+                tensor_rows[key] = [
+                    (v, v._version) if isinstance(v, torch.Tensor) else _pickled(v) for v in values
+                ]
+            else:
+                rows[key] = _pickled(values)
+        return cls(len(request), request.pad_rows, tensors, rows, tensor_rows)
+
+    def unchanged_rows(self, key: str, values: list) -> bool:
+        """Whether per-row list ``values`` is request key ``key`` as it arrived."""
+        if key in self.rows:
+            return not _holds_tensors(values) and _pickled(values) == self.rows[key]
+        before = self.tensor_rows.get(key)
+        if before is None or len(before) != len(values):
+            return False
+        for old, new in zip(before, values, strict=True):
+            if isinstance(old, bytes):
+                if isinstance(new, torch.Tensor) or _pickled(new) != old:
+                    return False
+            elif not (
+                isinstance(new, torch.Tensor) and old[0]._version == old[1] and _same_bits(new, old[0])
+            ):
+                return False
+        return True
 
     def unchanged_tensor(self, key: str, value: torch.Tensor) -> bool:
         """Whether ``value`` is request key ``key`` as it arrived: never written in place, same bits."""
@@ -88,11 +114,7 @@ def drop_request_echo(snapshot: RequestSnapshot, answer: Any) -> Any:
     ):
         return answer
     dropped = [key for key in answer.tensor_keys() if snapshot.unchanged_tensor(key, answer.tensors[key])]
-    for key, values in answer.non_tensors.items():
-        before = snapshot.rows.get(key)
-        unchanged = before is not None and not _holds_tensors(values)
-        if unchanged and pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL) == before:
-            dropped.append(key)
+    dropped += [key for key, values in answer.non_tensors.items() if snapshot.unchanged_rows(key, values)]
     if not dropped:
         return answer
     gone = set(dropped)
