@@ -341,7 +341,12 @@ def test_a_handle_column_travels_as_runs_of_rows_and_comes_back_row_for_row() ->
     runs = HandleRuns(joined.non_tensors[RESIDENT]).runs
     assert [(first, count) for _, first, count in runs] == [(0, 6), (0, 4)]
     picked = joined.index(torch.tensor([0, 1, 2, 7, 3, 8, 9]))  # out of order: more runs, same rows
-    assert [(f, c) for _, f, c in HandleRuns(picked.non_tensors[RESIDENT]).runs] == [(0, 3), (1, 1), (3, 1), (2, 2)]
+    assert [(f, c) for _, f, c in HandleRuns(picked.non_tensors[RESIDENT]).runs] == [
+        (0, 3),
+        (1, 1),
+        (3, 1),
+        (2, 2),
+    ]
     for batch in (joined, picked):
         back = pickle.loads(pickle.dumps(batch))
         assert [(s.ref.key, i) for s, i in back.non_tensors[RESIDENT]] == [

@@ -118,7 +118,9 @@ def test_a_1d_tensor_of_one_repeated_element_travels_as_that_element() -> None:
     ):
         out, code = pack_tensor(tensor)
         assert out.shape == (len(tensor), 0) and out.nbytes == 0
-        assert code[0] is None and code[1].startswith("fill:" + str(tensor.dtype).removeprefix("torch.") + ":")
+        assert code[0] is None and code[1].startswith(
+            "fill:" + str(tensor.dtype).removeprefix("torch.") + ":"
+        )
         back = unpack_tensor(out, code)
         assert back.dtype == tensor.dtype and back.shape == tensor.shape
         bits = {torch.float32: torch.int32}.get(tensor.dtype)

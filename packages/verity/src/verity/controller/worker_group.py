@@ -104,8 +104,9 @@ class GroupCall:
         self._done = True
         return self._value
 
-
-    def _with_request_columns(self, answers: dict[int, tuple[Any, DPLayout]]) -> dict[int, tuple[Any, DPLayout]]:
+    def _with_request_columns(
+        self, answers: dict[int, tuple[Any, DPLayout]]
+    ) -> dict[int, tuple[Any, DPLayout]]:
         """Each answer with the request keys its rank left out put back from the rank's request shard."""
         assert self._request is not None
         shards: list[Batch] | None = None

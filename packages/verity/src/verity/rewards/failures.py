@@ -42,7 +42,9 @@ def describe_first_failure(
     traceback, as :func:`report_failures` would stop with it; None when every sample scored."""
     for i, outcome in enumerate(outcomes):
         if outcome.status != "ok":
-            return f"{_describe(i, rows[i], specs[i], log_chars)}:\n{(outcome.error or outcome.status).rstrip()}"
+            return (
+                f"{_describe(i, rows[i], specs[i], log_chars)}:\n{(outcome.error or outcome.status).rstrip()}"
+            )
     return None
 
 
