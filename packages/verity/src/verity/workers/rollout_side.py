@@ -19,7 +19,12 @@ from verity.batch.resident import DIGEST_BYTES
 from verity.config.derived import old_logprobs_source, responses_stay_on_workers
 from verity.config.schema import VerityConfig
 from verity.controller.wire import pack_tensor
-from verity.rewards.on_workers import scored_on_workers
+from verity.rewards.on_workers import (
+    SCORE_ON_WORKERS,
+    score_on_worker,
+    scored_on_workers,
+    worker_reward_manager,
+)
 from verity.rollout import RolloutBuildContext, RolloutEngine, SamplingParams, build_rollout_engine
 
 
@@ -91,8 +96,6 @@ class RowScorer:
 
     def __call__(self, request: Batch, rows: Batch) -> Batch:
         """``rows`` scored (:func:`verity.rewards.on_workers.score_on_worker`) when ``request.meta`` asks, else as they are."""
-        from verity.rewards.on_workers import SCORE_ON_WORKERS, score_on_worker, worker_reward_manager
-
         if not request.meta.get(SCORE_ON_WORKERS):
             return rows
         if self._manager is None:
