@@ -41,6 +41,14 @@ class ShardWorker(Worker):
     def extend_rows(self, batch: Batch) -> Batch:
         """The request's rows with a new key (``tool_calls``: the rank), one per-row list changed and
         one tensor changed in place on rank 1 only: what changed must come back, the rest need not."""
+        return self._extend(batch)
+
+    @register(Dispatch.DP_SPLIT)
+    def extend_rows_whole(self, batch: Batch) -> Batch:
+        """:meth:`extend_rows` registered without ``extends_request``: the whole answer comes back."""
+        return self._extend(batch)
+
+    def _extend(self, batch: Batch) -> Batch:
         batch["tool_calls"] = torch.full((len(batch),), self.rank, dtype=torch.long)
         batch.non_tensors["prompt_text"] = [
             f"{text}+{self.rank}" for text in batch.non_tensors["prompt_text"]
@@ -250,6 +258,17 @@ def test_an_answer_that_extends_its_request_brings_back_only_what_changed(group,
     padded = 4 * shard
     assert received < padded * (8 + 8 + 8 + 4) + sum(len(f"u{i}") for i in range(rows))
     assert received >= padded * 1 + shard * 4  # the ranks (int8 after packing) + rank 1's scores
+    # the same method without extends_request: the same answer, and at least the group ids more
+    DRIVER_TRANSFERS.take()
+    whole = group.extend_rows_whole(request)
+    _, received_whole = DRIVER_TRANSFERS.take()
+    assert (
+        whole.keys() == out.keys()
+        and whole["uid"] == out["uid"]
+        and whole["prompt_text"] == out["prompt_text"]
+    )
+    assert all(torch.equal(whole[k], out[k]) for k in out.tensor_keys())
+    assert received_whole - received >= padded * 1  # group (int8) of every row, plus uid and scores
 
 
 # ---------------------------------------------------------------- bad input
