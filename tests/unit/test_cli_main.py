@@ -53,3 +53,13 @@ def test_command_without_a_module_says_so(monkeypatch, capsys):
 def test_diagnose_dispatches(capsys):
     assert cli.main(["diagnose", "--json"]) == 0
     assert '"versions"' in capsys.readouterr().out
+
+
+def test_quickstart_table_says_which_evaluation_did_not_run():
+    from verity.cli.quickstart import format_table
+
+    summary = {"accuracy_before": None, "accuracy_after": 0.9, "steps": 4, "wall_seconds": 3.0}
+    table = format_table(summary)  # trainer.val_before_train=false: no "before" figure
+    assert "not run" in table and "90.0%" in table and "pts" not in table
+    table = format_table({**summary, "accuracy_before": 0.5})
+    assert "50.0%" in table and "+40.0 pts" in table

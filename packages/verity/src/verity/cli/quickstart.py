@@ -22,12 +22,16 @@ def preset_path() -> str:
     return str(resources.files("verity.config") / "presets" / "quickstart.yaml")
 
 
+def _percent(value: float | None) -> str:
+    """``value`` as a percentage, or ``not run`` when that evaluation was switched off."""
+    return "not run" if value is None else f"{value:.1%}"
+
+
 def format_table(summary: dict) -> str:
     """The before/after table printed at the end of the quickstart."""
     before, after = summary["accuracy_before"], summary["accuracy_after"]
-    rows = [
-        ("held-out accuracy (greedy)", f"{before:.1%}", f"{after:.1%}", f"{(after - before) * 100:+.1f} pts"),
-    ]
+    change = "" if before is None or after is None else f"{(after - before) * 100:+.1f} pts"
+    rows = [("held-out accuracy (greedy)", _percent(before), _percent(after), change)]
     lines = [f"{'':28} {'before':>8} {'after':>8} {'change':>11}"]
     lines += [f"{name:28} {b:>8} {a:>8} {c:>11}" for name, b, a, c in rows]
     lines.append(f"RL steps: {summary['steps']}   training wall time: {summary['wall_seconds']:.0f} s")
