@@ -11,6 +11,7 @@ import ray.cloudpickle
 import torch
 from verity.batch import Batch, BatchSchemaError
 from verity.controller import (
+    Collect,
     Dispatch,
     DispatchError,
     ResourcePool,
@@ -56,6 +57,18 @@ class ShardWorker(Worker):
         if self.rank == 1:
             batch["scores"].mul_(-1)
         return batch
+
+    @register(Dispatch.DP_SPLIT, extends_request=True, check_schema=False)
+    def keys_seen(self, batch: Batch) -> Batch:
+        """The request's rows with ``seen``: the keys that arrived, joined, in each row."""
+        batch.non_tensors["seen"] = [",".join(sorted(batch.keys()))] * len(batch)
+        batch.non_tensors["meta_seen"] = [",".join(sorted(batch.meta))] * len(batch)
+        return batch
+
+    @register(Dispatch.DP_SPLIT, collect=Collect.RANK_ZERO)
+    def big_answer_rank_zero_reads(self, batch: Batch) -> torch.Tensor:
+        """A large answer from every rank, of which the driver reads rank 0's (as update metrics)."""
+        return torch.full((10_000,), self.rank)
 
     @register(Dispatch.DP_SPLIT)
     def sample_twice(self, batch: Batch) -> Batch:
@@ -269,6 +282,47 @@ def test_an_answer_that_extends_its_request_brings_back_only_what_changed(group,
     )
     assert all(torch.equal(whole[k], out[k]) for k in out.tensor_keys())
     assert received_whole - received >= padded * 1  # group (int8) of every row, plus uid and scores
+
+
+def test_columns_held_on_driver_are_not_sent_and_come_back_into_the_answer(group):
+    from verity.controller.request_echo import HELD_ON_DRIVER
+    from verity.controller.transfer_meter import DRIVER_TRANSFERS
+
+    request = Batch.from_dict(
+        {"scores": torch.arange(10.0)},
+        {
+            "uid": [f"u{i}" for i in range(10)],
+            "raw_prompt": [[{"role": "user", "content": f"{i}" + "x" * 200}] for i in range(10)],
+        },
+        meta={HELD_ON_DRIVER: ("raw_prompt", "uid", "not_a_key")},
+    )
+    DRIVER_TRANSFERS.take()
+    out = group.keys_seen(request)
+    held_sent, _ = DRIVER_TRANSFERS.take()
+    # the method saw neither held column nor the mark; the driver's answer has them back, in order
+    assert set(out["seen"]) == {"scores"} and set(out["meta_seen"]) == {""}
+    assert out["uid"] == request["uid"] and out["raw_prompt"] == request["raw_prompt"]
+    assert torch.equal(out["scores"], request["scores"])
+    # and the same request without the mark sends the 10 chat messages (over 200 bytes each)
+    request.meta.pop(HELD_ON_DRIVER)
+    whole = group.keys_seen(request)
+    whole_sent, _ = DRIVER_TRANSFERS.take()
+    assert set(whole["seen"]) == {"raw_prompt,scores,uid"}
+    assert whole_sent - held_sent >= 10 * 200
+
+
+def test_ranks_whose_answer_is_not_read_send_none(group):
+    from verity.controller.transfer_meter import DRIVER_TRANSFERS
+
+    DRIVER_TRANSFERS.take()
+    assert torch.equal(
+        group.big_answer_rank_zero_reads(scores_batch(4)), torch.zeros(10_000, dtype=torch.long)
+    )
+    _, received = DRIVER_TRANSFERS.take()
+    assert received == 8 * 10_000  # rank 0's answer, not four (ranks 1-3 sent None)
+    # every rank still ran it: an error on any rank is raised as before
+    with pytest.raises(WorkerMethodError, match="rank two refuses"):
+        group.fail_on_rank_two(scores_batch(4))
 
 
 # ---------------------------------------------------------------- bad input

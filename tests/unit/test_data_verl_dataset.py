@@ -176,6 +176,15 @@ def test_loader_epochs_and_state(tokenizer):
     assert other.next_batch()["uid"] == nxt
 
 
+def test_loader_sets_its_batch_meta_on_every_batch(tokenizer):
+    dataset = PromptDataset([_row(str(i)) for i in range(4)], tokenizer, max_prompt_length=8)
+    loader = PromptDataLoader(dataset, batch_size=2, batch_meta={"held_on_driver": ("uid",)})
+    batches = [loader.next_batch(), *loader]
+    assert all(b.meta == {"held_on_driver": ("uid",)} for b in batches)
+    batches[0].meta["held_on_driver"] = ()  # one batch's meta is its own
+    assert loader.next_batch().meta == {"held_on_driver": ("uid",)}
+
+
 def test_batch_size_larger_than_dataset_is_refused(tokenizer):
     dataset = PromptDataset([_row("1")], tokenizer, max_prompt_length=8)
     with pytest.raises(ValueError, match="only 1"):

@@ -10,9 +10,12 @@ import torch
 from verity.batch import Batch
 from verity.controller.request_echo import (
     FROM_REQUEST,
+    HELD_ON_DRIVER,
     RequestSnapshot,
     drop_request_echo,
     restore_request_echo,
+    with_held_columns,
+    without_held_columns,
 )
 
 
@@ -126,3 +129,30 @@ def test_a_shard_of_another_length_is_refused() -> None:
     _, light, _ = round_trip(request(), lambda batch: batch)
     with pytest.raises(RuntimeError, match="has 4 rows, its request shard 3"):
         restore_request_echo(light, request(3))
+
+
+def test_held_columns_do_not_go_out_and_come_back_from_the_driver_in_order():
+    full = request()
+    full.meta[HELD_ON_DRIVER] = ("extra_info", "scores", "absent")
+    sent = without_held_columns(full)
+    assert sent.keys() == ["input_ids", "uid"] and HELD_ON_DRIVER not in sent.meta
+    assert HELD_ON_DRIVER in full.meta and "extra_info" in full  # the driver's batch is untouched
+    arrived = travel(sent)
+    arrived["responses"] = torch.ones(4, 2, dtype=torch.long)  # what the method adds
+    answer = with_held_columns(travel(arrived), full)
+    assert answer.keys() == ["input_ids", "responses", "scores", "uid", "extra_info"]
+    assert torch.equal(answer["scores"], full["scores"]) and answer["extra_info"] == full["extra_info"]
+    # a request that holds nothing back goes as it is, and its answer is left alone
+    plain = request()
+    assert without_held_columns(plain) is plain and with_held_columns(arrived, plain) is arrived
+
+
+def test_held_columns_that_cannot_be_put_back_are_named():
+    full = request()
+    full.meta[HELD_ON_DRIVER] = ("uid",)
+    with pytest.raises(RuntimeError, match=r"3 rows, its request shard 4.*held on the driver \(uid\)"):
+        with_held_columns(without_held_columns(full).index(slice(0, 3)), full)
+    clashing = without_held_columns(full)
+    clashing.non_tensors["uid"] = ["mine"] * 4  # a method may not invent a key it was not sent
+    with pytest.raises(RuntimeError, match=r"key\(s\) \['uid'\] that its request held on the driver"):
+        with_held_columns(clashing, full)

@@ -44,7 +44,7 @@ from verity.batch.resident import resident_prompt_width
 from verity.batch.schema import declared_keys
 from verity.config.derived import scores_on_workers
 from verity.controller.wire import REPEATED_ROWS
-from verity.rewards.on_workers import SCORE_ON_WORKERS
+from verity.rewards.on_workers import ask_ranks_to_score
 from verity.rollout.prompts import position_ids_from_mask
 from verity.trainer.stages import Stage, StageFn, StepContext, sampling_for_training
 
@@ -185,7 +185,7 @@ def make_dynamic_sampling(before: Sequence[Stage], after: Sequence[Stage]) -> St
             rows.meta["seed"] = round_seed(cfg.trainer.seed, ctx.step, rounds)
             rows.meta[REPEATED_ROWS] = n  # each prompt goes to the workers once (controller.wire)
             if scores_on_workers(cfg):  # reward.placement=workers: the ranks score what they generate
-                rows.meta[SCORE_ON_WORKERS] = True
+                ask_ranks_to_score(rows)
             rows = _timed(ctx, "generate", ctx.actor.generate, rows)
             for stage in after:
                 rows = _timed(ctx, stage.name, stage.run, ctx, rows)

@@ -317,6 +317,15 @@ def _plan_dp_split(
     return CallPlan(calls, shard_rows, shard_pads)
 
 
+def answer_wanted(spec: MethodSpec, rank: int) -> bool:
+    """Whether the driver reads rank ``rank``'s answer: not under ``Collect.NONE``, and under
+    ``Collect.RANK_ZERO`` only rank 0's. The other ranks still run the method (and report
+    failures) but send ``None`` back instead of an answer nobody reads."""
+    if spec.collect is Collect.NONE:
+        return False
+    return spec.collect is not Collect.RANK_ZERO or rank == 0
+
+
 def collect_results(
     label: str,
     spec: MethodSpec,

@@ -112,12 +112,16 @@ class WorkerHost:
         self._roles = peers
         return {name: _layout_of(obj) for name, obj in peers.items()}
 
-    def call(self, role_name: str, method: str, /, *args: Any, **kwargs: Any) -> tuple[Any, DPLayout]:
+    def call(
+        self, role_name: str, method: str, answer_wanted: bool, /, *args: Any, **kwargs: Any
+    ) -> tuple[Any, DPLayout]:
         """Run ``role.method(*args, **kwargs)``; return the answer and the role's current layout.
 
         Batch arguments packed for the wire are restored (:mod:`verity.controller.wire`) and
         those with resident rows (:mod:`verity.batch.resident`) materialized first: the method
-        always sees whole rows, as sent. A Batch answer is packed for the way back.
+        always sees whole rows, as sent. A Batch answer is packed for the way back; without
+        ``answer_wanted`` (the driver reads only another rank's, ``dispatch.answer_wanted``)
+        the answer is ``None``.
         """
         obj = self._roles[role_name]
         self._busy = (role_name, method, time.time(), threading.get_ident())
@@ -128,7 +132,9 @@ class WorkerHost:
             request = self._extended_request(role_name, method, args)
             snapshot = RequestSnapshot.take(request) if request is not None else None
             answer = getattr(obj, method)(*args, **kwargs)
-            if snapshot is not None:  # the request's own columns are on the driver already
+            if not answer_wanted:
+                answer = None
+            elif snapshot is not None:  # the request's own columns are on the driver already
                 answer = drop_request_echo(snapshot, answer)
             answer = pack(answer)
         finally:

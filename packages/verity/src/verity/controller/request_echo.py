@@ -15,6 +15,11 @@ tensor was not modified in place during the method (its version counter) and the
 has the same dtype, shape and bits; a per-row list only when it pickles to the same bytes as
 the request's did before the method ran, and a per-row list of tensors (images) only when each
 row's tensor passes the tensor test.
+
+Columns the method never reads need not go out at all: a request whose ``meta[HELD_ON_DRIVER]``
+names some of its keys is sent without them (:func:`without_held_columns`), and the driver
+adds its own copies to the answer (:func:`with_held_columns`). The run names the prompt
+columns no rollout-side code reads (:func:`verity.config.derived.columns_held_on_driver`).
 """
 
 from __future__ import annotations
@@ -29,10 +34,23 @@ from tensordict import TensorDict
 from verity.batch import Batch
 from verity.controller.wire import FLOAT_BITS
 
-__all__ = ["FROM_REQUEST", "RequestSnapshot", "drop_request_echo", "restore_request_echo"]
+__all__ = [
+    "FROM_REQUEST",
+    "HELD_ON_DRIVER",
+    "RequestSnapshot",
+    "drop_request_echo",
+    "held_columns",
+    "restore_request_echo",
+    "with_held_columns",
+    "without_held_columns",
+]
 
 FROM_REQUEST = "_from_request"
 """``answer.meta`` key: ``(tensor keys in answer order, per-row keys in answer order, dropped keys)``."""
+
+HELD_ON_DRIVER = "held_on_driver"
+"""``request.meta`` key: the request's keys the method never reads (a tuple of names); they are not
+sent, and come back into the answer from the driver's own request."""
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -144,3 +162,45 @@ def restore_request_echo(answer: Any, shard: Batch) -> Any:
     rows = {k: (list(shard.non_tensors[k]) if k in gone else answer.non_tensors[k]) for k in row_order}
     meta = {k: v for k, v in answer.meta.items() if k != FROM_REQUEST}
     return Batch(TensorDict(tensors, batch_size=[len(answer)]), rows, meta, answer.pad_rows)
+
+
+def held_columns(request: Batch) -> tuple[str, ...]:
+    """The keys of ``request`` its ``meta[HELD_ON_DRIVER]`` names (those it has), in request order."""
+    named = set(request.meta.get(HELD_ON_DRIVER) or ())
+    return tuple(k for k in (*request.tensor_keys(), *request.non_tensor_keys()) if k in named)
+
+
+def without_held_columns(request: Batch) -> Batch:
+    """What goes out for ``request``: the batch without its held columns (and without the mark);
+    ``request`` itself when it holds none back."""
+    held = held_columns(request)
+    if not held:
+        return request
+    names = request.keys()  # a Batch is not iterable
+    sent = request.select(*(k for k in names if k not in held))
+    sent.meta.pop(HELD_ON_DRIVER, None)
+    return sent
+
+
+def with_held_columns(answer: Any, shard: Batch) -> Any:
+    """``answer`` with the columns its request shard ``shard`` held back (:func:`without_held_columns`)
+    put back from ``shard``, after the answer's own keys; anything but a ``Batch`` as it is."""
+    held = held_columns(shard)
+    if not isinstance(answer, Batch) or not held:
+        return answer
+    if len(shard) != len(answer):
+        raise RuntimeError(
+            f"an answer that extends its request has {len(answer)} rows, its request shard {len(shard)}: "
+            f"cannot put back the columns held on the driver ({', '.join(held)})"
+        )
+    clash = [k for k in held if k in answer]
+    if clash:
+        raise RuntimeError(
+            f"the answer has key(s) {clash} that its request held on the driver: the method was not sent "
+            "them, so it cannot have extended them; rename its own keys"
+        )
+    tensors = {k: answer.tensors[k] for k in answer.tensor_keys()}
+    tensors.update({k: shard.tensors[k] for k in held if k in shard.tensors})
+    rows = dict(answer.non_tensors)
+    rows.update({k: list(shard.non_tensors[k]) for k in held if k in shard.non_tensors})
+    return Batch(TensorDict(tensors, batch_size=[len(answer)]), rows, answer.meta, answer.pad_rows)

@@ -32,6 +32,7 @@ from verity.controller.dispatch import (
     Dispatch,
     DPLayout,
     MethodSpec,
+    answer_wanted,
     collect_results,
     dp_collectors,
     plan_call,
@@ -40,7 +41,13 @@ from verity.controller.dispatch import (
 from verity.controller.errors import ControllerError, WorkerTimeoutError
 from verity.controller.host import SINGLE_ROLE, ColocatedRoles, RoleSpec, WorkerHost
 from verity.controller.rank_failures import explain_failure
-from verity.controller.request_echo import FROM_REQUEST, restore_request_echo
+from verity.controller.request_echo import (
+    FROM_REQUEST,
+    held_columns,
+    restore_request_echo,
+    with_held_columns,
+    without_held_columns,
+)
 from verity.controller.resource_pool import ResourcePool
 from verity.controller.transfer_meter import DRIVER_TRANSFERS
 from verity.controller.wire import pack, unpack
@@ -109,12 +116,14 @@ class GroupCall:
     ) -> dict[int, tuple[Any, DPLayout]]:
         """Each answer with the request keys its rank left out put back from the rank's request shard."""
         assert self._request is not None
+        held = held_columns(self._request)
         shards: list[Batch] | None = None
         out = {}
         for rank, (answer, layout) in answers.items():
-            if isinstance(answer, Batch) and FROM_REQUEST in answer.meta:
+            if isinstance(answer, Batch) and (FROM_REQUEST in answer.meta or held):
                 shards = shards if shards is not None else self._request.split(layout.dp_size)
-                answer = restore_request_echo(answer, shards[layout.dp_rank])
+                shard = shards[layout.dp_rank]
+                answer = with_held_columns(restore_request_echo(answer, shard), shard)
             out[rank] = (answer, layout)
         return out
 
@@ -313,12 +322,17 @@ class WorkerGroup:
         # smallest exact tensors on the wire (controller.wire), packed after the schema check
         # rows repeated per sample go once each where every data-parallel part holds whole runs
         parts = dp_collectors(label, self._layouts[role])[0] if spec.dispatch is Dispatch.DP_SPLIT else 1
+        request = next((a for a in args if isinstance(a, Batch)), None) if spec.extends_request else None
+        if request is not None:  # columns the method never reads stay here and rejoin its answer
+            args = tuple(without_held_columns(a) if a is request else a for a in args)
         plan = plan_call(
             label, spec, args, kwargs, self._layouts[role], share=ray.put, prepare=lambda v: pack(v, parts)
         )
         DRIVER_TRANSFERS.add(sent=plan.payload)
-        refs = [self._hosts[rank].call.remote(role, method, *a, **kw) for rank, a, kw in plan.calls]
-        request = next((a for a in args if isinstance(a, Batch)), None) if spec.extends_request else None
+        refs = [
+            self._hosts[rank].call.remote(role, method, answer_wanted(spec, rank), *a, **kw)
+            for rank, a, kw in plan.calls
+        ]
         return GroupCall(self, role, method, spec, plan, refs, request)
 
     def _adhoc(self, role: str, method: str, spec: MethodSpec, args: tuple, kwargs: dict) -> Any:

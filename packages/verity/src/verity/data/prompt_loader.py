@@ -15,11 +15,14 @@
 :class:`ResumableSampler` shuffles each epoch with a permutation seeded by
 ``(seed, epoch)``, so the order is reproducible, and its ``state_dict`` (epoch and
 position in the epoch) restores the exact next batch after a restart.
+
+``batch_meta`` is set on every batch's ``meta``: the trainer names there the prompt columns
+the generate call leaves on the driver (:mod:`verity.controller.request_echo`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -172,9 +175,12 @@ class PromptDataLoader:
         seed: int = 0,
         drop_last: bool = True,
         pad_to: int | None = None,
+        batch_meta: Mapping[str, Any] | None = None,
     ) -> None:
         self.dataset = dataset
         self.pad_to = pad_to
+        # set on every batch's meta (e.g. the columns held on the driver)
+        self.batch_meta = dict(batch_meta or {})
         self.sampler = ResumableSampler(len(dataset), batch_size, shuffle, seed, drop_last)
 
     @property
@@ -188,7 +194,9 @@ class PromptDataLoader:
     def next_batch(self) -> Any:
         """The next prompt batch (a ``verity.batch.Batch``)."""
         indices = self.sampler.next_indices()
-        return collate_prompts([self.dataset[i] for i in indices], self.dataset.pad_token_id, self.pad_to)
+        batch = collate_prompts([self.dataset[i] for i in indices], self.dataset.pad_token_id, self.pad_to)
+        batch.meta.update(self.batch_meta)
+        return batch
 
     def __iter__(self) -> Iterator[Any]:
         self.sampler.advance_epoch_if_finished()

@@ -29,13 +29,16 @@ from typing import Any
 import torch
 
 from verity.batch import Batch, register_key
+from verity.controller.request_echo import HELD_ON_DRIVER
 from verity.rewards.failures import RewardFailureError
 from verity.rewards.manager import RewardManager, RewardManagerConfig
 
 __all__ = [
     "FIRST_FAILURE",
+    "SCORER_COLUMNS",
     "SCORE_ON_WORKERS",
     "STATUS_CODES",
+    "ask_ranks_to_score",
     "collect_worker_scores",
     "score_on_worker",
     "scored_on_workers",
@@ -44,6 +47,9 @@ __all__ = [
 
 SCORE_ON_WORKERS = "score_on_workers"
 """``batch.meta`` flag of a generate call: score the generated rows on the rank that made them."""
+
+SCORER_COLUMNS = ("data_source", "ground_truth", "extra_info")
+"""The prompt columns a reward function reads: sent with a generate call that asks the ranks to score."""
 
 FIRST_FAILURE = "reward_first_failure"
 """``batch.meta`` key of a worker's answer: the first failed sample, described, with its traceback."""
@@ -56,6 +62,17 @@ register_key(
     "int",
     "how the sample's reward function ended on the worker that scored it: 0 ok, 1 timeout, 2 error",
 )
+
+
+def ask_ranks_to_score(rows: Batch) -> Batch:
+    """Mark a generate call's ``rows`` (in place) to be scored by the ranks that generate them:
+    sets :data:`SCORE_ON_WORKERS` and sends the :data:`SCORER_COLUMNS` along even where the run
+    holds them on the driver otherwise (``meta[HELD_ON_DRIVER]``). Returns ``rows``."""
+    rows.meta[SCORE_ON_WORKERS] = True
+    held = rows.meta.get(HELD_ON_DRIVER)
+    if held:
+        rows.meta[HELD_ON_DRIVER] = tuple(c for c in held if c not in SCORER_COLUMNS)
+    return rows
 
 
 def worker_reward_manager(config: Any, tokenizer: Any) -> RewardManager:

@@ -117,7 +117,9 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
 
     from verity.algorithms.kl_control import build_kl_controller
     from verity.checkpoint.signals import GracefulStop, TrainingStopped
+    from verity.config.derived import columns_held_on_driver
     from verity.controller import init_ray, shutdown_ray
+    from verity.controller.request_echo import HELD_ON_DRIVER
     from verity.data.multimodal import load_image_processor
     from verity.data.prompt_loader import PromptDataLoader
     from verity.data.verl_dataset import PromptDataset
@@ -165,8 +167,12 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
         raise ConfigError(
             f"data.train_batch_size = {d.train_batch_size} prompts but the training files hold only {len(train_set)}"
         )
-    train_loader = PromptDataLoader(train_set, d.train_batch_size, shuffle=d.shuffle, seed=cfg.trainer.seed)
-    val_loader = PromptDataLoader(val_set, d.val_batch_size, shuffle=False, drop_last=False)
+    # the prompt columns only the driver reads do not travel with the generate call
+    held = {HELD_ON_DRIVER: columns_held_on_driver(cfg)}
+    train_loader = PromptDataLoader(
+        train_set, d.train_batch_size, shuffle=d.shuffle, seed=cfg.trainer.seed, batch_meta=held
+    )
+    val_loader = PromptDataLoader(val_set, d.val_batch_size, shuffle=False, drop_last=False, batch_meta=held)
 
     backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
     tracker = open_tracker(

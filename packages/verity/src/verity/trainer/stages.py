@@ -45,7 +45,7 @@ from verity.data.vision_inputs import VISION_KEYS
 from verity.rewards.manager import response_span, token_rewards_from_scores
 from verity.rewards.on_workers import (
     FIRST_FAILURE,
-    SCORE_ON_WORKERS,
+    ask_ranks_to_score,
     collect_worker_scores,
     scored_on_workers,
 )
@@ -140,7 +140,7 @@ def generate_baseline(ctx: StepContext, prompts: Batch) -> Batch:
         "n": 1,
     }
     if scores_on_workers(ctx.cfg):
-        greedy.meta[SCORE_ON_WORKERS] = True
+        ask_ranks_to_score(greedy)
     out = ctx.actor.generate(greedy)
     scores = _scores(ctx, out)[0]
     prompts["baseline_scores"] = scores.float()
@@ -163,7 +163,7 @@ def training_rows(cfg: VerityConfig, prompts: Batch, step: int) -> Batch:
     rows.meta["seed"] = cfg.trainer.seed * 1_000_003 + step
     rows.meta[REPEATED_ROWS] = n
     if scores_on_workers(cfg):
-        rows.meta[SCORE_ON_WORKERS] = True
+        ask_ranks_to_score(rows)
     return rows
 
 
