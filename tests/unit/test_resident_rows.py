@@ -206,7 +206,9 @@ def test_response_ids_stay_only_when_the_rank_scored_them_and_no_driver_stage_de
     )
     # a held-out evaluation's rows are scored on the driver: their responses come back
     assert resident_response_keys(on_workers, scored=False) == ("rollout_logprobs",)
-    assert resident_response_keys(load_config([]), scored=True) == ("rollout_logprobs",)
+    assert resident_response_keys(load_config(["reward.placement=driver"]), scored=True) == (
+        "rollout_logprobs",
+    )
     rows_on_driver = load_config(["reward.placement=workers", "trainer.resident_rows=false"])
     assert resident_response_keys(rows_on_driver, scored=True) == ("rollout_logprobs",)
 

@@ -217,3 +217,27 @@ def test_the_generate_call_sends_only_the_prompt_columns_the_rollout_side_reads(
         rows = training_rows(cfg, prompts, step=1)
         assert rows.meta[HELD_ON_DRIVER] == tuple(c for c in everything if c not in sent), placement
     assert ask_ranks_to_score(Batch.from_dict({"x": torch.zeros(2)})).meta == {SCORE_ON_WORKERS: True}
+
+
+def test_a_scoring_rank_without_the_reward_file_stops_before_any_step(tmp_path) -> None:
+    import socket
+
+    here = tmp_path / "reward.py"
+    here.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
+    )
+    ok = load_config(["reward.placement=workers", f"reward.custom_path={here}"])
+    RowScorer(ok, None)  # the file is here: nothing is imported, nothing raised
+    for overrides in (
+        [f"reward.custom_path={here}"],
+        [f"+reward.overrides.gsm8k='{here}:compute_score'"],
+    ):
+        here.write_text("def compute_score(*args, **kwargs):\n    return 1.0\n")
+        cfg = load_config(["reward.placement=workers", *overrides])  # the driver has the file
+        driver = load_config(["reward.placement=driver", *overrides])
+        here.unlink()  # a node that does not
+        with pytest.raises(
+            FileNotFoundError, match=rf"is not a file on node {socket.gethostname()}.*placement=driver"
+        ):
+            RowScorer(cfg, None)
+        RowScorer(driver, None)  # scored on the driver: the driver's check is enough

@@ -181,5 +181,5 @@ def test_with_reward_placement_workers_every_round_asks_the_ranks_to_score() -> 
     run_step(config("reward.placement=workers"), [["same"] * P, ["mixed"] * P], actor=RecordingActor())
     assert len(asked) >= 1 and all(flag is True for flag in asked)
     asked.clear()
-    run_step(config(), [["same"] * P, ["mixed"] * P], actor=RecordingActor())
+    run_step(config("reward.placement=driver"), [["same"] * P, ["mixed"] * P], actor=RecordingActor())
     assert asked and all(flag is None for flag in asked)

@@ -152,10 +152,11 @@ class RewardConfig:
     # score the built-in string verifiers (embedded tasks, gsm8k, math_boxed, dapo, aime) in the calling
     # process (microseconds each, no pool round trip); user functions, math_verify and code always use the pool
     inline_builtin: bool = True
-    # where training samples are scored: driver (one reward manager in the driver process) | workers (each
-    # rollout rank scores the rows it generated, so the responses stay there and only per-row scores,
-    # accuracies and statuses come back; held-out evaluation is scored on the driver either way)
-    placement: str = "driver"
+    # where training samples are scored: workers (each rollout rank scores the rows it generated, so the
+    # responses stay there and only per-row scores, accuracies and statuses come back) | driver (one
+    # reward manager in the driver process; every response comes back). Held-out evaluation is scored
+    # on the driver either way. On a cluster, a reward function file must be on every node for workers.
+    placement: str = "workers"
 
 
 @dataclass

@@ -24,6 +24,7 @@ own failures but never stops on its share alone).
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ __all__ = [
     "SCORE_ON_WORKERS",
     "STATUS_CODES",
     "ask_ranks_to_score",
+    "check_reward_files_here",
     "collect_worker_scores",
     "score_on_worker",
     "scored_on_workers",
@@ -73,6 +75,32 @@ def ask_ranks_to_score(rows: Batch) -> Batch:
     if held:
         rows.meta[HELD_ON_DRIVER] = tuple(c for c in held if c not in SCORER_COLUMNS)
     return rows
+
+
+def check_reward_files_here(config: Any) -> None:
+    """Raise, naming this node, when a reward function file the run names (``reward.custom_path``,
+    a ``reward.overrides`` value ``FILE.py:function``) is not a file here.
+
+    A rank that scores its rows (``reward.placement=workers``) loads them itself; on a cluster the
+    driver's copy is not enough. Checked where the rank is built, before any step runs; nothing
+    is imported.
+    """
+    import socket
+
+    base = RewardManagerConfig.from_any(config)
+    files = [("reward.custom_path", base.custom_path)] if base.custom_path else []
+    files += [
+        (f"reward.overrides.{source}", spec.rpartition(":")[0])
+        for source, spec in base.overrides.items()
+        if ":" in spec and spec.rpartition(":")[0].endswith(".py")
+    ]
+    for key, path in files:
+        if (path.endswith(".py") or "/" in path) and not Path(path).expanduser().is_file():
+            raise FileNotFoundError(
+                f"reward.placement=workers: {key}={path!r} is not a file on node {socket.gethostname()}, "
+                "where a rollout rank scores its rows; put the file at the same path on every node "
+                "(a shared file system) or set reward.placement=driver"
+            )
 
 
 def worker_reward_manager(config: Any, tokenizer: Any) -> RewardManager:

@@ -16,11 +16,12 @@ from torch import nn
 
 from verity.batch import Batch, keep_resident
 from verity.batch.resident import DIGEST_BYTES
-from verity.config.derived import old_logprobs_source, responses_stay_on_workers
+from verity.config.derived import old_logprobs_source, responses_stay_on_workers, scores_on_workers
 from verity.config.schema import VerityConfig
 from verity.controller.wire import pack_tensor
 from verity.rewards.on_workers import (
     SCORE_ON_WORKERS,
+    check_reward_files_here,
     score_on_worker,
     scored_on_workers,
     worker_reward_manager,
@@ -93,6 +94,8 @@ class RowScorer:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self._manager: Any = None
+        if scores_on_workers(cfg):  # a user function's file must be on this node too
+            check_reward_files_here(cfg.reward)
 
     def __call__(self, request: Batch, rows: Batch) -> Batch:
         """``rows`` scored (:func:`verity.rewards.on_workers.score_on_worker`) when ``request.meta`` asks, else as they are."""
