@@ -241,3 +241,9 @@ def test_a_scoring_rank_without_the_reward_file_stops_before_any_step(tmp_path) 
         ):
             RowScorer(cfg, None)
         RowScorer(driver, None)  # scored on the driver: the driver's check is enough
+
+
+def test_rows_asked_to_be_scored_without_the_reward_columns_are_refused_with_the_way_out() -> None:
+    rows = Batch.from_dict({"responses": torch.ones(2, 3, dtype=torch.long)}, {"data_source": ["a", "b"]})
+    with pytest.raises(ValueError, match=r"carry no ground_truth .*reward.placement=driver"):
+        score_on_worker(worker_reward_manager(load_config([]).reward, None), rows)

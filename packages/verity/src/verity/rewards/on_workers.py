@@ -116,6 +116,13 @@ def score_on_worker(manager: RewardManager, rows: Batch) -> Batch:
     ``rows`` carry ``responses [B, R]`` with their mask and the non-tensor ``data_source``,
     ``ground_truth`` (and ``extra_info``) of each row, as a driver-side call reads them.
     """
+    missing = [k for k in SCORER_COLUMNS[:2] if k not in rows.non_tensors]
+    if missing:
+        raise ValueError(
+            f"reward.placement=workers: the generate call asked this rank to score its rows, but they "
+            f"carry no {' / '.join(missing)} (keys: {rows.keys()}); send prompts with the reward "
+            "columns (verity.rewards.on_workers.ask_ranks_to_score) or set reward.placement=driver"
+        )
     scores, extra, _ = manager.score(rows)
     n = len(rows)
     acc = [float(a) if a is not None else float("nan") for a in extra.get("acc", [None] * n)]
