@@ -150,12 +150,16 @@ def run_bench(out: Path) -> dict[str, Any]:
 # beside every recipe; `nox -s bench-trl` runs it, and `--trl-shapes quickstart,512x8` puts it back.
 NIGHTLY_TRL_SHAPES = "quickstart"
 
+# The quickstart pair's rounds: the sides alternate and each side's figure is its median over them.
+# One round read 1.64-2.35 over five nights on the 2-core VM; three cost ~90 s more than one.
+NIGHTLY_TRL_ROUNDS = 3
+
 # The compute-bound shape a night does run: one pair, 4 steps a side (~3 minutes): TRL's default bf16
 # beside verity in bf16 with compiled layers, both training every row. Its ratio is
 # bench.grpo_step_vs_trl_bf16_512x8_verity_bf16_all_rows_compiled. It needs a CPU that multiplies
 # bf16 in hardware to mean what the accepted value means, and a C++ compiler (inductor).
 NIGHTLY_COMPUTE_BOUND_ARGS = (
-    "--shapes", "512x8", "--steps-512x8", "4", "--bf16", "--compile", "--verity-all-rows",
+    "--shapes", "512x8", "--steps-512x8", "4", "--rounds", "1", "--bf16", "--compile", "--verity-all-rows",
     "--sides", "trl-bf16,verity-bf16-all-rows-compiled",
 )  # fmt: skip
 
@@ -165,11 +169,13 @@ def run_bench_trl(
 ) -> dict[str, Any]:
     """``ci/bench_trl.py --shapes SHAPES [ARGS]`` in a child process, writing ``<name>.json``; its document plus ``exit_code``.
 
-    ``args`` may name its own ``--shapes`` (it comes after, so it wins).
+    ``args`` may name its own ``--shapes`` or ``--rounds`` (they come after, so they win); the
+    default is :data:`NIGHTLY_TRL_ROUNDS` alternating rounds.
     """
     path = out / f"{name}.json"
     print(f"\n=== {name.replace('_', '-')}", flush=True)
-    cmd = [sys.executable, str(ROOT / "ci" / "bench_trl.py"), "--shapes", shapes, "--out", str(path), *args]
+    cmd = [sys.executable, str(ROOT / "ci" / "bench_trl.py"), "--shapes", shapes, "--out", str(path)]
+    cmd += ["--rounds", str(NIGHTLY_TRL_ROUNDS), *args]
     code = subprocess.call(cmd, cwd=ROOT)
     if code != 0 or not path.is_file():
         return {"exit_code": code}

@@ -183,6 +183,12 @@ def test_the_night_runs_the_trl_quickstart_shape_unless_asked_for_more(
     assert calls[-1][calls[-1].index("--shapes") + 1] == "quickstart"
     nightly.run_bench_trl(tmp_path, "quickstart,512x8")
     assert calls[-1][calls[-1].index("--shapes") + 1] == "quickstart,512x8"
+    # the quickstart pair alternates three rounds (a median each side); the compute-bound pair one
+    rounds = [i for i, arg in enumerate(calls[-1]) if arg == "--rounds"]
+    assert [calls[-1][i + 1] for i in rounds] == ["3"]
+    nightly.run_bench_trl(tmp_path, args=nightly.NIGHTLY_COMPUTE_BOUND_ARGS)
+    rounds = [i for i, arg in enumerate(calls[-1]) if arg == "--rounds"]
+    assert calls[-1][rounds[-1] + 1] == "1"  # the last one is what argparse keeps
 
 
 def _report(tmp_path: Path, findings: list[dict], overrides: list[str] | None = None) -> Path:
