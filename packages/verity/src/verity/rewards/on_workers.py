@@ -33,6 +33,7 @@ from verity.batch import Batch, register_key
 from verity.controller.request_echo import HELD_ON_DRIVER
 from verity.rewards.failures import RewardFailureError
 from verity.rewards.manager import RewardManager, RewardManagerConfig
+from verity.rewards.registry import custom_spec_from
 
 __all__ = [
     "FIRST_FAILURE",
@@ -88,13 +89,11 @@ def check_reward_files_here(config: Any) -> None:
     import socket
 
     base = RewardManagerConfig.from_any(config)
-    files = [("reward.custom_path", base.custom_path)] if base.custom_path else []
-    files += [
-        (f"reward.overrides.{source}", spec.rpartition(":")[0])
-        for source, spec in base.overrides.items()
-        if ":" in spec and spec.rpartition(":")[0].endswith(".py")
-    ]
-    for key, path in files:
+    specs = [(f"reward.overrides.{source}", spec) for source, spec in base.overrides.items()]
+    if base.custom_path:
+        specs.append(("reward.custom_path", custom_spec_from(base.custom_path, base.custom_name)))
+    for key, spec in specs:
+        path = spec.rpartition(":")[0]  # what the loader reads as a file: a .py name or a path with "/"
         if (path.endswith(".py") or "/" in path) and not Path(path).expanduser().is_file():
             raise FileNotFoundError(
                 f"reward.placement=workers: {key}={path!r} is not a file on node {socket.gethostname()}, "
@@ -116,7 +115,7 @@ def score_on_worker(manager: RewardManager, rows: Batch) -> Batch:
     ``rows`` carry ``responses [B, R]`` with their mask and the non-tensor ``data_source``,
     ``ground_truth`` (and ``extra_info``) of each row, as a driver-side call reads them.
     """
-    missing = [k for k in SCORER_COLUMNS[:2] if k not in rows.non_tensors]
+    missing = [k for k in ("data_source", "ground_truth") if k not in rows.non_tensors]
     if missing:
         raise ValueError(
             f"reward.placement=workers: the generate call asked this rank to score its rows, but they "
