@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from verity.config import load_config
@@ -48,6 +49,8 @@ def test_reward_model_and_separate_critic_run_from_config(tiny_model_and_task, t
     workers = json.loads((out / "workers.json").read_text())
     assert sorted(workers) == ["actor+reward_model", "critic"]  # two groups: colocated pair, separate critic
     assert len(workers["critic"]) == 1 and len(workers["actor+reward_model"]) == 2
+    # a private cluster's workers run at the driver's priority (Ray's default: 15 nice levels lower)
+    assert {w["niceness"] for group in workers.values() for w in group} == {os.nice(0)}
     assert {w["pid"] for w in workers["critic"]}.isdisjoint(w["pid"] for w in workers["actor+reward_model"])
     assert sorted(p.name for p in (out / "checkpoints" / "step_2").iterdir() if p.is_dir()) == [
         "actor",

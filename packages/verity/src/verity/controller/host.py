@@ -183,7 +183,7 @@ class WorkerHost:
         return out
 
     def info(self) -> dict[str, Any]:
-        """Where this rank runs: pid, node id and IP, rank variables, role names."""
+        """Where this rank runs: pid, node id and IP, CPU niceness, rank variables, role names."""
         import ray
 
         keys = (
@@ -199,6 +199,7 @@ class WorkerHost:
             "pid": os.getpid(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "ip": ray.util.get_node_ip_address(),
+            "niceness": os.nice(0),
             "env": {k: os.environ.get(k) for k in keys},
             "roles": list(self._roles),
         }

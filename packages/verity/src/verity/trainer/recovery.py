@@ -94,7 +94,7 @@ def _worker_group(handle: Any) -> Any:
 
 
 def write_workers_file(out_dir: Path, groups: dict[str, Any]) -> Path:
-    """``workers.json``: per group, each rank's pid, node IP and node id."""
+    """``workers.json``: per group, each rank's pid, node IP, node id and CPU niceness."""
     data: dict[str, Any] = {}
     seen: set[int] = set()
     for handle in groups.values():
@@ -108,6 +108,7 @@ def write_workers_file(out_dir: Path, groups: dict[str, Any]) -> Path:
                 "pid": info["pid"],
                 "ip": info["ip"],
                 "node_id": info["node_id"],
+                "niceness": info["niceness"],
                 "roles": info["roles"],
             }
             for rank, info in enumerate(group.worker_info())
