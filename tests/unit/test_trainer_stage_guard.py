@@ -82,3 +82,30 @@ def test_outside_the_main_thread_the_overrun_is_reported_when_the_stage_returns(
     thread.join(timeout=30)
     assert len(caught) == 1 and isinstance(caught[0], StageTimeoutError)
     assert caught[0].stage == "generate" and "spin" in str(caught[0])
+
+
+def test_one_watchdog_thread_serves_every_stage_and_each_stage_gets_its_own_limit():
+    import threading
+
+    guard = StageGuard(0.4)
+    with guard.stage("warm", step=0):
+        pass
+    threads = threading.active_count()
+    for step in range(200):  # stages that end in time leave nothing behind
+        with guard.stage("reward", step=step):
+            pass
+    assert threading.active_count() == threads
+    started = time.monotonic()
+    with (
+        pytest.raises(StageTimeoutError, match="stage 'advantage' at step 7"),
+        guard.stage("advantage", step=7),
+    ):
+        spin(5.0)
+    assert time.monotonic() - started < 3.0  # the limit counts from this stage's start, not the guard's
+    with guard.stage("update_actor", step=7):  # after a stage fired, the next one is watched afresh
+        spin(0.1)
+    with (
+        pytest.raises(StageTimeoutError, match="stage 'generate' at step 8"),
+        guard.stage("generate", step=8),
+    ):
+        spin(5.0)
