@@ -139,6 +139,7 @@ def test_rows_of_differently_wide_prompt_batches_are_left_padded_to_the_widest()
 def test_a_key_is_never_both_resident_and_local() -> None:
     store = FakeStore()
     light = keep_resident(generated(4, 3), pad_token_id=0, put=store.put)
+    assert "position_ids" in light.resident_keys()  # asked once: the batch remembers the answer for its column
     light["position_ids"] = torch.zeros(4, 6, dtype=torch.long)  # the driver's value wins
     assert "position_ids" not in light.resident_keys()
     assert torch.equal(

@@ -83,7 +83,7 @@ class Batch:
     slice, index list or boolean mask is :meth:`index`.
     """
 
-    __slots__ = ("tensors", "non_tensors", "meta", "pad_rows")
+    __slots__ = ("tensors", "non_tensors", "meta", "pad_rows", "_resident_memo")
 
     def __init__(
         self,
@@ -114,6 +114,7 @@ class Batch:
         self.non_tensors = rows
         self.meta: dict[str, Any] = dict(meta or {})
         self.pad_rows = int(pad_rows)
+        self._resident_memo: tuple[Any, list[str]] | None = None  # (handle column, its resident keys)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -177,9 +178,13 @@ class Batch:
         column = self.non_tensors.get(RESIDENT)
         if not column:
             return []
-        sources = column_sources(column)
-        common = set(sources[0].keys).intersection(*(s.keys for s in sources[1:]))
-        return [k for k in sources[0].keys if k in common]
+        # remembered for the column object: a handle column is replaced, never changed in place,
+        # and key lookups ask for it dozens of times a step (a scan of every row's handle each)
+        if self._resident_memo is None or self._resident_memo[0] is not column:
+            sources = column_sources(column)
+            common = set(sources[0].keys).intersection(*(s.keys for s in sources[1:]))
+            self._resident_memo = (column, [k for k in sources[0].keys if k in common])
+        return list(self._resident_memo[1])
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, str) or key == RESIDENT:
@@ -506,6 +511,7 @@ class Batch:
         self.non_tensors = rows
         self.meta = state["meta"]
         self.pad_rows = state["pad_rows"]
+        self._resident_memo = None
 
 
 def _check_key_name(key: Any) -> None:
