@@ -109,3 +109,18 @@ def test_one_watchdog_thread_serves_every_stage_and_each_stage_gets_its_own_limi
         guard.stage("generate", step=8),
     ):
         spin(5.0)
+
+
+def test_the_watchdog_thread_of_an_idle_guard_ends_and_a_later_stage_starts_one_again(monkeypatch):
+    import verity.trainer.stage_guard as stage_guard
+
+    monkeypatch.setattr(stage_guard, "WATCHDOG_IDLE_EXIT_S", 0.2)
+    guard = StageGuard(0.4)
+    with guard.stage("generate", step=1):
+        pass
+    thread = guard._watchdog._thread
+    assert thread is not None
+    thread.join(timeout=30)
+    assert not thread.is_alive() and guard._watchdog._thread is None
+    with pytest.raises(StageTimeoutError, match="stage 'reward' at step 2"), guard.stage("reward", step=2):
+        spin(5.0)

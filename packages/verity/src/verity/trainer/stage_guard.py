@@ -29,6 +29,8 @@ from types import TracebackType
 from typing import Any
 
 STACK_TIMEOUT_S = 10.0
+#: seconds the watchdog thread waits with nothing to watch before it ends (a guard no longer used)
+WATCHDOG_IDLE_EXIT_S = 30.0
 WATCHDOG_SIGNAL = signal.SIGUSR2
 
 
@@ -79,7 +81,7 @@ class _Watchdog:
         """Fire ``stage`` at ``deadline`` (``time.monotonic()`` seconds) unless :meth:`unwatch` comes first."""
         with self._wake:
             self._deadlines[stage] = deadline
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="verity-stage-watchdog", daemon=True)
                 self._thread.start()
             self._wake.notify()
@@ -92,13 +94,18 @@ class _Watchdog:
     def _run(self) -> None:
         while True:
             with self._wake:
+                if not self._deadlines:
+                    self._wake.wait(WATCHDOG_IDLE_EXIT_S)
+                    if not self._deadlines:  # nothing watched for a while: the next watch starts a thread
+                        self._thread = None
+                        return
+                    continue
                 now = time.monotonic()
                 due = [stage for stage, deadline in self._deadlines.items() if deadline <= now]
                 for stage in due:
                     del self._deadlines[stage]
                 if not due:
-                    soonest = min(self._deadlines.values(), default=None)
-                    self._wake.wait(None if soonest is None else soonest - now)
+                    self._wake.wait(min(self._deadlines.values()) - now)
                     continue
             for stage in due:  # outside the lock: firing takes the stage's own lock and may interrupt
                 stage._fire()
