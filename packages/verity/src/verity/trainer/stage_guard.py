@@ -120,7 +120,6 @@ class _StageWatch:
         self._active = False
         self._fired = False
         self._driver_stack = ""
-        self._watched = False
         self._thread_id = 0
         self._interruptible = True
         self._previous_handler: Any = None
@@ -143,14 +142,13 @@ class _StageWatch:
             if self._interruptible:
                 self._previous_handler = signal.signal(WATCHDOG_SIGNAL, _raise_stage_interrupt)
             self._active = True
-            self._watched = True
             self.guard._watchdog.watch(self, time.monotonic() + self.guard.timeout_s)
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
-        if not self._watched:
+        if self.guard.timeout_s <= 0:  # nothing was watched
             return False
         fired = False
         try:
