@@ -309,7 +309,12 @@ class RewardManager:
             rows = self._normalize_rows(batch_or_rows)
         else:
             rows = self._rows_from_batch(batch_or_rows)
-        specs = [resolve_spec(r["data_source"], self.config.overrides, self._custom_spec) for r in rows]
+        # one lookup per data source, not per sample (a batch holds a few sources)
+        by_source = {
+            source: resolve_spec(source, self.config.overrides, self._custom_spec)
+            for source in dict.fromkeys(r["data_source"] for r in rows)
+        }
+        specs = [by_source[r["data_source"]] for r in rows]
         kwargs = dict(self.config.custom_kwargs) if self._custom_spec else {}
         tasks = [
             (spec, r["data_source"], r["solution_str"], r["ground_truth"], r["extra_info"], kwargs)
@@ -324,7 +329,10 @@ class RewardManager:
 
     def _score_split(self, tasks: list[tuple], timeouts: list[float], specs: list[str]) -> list[TaskOutcome]:
         """Inline-safe specs in this process, every other one in the pool; outcomes in input order."""
-        inline = [self.config.inline_builtin and runs_inline(spec) for spec in specs]
+        inline_by_spec = {
+            spec: self.config.inline_builtin and runs_inline(spec) for spec in dict.fromkeys(specs)
+        }
+        inline = [inline_by_spec[spec] for spec in specs]
         outcomes: list[TaskOutcome | None] = [
             self._run_inline(task) if here else None for task, here in zip(tasks, inline, strict=True)
         ]
@@ -350,16 +358,16 @@ class RewardManager:
         self, rows: list[dict[str, Any]], specs: list[str], outcomes: list[TaskOutcome]
     ) -> tuple[torch.Tensor, dict[str, list], dict[str, float]]:
         n = len(rows)
-        scores = torch.full((n,), float(self.config.failure_score), dtype=torch.float32)
+        values = [float(self.config.failure_score)] * n
         extra: dict[str, list] = {"reward_status": [o.status for o in outcomes], "reward_error": [None] * n}
         for i, outcome in enumerate(outcomes):
             if outcome.status == "ok":
-                score, extras = outcome.value
-                scores[i] = score
+                values[i], extras = outcome.value
                 for key, value in extras.items():
                     extra.setdefault(key, [None] * n)[i] = value
             else:
                 extra["reward_error"][i] = outcome.error
+        scores = torch.tensor(values, dtype=torch.float32)
         self.last_failure = describe_first_failure(rows, specs, outcomes, self.config.log_chars)
         report_failures(
             rows,
