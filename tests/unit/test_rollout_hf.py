@@ -366,4 +366,8 @@ def test_finished_rows_leaving_the_batch_changes_no_token(tokenizer, monkeypatch
     riding = HFRollout(model, tokenizer, sampling=greedy).generate(dict(prompts))
     assert torch.equal(compacted["responses"], riding["responses"])
     assert torch.equal(compacted["response_mask"], riding["response_mask"])
-    torch.testing.assert_close(compacted["rollout_logprobs"], riding["rollout_logprobs"], rtol=0, atol=1e-5)
+    # the same tokens; the log-probs to float32 rounding: a smaller decode batch may take another
+    # matmul blocking (on an AVX-512 AMD EPYC one value of 192 differed by 1.1e-5, 6.6e-6 relative)
+    torch.testing.assert_close(
+        compacted["rollout_logprobs"], riding["rollout_logprobs"], rtol=1e-5, atol=1e-5
+    )
