@@ -8,9 +8,16 @@ import pytest
 import torch
 from verity.data.char_tokenizer import CharTokenizer
 from verity.data.tiny_model import build_tiny_qwen2_for
-from verity.rollout import HFRollout, SamplingParams, encode_prompts
+from verity.rollout import HFRollout, SamplingParams, encode_prompts, gqa_attention
 from verity.rollout import hf_rollout as hf_rollout_module
-from verity.rollout.gqa_attention import GQA_SDPA, grouped_sdpa, sdpa_grouped_attention, takes_grouped_sdpa
+from verity.rollout.gqa_attention import (
+    GQA_SDPA,
+    GQA_SDPA_MATMUL_DECODE,
+    grouped_sdpa,
+    matmul_decode,
+    sdpa_grouped_attention,
+    takes_grouped_sdpa,
+)
 from verity.rollout.kv_cache import reserved_cache
 
 PROMPTS = ["12+3=", "7-2=", "40+41=", "5=", "123-45="]
@@ -54,8 +61,22 @@ def test_the_block_switches_and_always_switches_back(tokenizer):
     assert model.config._attn_implementation == "sdpa"
 
 
+@pytest.fixture
+def fused_decode(monkeypatch):
+    """Every call on the fused kernel, as on a CPU with AMX tiles."""
+    monkeypatch.setattr(gqa_attention, "_has_amx_tiles", lambda: True)
+
+
+@pytest.fixture
+def matmul_decoding(monkeypatch):
+    """Reduced-precision decode calls on the two matmuls, as on a CPU without AMX tiles."""
+    monkeypatch.setattr(gqa_attention, "_has_amx_tiles", lambda: False)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_prefill_and_decode_logits_equal_transformers_sdpa_to_the_bit(tokenizer, prompts, dtype):
+def test_prefill_and_decode_logits_equal_transformers_sdpa_to_the_bit(
+    tokenizer, prompts, dtype, fused_decode
+):
     model = grouped_model(tokenizer, dtype)
     ids, mask = prompts["input_ids"], prompts["attention_mask"]
     step = torch.tensor([[7]] * len(ids))
@@ -77,6 +98,117 @@ def test_prefill_and_decode_logits_equal_transformers_sdpa_to_the_bit(tokenizer,
         got = run()
     for w, g in zip(want, got, strict=True):
         assert torch.equal(w, g)
+
+
+def test_float32_decode_stays_on_the_fused_kernel_to_the_bit(tokenizer, prompts, matmul_decoding):
+    assert not matmul_decode(torch.float32) and matmul_decode(torch.bfloat16)
+    model = grouped_model(tokenizer)
+    ids, mask = prompts["input_ids"], prompts["attention_mask"]
+    step = torch.tensor([[7]] * len(ids))
+    decode_mask = torch.cat([mask, torch.ones_like(step)], dim=1)
+    position = mask.sum(-1, keepdim=True)
+
+    def decoded() -> torch.Tensor:
+        cache = reserved_cache(ids.shape[1] + 4)
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+            return model(
+                input_ids=step, attention_mask=decode_mask, position_ids=position, past_key_values=cache
+            ).logits
+
+    want = decoded()
+    with grouped_sdpa(model):
+        assert torch.equal(decoded(), want)
+
+
+def _decode_inputs(dtype: torch.dtype, rows: int = 6, keys: int = 23, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    query = torch.randn(rows, 8, 1, 64, generator=generator)
+    key = torch.randn(rows, 4, keys, 64, generator=generator) * 2
+    value = torch.randn(rows, 4, keys, 64, generator=generator)
+    mask = torch.ones(rows, 1, 1, keys, dtype=torch.bool)
+    for row in range(rows):
+        mask[row, ..., : row * 2] = False  # left padding of different lengths
+    return query.to(dtype), key.to(dtype), value.to(dtype), mask
+
+
+def _reference(query, key, value, mask) -> torch.Tensor:
+    """float64 attention with every key/value head repeated for the query heads it serves: [B, 1, H, D]."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = (t.double().repeat_interleave(groups, dim=1) for t in (key, value))
+    scores = (query.double() @ key.transpose(-1, -2)) / query.shape[-1] ** 0.5
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (torch.softmax(scores, -1) @ value).transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_matmul_decode_is_exact_attention_rounded_once(tokenizer, dtype, matmul_decoding):
+    module = grouped_model(tokenizer).model.layers[0].self_attn
+    module.num_key_value_groups = 2
+    query, key, value, mask = _decode_inputs(dtype)
+    got, _ = sdpa_grouped_attention(module, query, key, value, mask)
+    exact = _reference(query, key, value, mask)
+    assert got.shape == exact.shape == (6, 1, 8, 64) and got.dtype == dtype
+    half_ulp = torch.finfo(dtype).eps / 2 * exact.abs()
+    assert bool(((got.double() - exact).abs() <= half_ulp + 1e-5).all())  # one rounding of the output
+    fused = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, enable_gqa=True
+    )
+    assert (got.double() - exact).abs().mean() <= (fused.transpose(1, 2).double() - exact).abs().mean()
+    additive = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, float("-inf"))
+    assert torch.equal(sdpa_grouped_attention(module, query, key, value, additive)[0], got)
+    one_mask = mask[:1].expand(6, -1, -1, -1).clone()
+    assert torch.equal(
+        sdpa_grouped_attention(module, query, key, value, mask[:1])[0],
+        sdpa_grouped_attention(module, query, key, value, one_mask)[0],
+    )  # a mask for every row broadcast from one
+
+
+def test_matmul_decode_in_float32_is_exact_attention(tokenizer):
+    query, key, value, mask = _decode_inputs(torch.float32, keys=13)
+    got = gqa_attention._grouped_matmul_decode(query, key, value, mask, None)
+    assert torch.allclose(got.double(), _reference(query, key, value, mask), rtol=0, atol=1e-6)
+    unmasked = gqa_attention._grouped_matmul_decode(query, key, value, None, 0.25)
+    want = _reference(query * (0.25 * 8), key, value, torch.ones_like(mask))  # scale 0.25 instead of 1/8
+    assert torch.allclose(unmasked.double(), want, rtol=0, atol=1e-6)
+
+
+def test_only_reduced_precision_without_amx_decodes_by_matmuls(monkeypatch):
+    monkeypatch.setattr(gqa_attention, "_has_amx_tiles", lambda: False)
+    assert matmul_decode(torch.bfloat16) and matmul_decode(torch.float16) and not matmul_decode(torch.float32)
+    monkeypatch.setattr(gqa_attention, "_has_amx_tiles", lambda: True)
+    assert not matmul_decode(torch.bfloat16) and not matmul_decode(torch.float16)
+
+
+def test_prefill_and_per_head_masks_stay_on_the_fused_kernel(tokenizer, matmul_decoding, monkeypatch):
+    module = grouped_model(tokenizer).model.layers[0].self_attn
+    module.num_key_value_groups = 2
+    monkeypatch.setattr(gqa_attention, "_grouped_matmul_decode", lambda *a: pytest.fail("took the matmuls"))
+    query, key, value, mask = _decode_inputs(torch.bfloat16)
+    per_head = mask.expand(-1, 8, -1, -1)
+    sdpa_grouped_attention(module, query, key, value, per_head)  # a mask per head
+    sdpa_grouped_attention(module, query, key, value, mask, dropout=0.1)  # dropout
+    prefill = torch.ones(6, 1, 23, 23, dtype=torch.bool).tril()
+    sdpa_grouped_attention(module, query.expand(-1, -1, 23, -1), key, value, prefill)  # 23 queries
+
+
+def test_a_bfloat16_run_records_and_takes_the_matmul_decode(tokenizer, prompts, matmul_decoding, monkeypatch):
+    model = grouped_model(tokenizer, torch.bfloat16)
+    calls: list[tuple[int, ...]] = []
+    real = gqa_attention._grouped_matmul_decode
+
+    def counted(query, *args):
+        calls.append(tuple(query.shape))
+        return real(query, *args)
+
+    monkeypatch.setattr(gqa_attention, "_grouped_matmul_decode", counted)
+    params = SamplingParams(temperature=1.0, max_new_tokens=5, ignore_eos=True)
+    rollout = HFRollout(model, tokenizer, sampling=params, seed=3)
+    assert rollout.serving_attention == GQA_SDPA_MATMUL_DECODE
+    out = rollout.generate(dict(prompts))
+    assert out["responses"].shape == (len(PROMPTS), 5)
+    assert len(calls) == 4 * 2 and all(shape[2] == 1 for shape in calls)  # 4 decode steps x 2 layers
+    assert HFRollout(grouped_model(tokenizer), tokenizer).serving_attention == GQA_SDPA  # float32
 
 
 def test_a_causal_call_with_more_keys_than_queries_and_no_mask_is_refused(tokenizer):
@@ -112,7 +244,9 @@ def test_a_model_without_grouped_heads_reports_its_own_attention(tokenizer):
     assert rollout.serving_attention == "sdpa"
 
 
-def test_the_benchmark_runs_and_finds_both_sides_alike(monkeypatch, capsys):
+@pytest.mark.parametrize("amx", [True, False], ids=["fused-decode", "matmul-decode"])
+def test_the_benchmark_runs_and_finds_both_sides_alike(monkeypatch, capsys, amx):
+    monkeypatch.setattr(gqa_attention, "_has_amx_tiles", lambda: amx)
     import runpy
     import sys
     from pathlib import Path
@@ -139,4 +273,6 @@ def test_the_benchmark_runs_and_finds_both_sides_alike(monkeypatch, capsys):
         torch.set_num_threads(threads)
     out = capsys.readouterr().out
     assert "ratio" in out and "same tokens and log-probs: True" in out
+    assert ("fused/grouped" in out and "matmul_decode" in out) is (not amx)
     assert hf_rollout_module.grouped_sdpa is grouped_sdpa  # the benchmark put the engine back
+    assert gqa_attention._has_amx_tiles() is amx

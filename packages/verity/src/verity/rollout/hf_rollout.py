@@ -42,7 +42,7 @@ from verity.data.vision_inputs import (
 )
 from verity.rollout.base import RolloutEngine
 from verity.rollout.batch_io import build_rollout_output, read_prompt_rows, resolve_sampling
-from verity.rollout.gqa_attention import GQA_SDPA, grouped_sdpa, takes_grouped_sdpa
+from verity.rollout.gqa_attention import grouped_attention_name, grouped_sdpa, takes_grouped_sdpa
 from verity.rollout.kv_cache import reserved_cache
 from verity.rollout.prompts import position_ids_from_mask
 from verity.rollout.sampling import SamplingParams, sample_next_token
@@ -122,10 +122,11 @@ class HFRollout(RolloutEngine):
 
     @property
     def serving_attention(self) -> str | None:
-        """The model's attention implementation as it decodes: :data:`GQA_SDPA` where
-        :func:`grouped_sdpa` switches it (grouped heads on CPU), else transformers' name."""
+        """The model's attention implementation as it decodes: where :func:`grouped_sdpa` switches
+        it (grouped heads on CPU), :func:`grouped_attention_name` of its dtype (``verity_sdpa_gqa``,
+        with ``+matmul_decode`` where decode steps take two matmuls), else transformers' name."""
         if takes_grouped_sdpa(self.model):
-            return GQA_SDPA
+            return grouped_attention_name(self.dtype)
         return getattr(getattr(self.model, "config", None), "_attn_implementation", None)
 
     def _new_generator(self, seed: int) -> torch.Generator:
