@@ -91,7 +91,8 @@ def main() -> None:
         f"{args.rows} rows x {args.new_tokens} new tokens, hidden {args.hidden} x {args.layers} layers, "
         f"{args.heads}/{args.kv_heads} heads, {args.dtype} (median of {args.repeats}, load {load}): "
         + ", ".join(f"{side} {median[side]:.3f} s" for side in sides)
-        + f"; grouped is {grouped_attention_name(dtype)}; ratio repeat/grouped {median['repeat'] / median['grouped']:.2f}"
+        + f"; grouped is {grouped_attention_name(dtype)}"
+        + f"; ratio repeat/grouped {median['repeat'] / median['grouped']:.2f}"
     )
     if "fused" in sides:
         matmul, fused = outputs["grouped"], outputs["fused"]
@@ -100,7 +101,8 @@ def main() -> None:
         gap = (matmul["rollout_logprobs"] - fused["rollout_logprobs"])[same_so_far].abs().max().item()
         line += (
             f", fused/grouped {median['fused'] / median['grouped']:.2f}; matmul decode vs fused kernel: "
-            f"{agree:.0%} of rows the same tokens, log-probs within {gap:.1e} up to each row's first differing token"
+            f"{agree:.0%} of rows the same tokens, log-probs within {gap:.1e} "
+            "up to each row's first differing token"
         )
     print(line + f"; {exact_side} and repeat: same tokens and log-probs: {same}")
 

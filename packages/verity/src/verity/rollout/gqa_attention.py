@@ -17,6 +17,10 @@ other device, for a model without grouped heads, or for a call it does not cover
 bias, a paged cache) it is transformers' ``sdpa`` unchanged, whose CUDA kernels take
 ``enable_gqa`` only without a mask.
 
+One query token in bf16 or fp16 on a CPU without AMX tiles, the fused kernel is slow, and a
+decode step's attention is two float32 matmuls instead (:func:`matmul_decode`), recorded as
+:data:`GQA_SDPA_MATMUL_DECODE`.
+
 :func:`grouped_sdpa` switches a model to it for the length of a ``with`` block and back::
 
     with grouped_sdpa(model):
@@ -115,9 +119,10 @@ def matmul_decode(dtype: torch.dtype) -> bool:
     There, the fused CPU kernel's reduced-precision path is slow for one query: measured on a
     2-core AMD EPYC VM (AVX-512 with avx512_bf16, no AMX; one thread, bf16, 128 rows, 8 query /
     4 key-value heads of 64), 8.3 ms a call at 70 cached positions and 11.5 ms at 100, against
-    about 1.7 and 3 ms for the two matmuls in float32 (:func:`_grouped_matmul_decode`). On an Intel Xeon with AMX the fused kernel took 1.24 ms
-    at 100 positions, so it stays there; float32 stays on the fused kernel everywhere (the
-    matmuls gained nothing at the quickstart's shape) and keeps transformers' ``sdpa`` to the bit.
+    about 1.7 and 3 ms for the two float32 matmuls of :func:`_grouped_matmul_decode`. On an
+    Intel Xeon with AMX the fused kernel took 1.24 ms at 100 positions, so it stays there;
+    float32 stays on the fused kernel everywhere (the matmuls gained nothing at the
+    quickstart's shape) and keeps transformers' ``sdpa`` to the bit.
     """
     return dtype in (torch.bfloat16, torch.float16) and not _has_amx_tiles()
 
