@@ -62,21 +62,21 @@ def test_the_block_switches_and_always_switches_back(tokenizer):
 
 
 @pytest.fixture
-def fused_decode(monkeypatch):
-    """Every call on the fused kernel, as on a CPU with AMX tiles."""
-    monkeypatch.setattr(gqa_attention, "_has_amx_tiles", lambda: True)
-
-
-@pytest.fixture
 def matmul_decoding(monkeypatch):
     """Reduced-precision decode calls on the two matmuls, as on a CPU without AMX tiles."""
     monkeypatch.setattr(gqa_attention, "_has_amx_tiles", lambda: False)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("dtype", "amx"),
+    [(torch.float32, True), (torch.bfloat16, True), (torch.float32, False)],
+    ids=["float32", "bfloat16", "float32-without-amx"],  # bf16 without AMX: the matmul decode
+)
 def test_prefill_and_decode_logits_equal_transformers_sdpa_to_the_bit(
-    tokenizer, prompts, dtype, fused_decode
+    tokenizer, prompts, dtype, amx, monkeypatch
 ):
+    monkeypatch.setattr(gqa_attention, "_has_amx_tiles", lambda: amx)
+    assert not matmul_decode(dtype)
     model = grouped_model(tokenizer, dtype)
     ids, mask = prompts["input_ids"], prompts["attention_mask"]
     step = torch.tensor([[7]] * len(ids))
@@ -98,27 +98,6 @@ def test_prefill_and_decode_logits_equal_transformers_sdpa_to_the_bit(
         got = run()
     for w, g in zip(want, got, strict=True):
         assert torch.equal(w, g)
-
-
-def test_float32_decode_stays_on_the_fused_kernel_to_the_bit(tokenizer, prompts, matmul_decoding):
-    assert not matmul_decode(torch.float32) and matmul_decode(torch.bfloat16)
-    model = grouped_model(tokenizer)
-    ids, mask = prompts["input_ids"], prompts["attention_mask"]
-    step = torch.tensor([[7]] * len(ids))
-    decode_mask = torch.cat([mask, torch.ones_like(step)], dim=1)
-    position = mask.sum(-1, keepdim=True)
-
-    def decoded() -> torch.Tensor:
-        cache = reserved_cache(ids.shape[1] + 4)
-        with torch.no_grad():
-            model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True)
-            return model(
-                input_ids=step, attention_mask=decode_mask, position_ids=position, past_key_values=cache
-            ).logits
-
-    want = decoded()
-    with grouped_sdpa(model):
-        assert torch.equal(decoded(), want)
 
 
 def _decode_inputs(dtype: torch.dtype, rows: int = 6, keys: int = 23, seed: int = 0):
@@ -143,8 +122,7 @@ def _reference(query, key, value, mask) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_matmul_decode_is_exact_attention_rounded_once(tokenizer, dtype, matmul_decoding):
-    module = grouped_model(tokenizer).model.layers[0].self_attn
-    module.num_key_value_groups = 2
+    module = grouped_model(tokenizer).model.layers[0].self_attn  # 4 query / 2 key-value heads
     query, key, value, mask = _decode_inputs(dtype)
     got, _ = sdpa_grouped_attention(module, query, key, value, mask)
     exact = _reference(query, key, value, mask)
@@ -181,8 +159,7 @@ def test_only_reduced_precision_without_amx_decodes_by_matmuls(monkeypatch):
 
 
 def test_prefill_and_per_head_masks_stay_on_the_fused_kernel(tokenizer, matmul_decoding, monkeypatch):
-    module = grouped_model(tokenizer).model.layers[0].self_attn
-    module.num_key_value_groups = 2
+    module = grouped_model(tokenizer).model.layers[0].self_attn  # 4 query / 2 key-value heads
     monkeypatch.setattr(gqa_attention, "_grouped_matmul_decode", lambda *a: pytest.fail("took the matmuls"))
     query, key, value, mask = _decode_inputs(torch.bfloat16)
     per_head = mask.expand(-1, 8, -1, -1)

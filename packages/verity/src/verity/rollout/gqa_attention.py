@@ -94,10 +94,8 @@ def sdpa_grouped_attention(
             f"grouped attention: a causal call without a mask needs as many keys as queries, "
             f"got {key.shape[2]} keys for {query.shape[2]} queries"
         )
-    one_query_mask = attention_mask is None or (
-        attention_mask.dim() == 4 and attention_mask.shape[1:3] == (1, 1)
-    )
-    if query.shape[2] == 1 and one_query_mask and dropout == 0.0 and matmul_decode(query.dtype):
+    one_query_mask = attention_mask is None or (attention_mask.dim() == 4 and attention_mask.shape[1:3] == (1, 1))
+    if query.shape[2] == 1 and dropout == 0.0 and matmul_decode(query.dtype) and one_query_mask:
         return _grouped_matmul_decode(query, key, value, attention_mask, scaling), None
     output = torch.nn.functional.scaled_dot_product_attention(
         query,
