@@ -18,10 +18,11 @@ def make_result(**changes):
     result = {
         "recipe": "grpo",
         "config": "cpu",
-        "hardware": "cpu",
+        "hardware": "cpu-test",
         "family": "cpu",
         "device_name": "Test CPU",
         "device_count": 1,
+        "cpu_isa": "avx2",
         "backend": "hf",
         "train_engine": "fsdp2",
         "date": "2026-11-20",

@@ -42,9 +42,9 @@ def test_latest_keeps_the_newest_run_per_combination(tmp_path: Path, result_fact
     assert len(runs) == 4
     latest = latest_per_key(runs)
     assert [(r["recipe"], r["hardware"], r["date"]) for r in latest] == [
-        ("grpo", "cpu", "2026-11-21"),
+        ("grpo", "cpu-test", "2026-11-21"),
         ("grpo", "h100", "2026-11-20"),
-        ("rloo", "cpu", "2026-11-20"),
+        ("rloo", "cpu-test", "2026-11-20"),
     ]
     assert latest[1]["label"] == "h100/hf"
 
@@ -103,8 +103,8 @@ def test_runs_that_differ_only_in_their_training_engine_stand_side_by_side(
     )  # fmt: skip
     latest = latest_per_key(collect_runs(tmp_path))
     assert [(r["config"], r["train_engine"], r["label"]) for r in latest] == [
-        ("cpu", "fsdp2", "cpu/hf"),
-        ("cpu-megatron", "megatron", "cpu/hf/megatron/cpu-megatron"),
+        ("cpu", "fsdp2", "cpu-test/hf"),
+        ("cpu-megatron", "megatron", "cpu-test/hf/megatron/cpu-megatron"),
     ]
     page = build_leaderboard(tmp_path, tmp_path / "board", generated="test")[1].read_text()
     assert "<th" in page and "train engine" in page and ">megatron<" in page
@@ -126,3 +126,33 @@ def test_sampled_scores_show_beside_greedy_accuracy(tmp_path: Path, result_facto
     assert grpo.count('<td class="none">–</td>') >= 2  # no avg@k, no pass@k: a dash, not a number
     assert 'aria-label="dapo: held-out avg@k (sampled)"' in index
     assert 'aria-label="grpo: held-out avg@k (sampled)"' not in index  # no curve, no plot
+
+
+def test_cpu_runs_are_told_apart_by_processor_and_old_cpu_labels_join_theirs(
+    tmp_path: Path, result_factory
+) -> None:
+    def run(day: int, **changes):
+        return result_factory(date=f"2026-11-2{day}", finished_at=f"2026-11-2{day}T09:00:00+00:00", **changes)
+
+    xeon = {"device_name": "Intel(R) Xeon(R) Processor"}
+    # written before CPU labels named the processor: hardware "cpu", no ISA recorded
+    write_result(tmp_path, run(1, hardware="cpu", cpu_isa=None, **xeon, scores={"accuracy_after": 0.6}))
+    write_result(tmp_path, run(2, hardware="cpu-amd-epyc", device_name="AMD EPYC", cpu_isa="avx512_bf16"))
+    runs = collect_runs(tmp_path)
+    assert sorted(r["label"] for r in runs) == ["cpu-amd-epyc/hf", "cpu-intel-xeon/hf"]
+    assert len(latest_per_key(runs)) == 2  # two processors: two rows, neither replaces the other
+    page = build_leaderboard(tmp_path, tmp_path / "board", generated="test")[0].read_text()
+    assert 'title="AMD EPYC, avx512_bf16">cpu-amd-epyc<' in page
+    assert 'title="Intel(R) Xeon(R) Processor">cpu-intel-xeon<' in page
+
+    # a newer run on the same Xeon replaces the old "cpu" one in the latest table
+    write_result(tmp_path, run(3, hardware="cpu-intel-xeon", cpu_isa="amx_bf16", **xeon))
+    latest = latest_per_key(collect_runs(tmp_path))
+    assert [(r["hardware"], r["date"], r["cpu_isa"]) for r in latest] == [
+        ("cpu-amd-epyc", "2026-11-22", "avx512_bf16"),
+        ("cpu-intel-xeon", "2026-11-23", "amx_bf16"),
+    ]
+    # an accelerator's label is its own, whatever its name
+    gpu = run(4, hardware="h100", family="cuda", device_name="NVIDIA H100 80GB HBM3", cpu_isa=None)
+    write_result(tmp_path, gpu)
+    assert "h100/hf" in {r["label"] for r in collect_runs(tmp_path)}

@@ -10,7 +10,10 @@ from verity_harness.results import load_result, load_results, result_filename, w
 
 
 def test_file_names(result_factory) -> None:
-    assert result_filename(result_factory()) == "2026-11-20-cpu-hf.json"
+    assert result_filename(result_factory()) == "2026-11-20-cpu-test-hf.json"
+    # two processors on one day: two files (hardware labels name the processor, machine.cpu_label)
+    epyc = result_factory(hardware="cpu-amd-epyc", device_name="AMD EPYC")
+    assert result_filename(epyc) == "2026-11-20-cpu-amd-epyc-hf.json"
     other = result_factory(config="gsm8k-qwen2.5-0.5b", hardware="h100")
     assert result_filename(other) == "2026-11-20-h100-hf-gsm8k-qwen2.5-0.5b.json"
 
@@ -19,7 +22,7 @@ def test_round_trip_turns_nan_into_null(tmp_path: Path, result_factory) -> None:
     result = result_factory()
     result["scores"]["val/acc"] = float("nan")
     path = write_result(tmp_path, result)
-    assert path == tmp_path / "grpo" / "2026-11-20-cpu-hf.json"
+    assert path == tmp_path / "grpo" / "2026-11-20-cpu-test-hf.json"
     loaded = load_result(path)
     assert loaded["scores"]["val/acc"] is None
     assert loaded["schema"] == 1 and loaded["source"] == str(path)

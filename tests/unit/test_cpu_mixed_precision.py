@@ -7,7 +7,7 @@ import torch
 from helpers.tiny_models import make_padded_batch, tiny_qwen2
 from verity.config import ConfigError, load_config
 from verity.engines import FSDP2Engine, OptimConfig
-from verity.hardware import cpu_has_native_bf16
+from verity.hardware import cpu_has_native_bf16, cpu_matmul_isa
 from verity.workers.role_training import rollout_dtype
 
 
@@ -78,18 +78,22 @@ def test_mixed_precision_warns_on_a_cpu_without_native_bf16(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("flags", "native"),
+    ("flags", "native", "isa"),
     [
-        ("fpu sse2 avx2 avx512f amx_bf16 amx_tile", True),
-        ("fpu sse2 avx2 avx512f avx512_bf16", True),
-        ("fpu sse2 avx2 avx512f avx512_vnni", False),
+        ("fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile", True, "amx_bf16"),
+        ("fpu sse2 avx2 avx512f avx512_bf16", True, "avx512_bf16"),
+        ("fpu sse2 avx2 avx512f avx512_vnni", False, "avx512f"),
+        ("fpu sse2 avx avx2 fma", False, "avx2"),
+        ("fp asimd evtstrm", False, None),
     ],
 )
-def test_native_bf16_is_read_from_the_cpu_flags(tmp_path, flags, native):
+def test_native_bf16_and_matmul_isa_are_read_from_the_cpu_flags(tmp_path, flags, native, isa):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nmodel name\t: Some CPU\nflags\t\t: {flags}\n")
     assert cpu_has_native_bf16(cpuinfo) is native
+    assert cpu_matmul_isa(cpuinfo) == isa
     assert cpu_has_native_bf16(tmp_path / "missing") is False
+    assert cpu_matmul_isa(tmp_path / "missing") is None
 
 
 def test_rollout_dtype_follows_the_model_unless_given_and_is_checked():

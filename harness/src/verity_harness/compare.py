@@ -21,7 +21,9 @@ from typing import Any
 from verity_harness.results import load_result
 from verity_harness.tracking import find_run
 
-IDENTITY_KEYS = ("recipe", "config", "hardware", "device_name", "backend", "git_commit", "date", "passed")
+IDENTITY_KEYS = (
+    "recipe", "config", "hardware", "device_name", "cpu_isa", "backend", "git_commit", "date", "passed"
+)
 THROUGHPUT_KEYS = ("tokens_per_s", "generated_tokens_per_s", "train_tokens_per_s", "step_seconds", "mfu")
 
 

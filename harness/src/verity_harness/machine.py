@@ -2,13 +2,18 @@
 
 The **hardware label** names expected files and result files:
 
-- ``cpu`` on a CPU-only machine;
+- on a CPU-only machine, ``cpu-`` and the processor's model without its trademarks,
+  clock and core count (``cpu-intel-xeon``, ``cpu-amd-epyc-9654``; :func:`cpu_label`),
+  so that two CPUs' results neither replace each other nor share a leaderboard row;
 - on an accelerator, the model of a device in verity's peak table, lower-cased
   (``h100``, ``h200``, ``a100``, ``mi300x``, ``910b3``);
 - otherwise the device name reduced to ``[a-z0-9]`` words joined by ``-``.
 
 The **family** is the hardware backend's name (``cpu``, ``cuda``, ``rocm``, ``npu``);
-expected files for a family apply to every device of it.
+expected files for a family apply to every device of it (``cpu-hf.yaml`` to every CPU).
+On a CPU the machine also records its widest matrix instruction set (``cpu_isa``:
+``amx_bf16``, ``avx512_bf16``, ``avx512f``, ``avx2``), which a virtual machine's model name
+often hides and which sets how fast bf16 runs.
 
 :func:`provenance` gathers what a result must record to be reproduced: the git
 commit (and whether the tree had uncommitted changes), package versions, Python.
@@ -46,6 +51,7 @@ class Machine:
     device_name: str
     peak_flops: float | None  # one device, dense bf16, FLOP/s; None when unknown (CPU: measured per run)
     device_count: int
+    cpu_isa: str | None = None  # CPU runs: verity.hardware.cpu_matmul_isa, e.g. "amx_bf16"; None elsewhere
 
     @property
     def lookup_labels(self) -> list[str]:
@@ -58,12 +64,27 @@ def slug(text: str) -> str:
     return "-".join(re.findall(r"[a-z0-9]+", text.lower())) or "unknown"
 
 
+_CPU_NAME_NOISE = re.compile(
+    r"\((?:r|tm)\)|\bcpu\b|\bprocessor\b|\b\d+-core\b|@\s*[\d.]+\s*ghz|[+]", re.IGNORECASE
+)
+
+
+def cpu_label(device_name: str) -> str:
+    """``cpu-<model>``: the processor's model name without trademarks, "CPU"/"Processor", clock and cores.
+
+    ``"Intel(R) Xeon(R) Processor"`` -> ``"cpu-intel-xeon"``, ``"AMD EPYC 9654 96-Core
+    Processor"`` -> ``"cpu-amd-epyc-9654"``; ``"cpu"`` when nothing of a model is left.
+    """
+    words = re.findall(r"[a-z0-9]+", _CPU_NAME_NOISE.sub(" ", device_name).lower())
+    return "-".join(["cpu", *words]) if words else "cpu"
+
+
 def hardware_label(family: str, device_name: str) -> str:
     """The hardware label of a device (see the module docstring)."""
     from verity.hardware import lookup_device
 
     if family == "cpu":
-        return "cpu"
+        return cpu_label(device_name)
     known = lookup_device(device_name)
     if known is not None:
         words = known.label.split()
@@ -74,7 +95,7 @@ def hardware_label(family: str, device_name: str) -> str:
 def detect_machine(family: str | None = None, label: str | None = None) -> Machine:
     """The machine this process runs on; ``family`` forces a backend, ``label`` renames the hardware."""
     import torch
-    from verity.hardware import get_backend
+    from verity.hardware import cpu_matmul_isa, get_backend
 
     if family is not None and family not in FAMILIES:
         raise ValueError(f"hardware family must be one of {', '.join(FAMILIES)}, got {family!r}")
@@ -88,6 +109,7 @@ def detect_machine(family: str | None = None, label: str | None = None) -> Machi
         device_name=device_name,
         peak_flops=peak,
         device_count=max(1, count),
+        cpu_isa=cpu_matmul_isa() if backend.name == "cpu" else None,
     )
 
 

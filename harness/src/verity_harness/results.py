@@ -7,7 +7,8 @@ per day and combination; a later run of the same day replaces it). Contents::
     {
       "schema": 1,
       "recipe": "grpo", "config": "cpu", "recipe_version": "0.1.0",
-      "hardware": "cpu", "family": "cpu", "device_name": "AMD EPYC", "device_count": 1,
+      "hardware": "cpu-amd-epyc", "family": "cpu", "device_name": "AMD EPYC", "device_count": 1,
+      "cpu_isa": "avx512_bf16",             # CPU runs only (verity_harness.machine); null elsewhere
       "backend": "hf",                      # the rollout engine
       "train_engine": "fsdp2",
       "ran": {"actor": "fsdp2", "actor_compute_dtype": "float32", "rollout_dtype": "float32", ...},

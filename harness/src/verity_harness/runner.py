@@ -154,6 +154,7 @@ def build_result(
         "family": machine.family,
         "device_name": machine.device_name,
         "device_count": machine.device_count,
+        "cpu_isa": machine.cpu_isa,  # CPU runs: the widest matrix instruction set (machine.cpu_matmul_isa)
         "backend": ran_engine(summary, "rollout"),
         "train_engine": ran_engine(summary, "actor"),
         "ran": dict(summary.get("ran") or {}),  # everything the workers reported running (dtypes included)
@@ -251,7 +252,8 @@ def run_recipe(
 def format_outcome(outcome: RunOutcome) -> str:
     """The report printed after ``verity-harness run``: checks, throughput, where things went."""
     r = outcome.result
-    title = f"{r['recipe']} / {r['config']} on {r['hardware']} ({r['device_name']}), rollout {r['backend']}"
+    device = ", ".join(str(v) for v in (r["device_name"], r.get("cpu_isa")) if v)
+    title = f"{r['recipe']} / {r['config']} on {r['hardware']} ({device}), rollout {r['backend']}"
     lines = []
     if outcome.checks:
         lines.append(format_checks(outcome.checks, title=f"{title} — expected ({r['expected_source']})"))

@@ -6,7 +6,8 @@ for a server), experiment ``verity-harness/<recipe>``. The trainer already logs 
 config as params and every step's metrics; the harness adds
 
 - tags: ``harness=1``, ``recipe``, ``recipe.config``, ``hardware``, ``hardware.family``,
-  ``device_name``, ``rollout_engine`` (result files call it ``backend``), ``train_engine``, ``git_commit``, ``git_dirty``, ``version.<package>``,
+  ``device_name``, ``cpu_isa`` (empty off CPU), ``rollout_engine`` (result files call it
+  ``backend``), ``train_engine``, ``git_commit``, ``git_dirty``, ``version.<package>``,
   ``harness.passed``, ``date`` (the trainer's own tag ``backend`` stays the hardware
   backend, e.g. ``cpu``; the rollout engine is ``rollout_engine``);
 - metrics ``score/<name>`` and ``throughput/<name>`` at the run's last step;
@@ -60,6 +61,7 @@ def run_tags(result: Mapping[str, Any]) -> dict[str, str]:
         "hardware": result["hardware"],
         "hardware.family": result.get("family", ""),
         "device_name": result.get("device_name", ""),
+        "cpu_isa": result.get("cpu_isa") or "",
         "rollout_engine": result["backend"],
         "train_engine": result.get("train_engine", ""),
         "git_commit": result.get("git_commit") or "unknown",
@@ -111,6 +113,7 @@ def _result_from_run(client: Any, run: Any) -> dict[str, Any] | None:
             "hardware": tags.get("hardware", "?"),
             "family": tags.get("hardware.family", ""),
             "device_name": tags.get("device_name", ""),
+            "cpu_isa": tags.get("cpu_isa") or None,
             "backend": tags.get("rollout_engine", "?"),
             "date": tags.get("date", ""),
             "git_commit": tags.get("git_commit"),

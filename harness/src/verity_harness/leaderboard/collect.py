@@ -4,6 +4,11 @@ A run found in both (same MLflow run id) is shown once, from its result file.
 Each run gets a display ``label`` ``<hardware>/<backend>[/<engine>][/<config>]`` and a
 ``key`` ``(recipe, config, hardware, backend, train engine)``: the "latest" tables keep
 the newest run per key, so runs that differ only in their engines stand side by side.
+
+A CPU result written before CPU hardware labels named the processor reads ``"hardware":
+"cpu"``; it is shown under its processor's label (:func:`verity_harness.machine.cpu_label`
+of its ``device_name``), so that a later run on the same processor replaces it in the
+"latest" tables and a run on another processor stands beside it.
 """
 
 from __future__ import annotations
@@ -13,9 +18,18 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from verity_harness.machine import cpu_label
 from verity_harness.results import load_results
 
 logger = logging.getLogger(__name__)
+
+
+def hardware_of(run: Mapping[str, Any]) -> str:
+    """The run's hardware label; a CPU run labelled just ``cpu`` gets its processor's (module docstring)."""
+    hardware = str(run["hardware"])
+    if hardware == "cpu" and run.get("family", "cpu") == "cpu" and run.get("device_name"):
+        return cpu_label(str(run["device_name"]))
+    return hardware
 
 
 def run_key(run: Mapping[str, Any]) -> tuple[str, str, str, str, str]:
@@ -53,6 +67,7 @@ def collect_runs(results_dir: Path | None, tracking_uris: Iterable[str] = ()) ->
                 runs.append(run)
                 seen.add(run_id)
     for run in runs:
+        run["hardware"] = hardware_of(run)
         run["label"] = run_label(run)
     return sorted(runs, key=sort_time)
 

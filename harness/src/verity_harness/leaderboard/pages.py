@@ -67,7 +67,8 @@ def _value(run: Mapping[str, Any], key: str) -> Any:
 def _cell(value: Any, kind: str, run: Mapping[str, Any]) -> str:
     """One ``<td>``: the formatted value, with a class for text/verdict colouring."""
     if kind == "hardware":
-        device = html.escape(str(run.get("device_name") or ""), quote=True)
+        device = ", ".join(str(v) for v in (run.get("device_name"), run.get("cpu_isa")) if v)
+        device = html.escape(device, quote=True)
         return f'<td class="text" title="{device}">{html.escape(str(value))}</td>'
     if kind == "verdict":
         text, cls = {True: ("pass", "pass"), False: ("fail", "fail")}.get(value, ("unchecked", "none"))

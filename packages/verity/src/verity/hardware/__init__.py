@@ -12,7 +12,7 @@ See docs/hardware.md for what has and has not run on real hardware.
 from __future__ import annotations
 
 from verity.hardware.backend import DEFAULT_PROBES, HardwareBackend, Probes, make_backend
-from verity.hardware.cpu_peak import cpu_has_native_bf16, measure_matmul_flops
+from verity.hardware.cpu_peak import cpu_has_native_bf16, cpu_matmul_isa, measure_matmul_flops
 from verity.hardware.detect import (
     BACKEND_NAMES,
     DEVICE_ENV,
@@ -35,6 +35,7 @@ __all__ = [
     "UnknownBackendError",
     "available_backends",
     "cpu_has_native_bf16",
+    "cpu_matmul_isa",
     "detect_backend",
     "get_backend",
     "lookup_device",

@@ -14,7 +14,9 @@ term).
 :func:`cpu_has_native_bf16` says whether the cores multiply bfloat16 in hardware
 (Intel AMX or AVX-512 BF16); only then does bf16 mixed precision speed a CPU run up
 (measured on a 2-core Xeon with AMX: one thread, ``[2048, 512] @ [512, 1536]``,
-181 GFLOP/s in float32 against 1,358 in bfloat16).
+181 GFLOP/s in float32 against 1,358 in bfloat16). :func:`cpu_matmul_isa` names the
+widest matrix instruction set a CPU has, so that results from two CPUs a virtual machine
+names alike (``"Intel(R) Xeon(R) Processor"`` with and without AMX) stay apart.
 """
 
 from __future__ import annotations
@@ -25,6 +27,21 @@ from pathlib import Path
 import torch
 
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of hardware bf16 multiplies
+MATMUL_ISA_FLAGS = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
+"""``/proc/cpuinfo`` flags from the widest matrix arithmetic down: bf16 tiles (AMX), AVX-512
+with bf16 dot products, AVX-512, AVX2. The first one a CPU has is its :func:`cpu_matmul_isa`."""
+
+
+def _cpu_flags(cpuinfo: str | Path) -> set[str] | None:
+    """The first ``flags`` line of ``cpuinfo`` as a set; None where it cannot be read or has none."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return None
 
 
 def cpu_has_native_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
@@ -33,15 +50,17 @@ def cpu_has_native_bf16(cpuinfo: str | Path = "/proc/cpuinfo") -> bool:
     False where the file cannot be read (not Linux): then nothing is known, and bf16 is
     not assumed to be fast.
     """
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return False
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.partition(":")[2].split())
-            return any(flag in flags for flag in NATIVE_BF16_FLAGS)
-    return False
+    flags = _cpu_flags(cpuinfo) or set()
+    return any(flag in flags for flag in NATIVE_BF16_FLAGS)
+
+
+def cpu_matmul_isa(cpuinfo: str | Path = "/proc/cpuinfo") -> str | None:
+    """The widest matrix instruction set of this CPU: a flag of :data:`MATMUL_ISA_FLAGS`, e.g. ``"amx_bf16"``.
+
+    None where ``cpuinfo`` cannot be read (not Linux) or names none of them.
+    """
+    flags = _cpu_flags(cpuinfo) or set()
+    return next((flag for flag in MATMUL_ISA_FLAGS if flag in flags), None)
 
 
 def measure_matmul_flops(
