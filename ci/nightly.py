@@ -30,7 +30,9 @@ Steps:
      machine's speed), relative to the accepted value, >= ``min_ratio``;
 
    plus every recipe's own expected-file checks;
-4. ``report.md`` and ``report.json`` in ``--out``; the leaderboard pages rebuilt;
+4. ``report.md`` and ``report.json`` in ``--out``; the leaderboard pages rebuilt. Both
+   name the machine the night ran on and the accepted night's; on another machine the
+   report says so above the table and beside each speed figure (``ci/nightly_machine.py``);
 5. exit 1 when anything regressed, naming each metric; 0 otherwise.
 
 With ``--override`` (a deliberate change) result files go to ``<out>/results`` and the
@@ -49,6 +51,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling nightly_machine.py, imported as a file
+from nightly_machine import machine_lines, note_other_machine, this_machine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BASELINE = ROOT / "ci" / "baseline.json"
@@ -279,8 +284,14 @@ def write_report(
     bench: Mapping[str, Any],
     overrides: Sequence[str],
     seconds: float,
+    machine: Mapping[str, Any] | None = None,
+    accepted_machine: Mapping[str, Any] | None = None,
 ) -> Path:
-    """``report.md`` (a table a person reads) and ``report.json`` (everything) in ``out``."""
+    """``report.md`` (a table a person reads) and ``report.json`` (everything) in ``out``.
+
+    ``machine``: tonight's (:func:`nightly_machine.this_machine`); ``accepted_machine``: the
+    baseline's, compared with it in the report's header.
+    """
     failed = [f for f in findings if not f.ok]
     lines = [
         f"# Nightly report — {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
@@ -288,6 +299,7 @@ def write_report(
         f"verdict: **{'REGRESSION' if failed else 'OK'}**, {len(findings)} figures, {len(failed)} failing; "
         f"{seconds / 60:.1f} min" + (f"; overrides: `{' '.join(overrides)}`" if overrides else ""),
         "",
+        *(machine_lines(machine, accepted_machine) + [""] if machine is not None else []),
         "| metric | tonight | accepted | ratio | threshold | status | note |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -317,6 +329,7 @@ def write_report(
                 "bench": bench,
                 "overrides": list(overrides),
                 "seconds": seconds,
+                "machine": dict(machine) if machine is not None else None,
             },
             indent=1,
             default=str,
@@ -329,13 +342,18 @@ def write_report(
 
 
 def accepted_baseline(
-    figures: Mapping[str, float | None], previous: Mapping[str, Any], commit: str | None
+    figures: Mapping[str, float | None],
+    previous: Mapping[str, Any],
+    commit: str | None,
+    machine: Mapping[str, Any] | None = None,
 ) -> dict:
     """A new baseline: tonight's figures with the previous thresholds (defaults for new ones).
 
     Figures the night did not measure (a row left out with ``--recipes``/``--configs``,
     the bench skipped) keep their accepted value, so accepting part of a night never
-    drops the rest of the baseline.
+    drops the rest of the baseline. ``machine``: the night's (``report.json``'s
+    ``machine``), recorded as ``accepted.machine``; None (a report from before nights
+    recorded it) records none.
     """
     old = previous.get("figures") or {}
     new: dict[str, Any] = {metric: dict(spec) for metric, spec in old.items()}
@@ -346,11 +364,10 @@ def accepted_baseline(
         spec["value"] = round(float(value), 4)
         new[metric] = spec
     new = dict(sorted(new.items()))
-    return {
-        "about": previous.get("about", ""),
-        "accepted": {"date": dt.date.today().isoformat(), "commit": commit},
-        "figures": new,
-    }
+    accepted: dict[str, Any] = {"date": dt.date.today().isoformat(), "commit": commit}
+    if machine is not None:
+        accepted["machine"] = dict(machine)
+    return {"about": previous.get("about", ""), "accepted": accepted, "figures": new}
 
 
 def accept_report(report_file: Path, baseline_file: Path) -> int:
@@ -373,9 +390,8 @@ def accept_report(report_file: Path, baseline_file: Path) -> int:
     recipes, bench = report.get("recipes") or {}, report.get("bench") or {}
     baseline = json.loads(baseline_file.read_text()) if baseline_file.is_file() else {}
     commit = next((r.get("git_commit") for r in recipes.values() if r.get("git_commit")), None)
-    baseline_file.write_text(
-        json.dumps(accepted_baseline(tonight_figures(recipes, bench), baseline, commit), indent=1) + "\n"
-    )
+    new = accepted_baseline(tonight_figures(recipes, bench), baseline, commit, report.get("machine"))
+    baseline_file.write_text(json.dumps(new, indent=1) + "\n")
     print(f"nightly: wrote the new baseline {baseline_file} from {report_file} (commit {commit})")
     return 0
 
@@ -437,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nightly: {err}", file=sys.stderr)
         return 2
     started = time.perf_counter()
+    machine = this_machine()
     recipes = {
         row_name(name, config): run_recipe(name, args.out, results_dir, args.override, config)
         for name, config in rows
@@ -449,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
             bench = merge_trl(bench, pair, key="trl_compute_bound")
     baseline = json.loads(args.baseline.read_text()) if args.baseline.is_file() else {}
     findings = compare_with_baseline(recipes, bench, baseline)
+    accepted_machine = (baseline.get("accepted") or {}).get("machine")
+    note_other_machine(findings, machine, accepted_machine)
     print("\n=== leaderboard", flush=True)
     board_cmd = [
         sys.executable,
@@ -466,7 +485,10 @@ def main(argv: list[str] | None = None) -> int:
         findings.append(
             Finding("leaderboard.build", None, None, None, "-", False, "verity-harness leaderboard failed")
         )
-    report = write_report(args.out, findings, recipes, bench, args.override, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    report = write_report(
+        args.out, findings, recipes, bench, args.override, seconds, machine, accepted_machine
+    )
     print("\n" + report.read_text())
     failed = [f for f in findings if not f.ok]
     if args.accept:
@@ -474,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
             print("nightly: not accepting a night with regressions or overrides", file=sys.stderr)
         else:
             commit = next((r.get("git_commit") for r in recipes.values() if r.get("git_commit")), None)
-            new = accepted_baseline(tonight_figures(recipes, bench), baseline, commit)
+            new = accepted_baseline(tonight_figures(recipes, bench), baseline, commit, machine)
             args.baseline.write_text(json.dumps(new, indent=1) + "\n")
             print(f"nightly: wrote the new baseline {args.baseline}")
     if failed:

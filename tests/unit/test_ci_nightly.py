@@ -191,12 +191,20 @@ def test_the_night_runs_the_trl_quickstart_shape_unless_asked_for_more(
     assert calls[-1][rounds[-1] + 1] == "1"  # the last one is what argparse keeps
 
 
-def _report(tmp_path: Path, findings: list[dict], overrides: list[str] | None = None) -> Path:
+XEON = {"hardware": "cpu-intel-xeon", "device_name": "Intel(R) Xeon(R) Processor", "cpu_isa": "amx_bf16",
+        "logical_cpus": 2}  # fmt: skip
+EPYC = {"hardware": "cpu-amd-epyc", "device_name": "AMD EPYC", "cpu_isa": "avx512_bf16", "logical_cpus": 2}
+
+
+def _report(
+    tmp_path: Path, findings: list[dict], overrides: list[str] | None = None, machine: dict | None = None
+) -> Path:
     report = {
         "findings": findings,
         "recipes": {"grpo": {"scores": {"accuracy_gain": 0.4}, "git_commit": "abc123"}},
         "bench": {"ratios": {"grpo_step_vs_trl_quickstart": 1.05}},
         "overrides": overrides or [],
+        "machine": machine,
     }
     path = tmp_path / "report.json"
     path.write_text(json.dumps(report))
@@ -212,6 +220,10 @@ def test_accept_report_writes_a_finished_nights_figures(tmp_path: Path) -> None:
     assert new["figures"]["grpo.accuracy_gain"] == {"value": 0.4, "min_ratio": 0.6}  # threshold kept
     assert new["figures"]["bench.grpo_step_vs_trl_quickstart"]["value"] == 1.05
     assert new["accepted"]["commit"] == "abc123"
+    assert "machine" not in new["accepted"]  # a report from before nights recorded their machine
+    report = _report(tmp_path, [{"metric": "grpo.accuracy_gain", "ok": True}], machine=EPYC)
+    assert nightly.main(["--accept-report", str(report), "--baseline", str(baseline)]) == 0
+    assert json.loads(baseline.read_text())["accepted"]["machine"] == EPYC
 
 
 @pytest.mark.parametrize("failed", [True, False])
@@ -226,3 +238,49 @@ def test_accept_report_refuses_a_failed_or_planted_night(tmp_path: Path, failed:
     assert baseline.read_text() == "{}"
     assert "not accepting" in capsys.readouterr().err
     assert nightly.main(["--accept-report", str(tmp_path / "nope.json"), "--baseline", str(baseline)]) == 2
+
+
+@pytest.mark.parametrize("accepted_on", ["same", "other", "unrecorded"])
+def test_the_report_names_the_machine_and_flags_speed_figures_accepted_on_another(
+    tmp_path: Path, accepted_on: str
+) -> None:
+    accepted_machine = {"same": EPYC, "other": XEON, "unrecorded": None}[accepted_on]
+    findings = nightly.compare_with_baseline({"grpo": _recipe(0.42)}, _bench(), BASELINE)
+    nightly.note_other_machine(findings, EPYC, accepted_machine)
+    assert _failing(findings) == []  # another machine is said, never failed for
+    notes = {f.metric: f.note for f in findings}
+    flagged = sorted(m for m, note in notes.items() if "accepted on another machine" in note)
+    speed = ["bench.train_vs_plain_torch", "bench.weight_sync_vs_load_state_dict", "grpo.tokens_per_s_vs_plain_torch"]
+    assert flagged == ([] if accepted_on == "same" else speed)
+
+    report = nightly.write_report(tmp_path, findings, {}, {}, [], 60.0, EPYC, accepted_machine)
+    text = report.read_text()
+    assert "machine: cpu-amd-epyc (AMD EPYC, avx512_bf16, 2 logical CPUs); accepted night's: " in text
+    other_line = [line for line in text.splitlines() if line.startswith("**Another machine")]
+    if accepted_on == "same":
+        assert other_line == []
+    elif accepted_on == "other":
+        assert "cpu-intel-xeon (Intel(R) Xeon(R) Processor, amx_bf16, 2 logical CPUs)" in text
+        assert other_line and "cpu_isa: avx512_bf16, accepted amx_bf16" in other_line[0]
+        assert "logical_cpus" not in other_line[0]  # only what differs is named
+    else:
+        assert "accepted night's: not recorded" in text
+        assert other_line and "is not recorded" in other_line[0]
+    assert json.loads((tmp_path / "report.json").read_text())["machine"] == EPYC
+
+
+def test_a_night_records_its_machine_and_accepting_it_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps({**BASELINE, "accepted": {"date": "2026-11-25", "machine": XEON}}))
+    monkeypatch.setattr(nightly, "run_recipe", lambda *a, **k: _recipe(0.42))
+    monkeypatch.setattr(nightly, "run_bench", lambda out: _bench())
+    monkeypatch.setattr(nightly, "this_machine", lambda: EPYC)
+    monkeypatch.setattr(nightly.subprocess, "call", lambda cmd, cwd=None: 0)  # the leaderboard build
+    args = ["--recipes", "grpo", "--configs", "cpu", "--skip-trl", "--baseline", str(baseline)]
+    assert nightly.main([*args, "--out", str(tmp_path / "night"), "--accept"]) == 0
+    report = (tmp_path / "night" / "report.md").read_text()
+    assert "**Another machine than the accepted night's**" in report
+    assert "| bench.train_vs_plain_torch | 0.8 | 0.8 | 1 | >= 0.7 | ok | accepted on another machine |" in report
+    assert json.loads(baseline.read_text())["accepted"]["machine"] == EPYC
