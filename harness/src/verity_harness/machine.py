@@ -24,9 +24,11 @@ from __future__ import annotations
 import platform
 import re
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 FAMILIES = ("cpu", "cuda", "rocm", "npu")
 VERSIONED_PACKAGES = (
@@ -77,6 +79,11 @@ def cpu_label(device_name: str) -> str:
     """
     words = re.findall(r"[a-z0-9]+", _CPU_NAME_NOISE.sub(" ", device_name).lower())
     return "-".join(["cpu", *words]) if words else "cpu"
+
+
+def device_text(result: Mapping[str, Any]) -> str:
+    """A result's device in words: ``"AMD EPYC, avx512_bf16"`` (the CPU's ISA where recorded)."""
+    return ", ".join(str(v) for v in (result.get("device_name"), result.get("cpu_isa")) if v)
 
 
 def hardware_label(family: str, device_name: str) -> str:

@@ -28,7 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from verity_harness.expected import Check, check_metrics, find_expectations, format_checks
-from verity_harness.machine import FAMILIES, Machine, detect_machine, git_commit, package_versions
+from verity_harness.machine import (
+    FAMILIES,
+    Machine,
+    detect_machine,
+    device_text,
+    git_commit,
+    package_versions,
+)
 from verity_harness.recipes import DEFAULT_CONFIG, Recipe, find_recipe
 from verity_harness.results import write_result
 from verity_harness.run_metrics import curves, read_jsonl, score_metrics, throughput
@@ -252,8 +259,7 @@ def run_recipe(
 def format_outcome(outcome: RunOutcome) -> str:
     """The report printed after ``verity-harness run``: checks, throughput, where things went."""
     r = outcome.result
-    device = ", ".join(str(v) for v in (r["device_name"], r.get("cpu_isa")) if v)
-    title = f"{r['recipe']} / {r['config']} on {r['hardware']} ({device}), rollout {r['backend']}"
+    title = f"{r['recipe']} / {r['config']} on {r['hardware']} ({device_text(r)}), rollout {r['backend']}"
     lines = []
     if outcome.checks:
         lines.append(format_checks(outcome.checks, title=f"{title} — expected ({r['expected_source']})"))

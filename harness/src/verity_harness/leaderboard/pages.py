@@ -20,6 +20,7 @@ from typing import Any
 
 from verity_harness.leaderboard.collect import by_recipe, latest_per_key, sort_time
 from verity_harness.leaderboard.plots import curves_svg, throughput_svg
+from verity_harness.machine import device_text
 
 STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2rem auto;max-width:1200px;color:#1f2328;padding:0 1rem}
@@ -67,8 +68,7 @@ def _value(run: Mapping[str, Any], key: str) -> Any:
 def _cell(value: Any, kind: str, run: Mapping[str, Any]) -> str:
     """One ``<td>``: the formatted value, with a class for text/verdict colouring."""
     if kind == "hardware":
-        device = ", ".join(str(v) for v in (run.get("device_name"), run.get("cpu_isa")) if v)
-        device = html.escape(device, quote=True)
+        device = html.escape(device_text(run), quote=True)
         return f'<td class="text" title="{device}">{html.escape(str(value))}</td>'
     if kind == "verdict":
         text, cls = {True: ("pass", "pass"), False: ("fail", "fail")}.get(value, ("unchecked", "none"))
