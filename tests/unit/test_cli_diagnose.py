@@ -52,6 +52,9 @@ def test_json_report_names_the_stack_and_the_hardware(capsys):
             "CPU",
         )
         assert hardware["devices"][0]["memory_total_bytes"] > 0
+        from verity.hardware import cpu_matmul_isa
+
+        assert hardware["devices"][0]["matmul_isa"] == cpu_matmul_isa()
 
 
 def test_text_report_has_sections_and_versions(capsys):

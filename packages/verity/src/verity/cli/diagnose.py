@@ -114,7 +114,7 @@ def collect_hardware(probes: Probes | None = None) -> dict[str, Any]:
     """
     import torch
 
-    from verity.hardware import DEFAULT_PROBES, available_backends, get_backend
+    from verity.hardware import DEFAULT_PROBES, available_backends, cpu_matmul_isa, get_backend
 
     probes = probes or DEFAULT_PROBES
     try:
@@ -141,6 +141,8 @@ def collect_hardware(probes: Probes | None = None) -> dict[str, Any]:
                 "name": backend.device_name(),
                 "memory_total_bytes": stats["total"],
                 "peak_bf16_flops": None,
+                # amx_bf16 / avx512_bf16 / avx512f / avx2: how fast bf16 can run here (docs/hardware.md)
+                "matmul_isa": cpu_matmul_isa(),
             }
         )
     else:
