@@ -35,6 +35,9 @@ def test_overrides_reach_nested_fields() -> None:
         (["data.truncation=cut"], "data.truncation"),
         (["data.train_files=[/no/such/file.parquet]"], "/no/such/file.parquet"),
         (["model.path=/no/such/model"], "model.path"),
+        (["reward.inline_builtin=2"], "reward.inline_builtin must be true or false, got 2"),
+        (["trainer.progress=maybe"], "trainer.progress must be true or false, got 'maybe'"),
+        (["reward.inline_builtin=null"], "reward.inline_builtin must be true or false, got None"),
     ],
 )
 def test_bad_config_is_named(overrides: list[str], needle: str) -> None:
@@ -118,3 +121,13 @@ def test_megatron_engine_is_registered_without_values_or_adapters() -> None:
     assert cfg.actor.megatron.tensor_parallel_size == 2
     with pytest.raises(ConfigError, match="cannot train value models"):
         load_config(["critic.engine=megatron", "algorithm.advantage.estimator=gae"])
+
+
+def test_a_bool_key_in_a_config_file_must_hold_a_bool(tmp_path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("defaults:\n  - verity\n  - _self_\ndata:\n  shuffle: 0\n")
+    with pytest.raises(ConfigError, match=r"data.shuffle must be true or false, got 0 \(config file\)"):
+        load_config([], config_file=path)
+    path.write_text("defaults:\n  - verity\n  - _self_\ndata:\n  shuffle: false\ncritic:\n  enabled: null\n")
+    cfg = load_config(["trainer.progress=off"], config_file=path)
+    assert (cfg.data.shuffle, cfg.critic.enabled, cfg.trainer.progress) == (False, None, False)

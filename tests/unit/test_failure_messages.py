@@ -82,6 +82,24 @@ def test_train_refuses_bad_input_with_one_sentence_and_exit_2(inputs, capsys, ca
     assert "checkpoint" not in err  # no misleading resume hint for an input error
 
 
+def test_train_names_a_tracking_store_mlflow_cannot_open(inputs, capsys):
+    code = train_cli.main(train(inputs, "trainer.tracking_uri=nosuchscheme://host/x"))
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert "trainer.tracking_uri='nosuchscheme://host/x': MLflow could not open this tracking store" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="trainer.device=gpu is available on this machine"
+)
+def test_train_names_a_device_this_machine_lacks(inputs, capsys):
+    code = train_cli.main(train(inputs, "trainer.device=gpu"))
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert "trainer.device=gpu: hardware backend 'gpu'" in err and "Traceback" not in err
+
+
 def test_train_refuses_a_reward_function_returning_text(inputs, capsys):
     code = train_cli.main(train(inputs, f"reward.custom_path={inputs / 'reward_text.py'}"))
     err = capsys.readouterr().err

@@ -35,7 +35,9 @@ def test_unknown_engines_fail_at_validation_naming_key_and_known(override, messa
 
 
 def test_critic_engine_is_checked_only_when_there_is_a_critic() -> None:
-    load_config(["critic.engine=nonexistent"])  # no critic in a GRPO run: the key is unused
+    # no critic in a GRPO run: the key would be ignored, so it is rejected as idle, not looked up
+    with pytest.raises(ConfigError, match="critic.engine='nonexistent': this run has no critic"):
+        load_config(["critic.engine=nonexistent"])
     with pytest.raises(ConfigError, match="critic.engine: unknown training engine"):
         load_config(["critic.engine=nonexistent", "algorithm.advantage.estimator=gae"])
 

@@ -77,3 +77,15 @@ def test_a_working_user_function_and_its_kwargs_pass(tmp_path):
 def test_out_of_range_reward_settings_name_the_key():
     with pytest.raises(RewardSetupError, match=r"reward.max_failure_rate"):
         check_rewards({"max_failure_rate": 2.0}, splits(dataset("openai/gsm8k"), dataset("openai/gsm8k")))
+
+
+@pytest.mark.parametrize("key", ["overrides", "timeout_overrides"])
+def test_an_override_for_a_source_the_data_lacks_is_rejected(key):
+    value = {"math/typo": "math_boxed"} if key == "overrides" else {"math/typo": 30.0}
+    data = splits(dataset("openai/gsm8k"), dataset("openai/gsm8k"))
+    with pytest.raises(RewardSetupError) as caught:
+        check_rewards({key: value}, data)
+    message = str(caught.value)
+    assert f"reward.{key}: no row of the data has data_source 'math/typo'" in message
+    assert "sources: ['openai/gsm8k'] (data.train_files, data.val_files)" in message
+    check_rewards({key: {"openai/gsm8k": value["math/typo"]}}, data)  # a source the data has: fine

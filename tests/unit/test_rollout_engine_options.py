@@ -28,8 +28,9 @@ def test_bad_engine_options_fail_before_any_worker_starts():
         load_config(["rollout.engine=vllm", "rollout.vllm.sleep_level=3"])
     with pytest.raises(ConfigError, match=r"rollout\.sglang\.mem_fraction_static"):
         load_config(["rollout.engine=sglang", "rollout.sglang.mem_fraction_static=2.0"])
-    # the section of an engine the run does not use is not checked
-    load_config(["rollout.engine=hf", "rollout.vllm.sleep_level=3"])
+    # a setting in the section of an engine the run does not use is rejected: it would be ignored
+    with pytest.raises(ConfigError, match=r"rollout\.vllm\.sleep_level=3: rollout\.engine=hf"):
+        load_config(["rollout.engine=hf", "rollout.vllm.sleep_level=3"])
     with pytest.raises(ConfigError, match="max_num_seq"):
         load_config(["rollout.vllm.max_num_seq=8"])  # unknown key, with its closest name
 

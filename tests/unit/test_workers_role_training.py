@@ -26,6 +26,7 @@ def _cfg():
             "actor.optim.scheduler=cosine",
             "actor.optim.warmup_steps=2",
             "actor.optim.min_lr_ratio=0.1",
+            "critic.enabled=true",  # a critic beside GRPO's advantages: its own optimizer settings count
             "critic.ppo_mini_batch_size=8",
             "critic.optim.grad_clip=0.5",
             "critic.optim.weight_decay=0.01",

@@ -30,6 +30,7 @@ def run_args(paths: dict[str, str], out: Path, *extra: str) -> list[str]:
         "--config",
         str(CONFIG),
         f"model.path={paths['model']}",
+        "model.embedded_sft_steps=null",  # the config's warm-start of the embedded model: not this one
         f"data.train_files=[{paths['train']}]",
         f"data.val_files=[{paths['test']}]",
         "data.train_batch_size=8",

@@ -30,6 +30,9 @@ class AdvantageEstimatorSpec:
     needs_group: bool = False
     needs_values: bool = False
     needs_baseline_scores: bool = False
+    # the algorithm.advantage keys it reads (gamma, lam, norm_by_std, ...); None: not declared
+    # (a plug-in's estimator), and then no key is rejected as idle for it
+    reads: tuple[str, ...] | None = None
 
 
 def register_advantage_estimator(
@@ -38,11 +41,19 @@ def register_advantage_estimator(
     needs_group: bool = False,
     needs_values: bool = False,
     needs_baseline_scores: bool = False,
+    reads: tuple[str, ...] | None = None,
 ) -> Callable[[Callable[..., tuple[Tensor, Tensor]]], Callable[..., tuple[Tensor, Tensor]]]:
-    """Decorator: register an estimator under ``name`` (and aliases) with its input needs."""
+    """Decorator: register an estimator under ``name`` (and aliases) with its input needs.
+
+    ``reads``: the ``AdvantageConfig`` fields the estimator reads; a run that sets another
+    estimator-specific field (``gamma``, ``lam``, ...) away from its default is then rejected
+    (:mod:`verity.config.idle_settings`). None: not declared, nothing rejected.
+    """
 
     def decorator(fn: Callable[..., tuple[Tensor, Tensor]]) -> Callable[..., tuple[Tensor, Tensor]]:
-        spec = AdvantageEstimatorSpec(fn, needs_group, needs_values, needs_baseline_scores)
+        spec = AdvantageEstimatorSpec(
+            fn, needs_group, needs_values, needs_baseline_scores, None if reads is None else tuple(reads)
+        )
         ADVANTAGE_ESTIMATORS.add(name, spec, *aliases)
         return fn
 

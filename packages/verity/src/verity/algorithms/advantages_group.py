@@ -36,7 +36,7 @@ def _outcome(advantage: Tensor, scores: Tensor, response_mask: Tensor) -> tuple[
     return broadcast_over_tokens(advantage, response_mask), broadcast_over_tokens(scores, response_mask)
 
 
-@register_advantage_estimator("grpo", needs_group=True)
+@register_advantage_estimator("grpo", needs_group=True, reads=("norm_by_std", "eps"))
 def grpo_advantages(
     *, token_rewards: Tensor, response_mask: Tensor, group: Tensor, config: AdvantageConfig, **_: object
 ) -> tuple[Tensor, Tensor]:
@@ -58,7 +58,7 @@ def grpo_advantages(
     return _outcome(advantage, scores, response_mask)
 
 
-@register_advantage_estimator("dr_grpo", "drgrpo", needs_group=True)
+@register_advantage_estimator("dr_grpo", "drgrpo", needs_group=True, reads=())
 def dr_grpo_advantages(
     *, token_rewards: Tensor, response_mask: Tensor, group: Tensor, config: AdvantageConfig, **_: object
 ) -> tuple[Tensor, Tensor]:
@@ -76,7 +76,7 @@ def dr_grpo_advantages(
     return _outcome(advantage, scores, response_mask)
 
 
-@register_advantage_estimator("rloo", needs_group=True)
+@register_advantage_estimator("rloo", needs_group=True, reads=())
 def rloo_advantages(
     *, token_rewards: Tensor, response_mask: Tensor, group: Tensor, config: AdvantageConfig, **_: object
 ) -> tuple[Tensor, Tensor]:
@@ -96,7 +96,11 @@ def rloo_advantages(
 
 
 @register_advantage_estimator(
-    "reinforce_plus_plus_baseline", "reinforce++_baseline", "reinforce++-baseline", needs_group=True
+    "reinforce_plus_plus_baseline",
+    "reinforce++_baseline",
+    "reinforce++-baseline",
+    needs_group=True,
+    reads=("whiten_eps",),
 )
 def reinforce_plus_plus_baseline_advantages(
     *, token_rewards: Tensor, response_mask: Tensor, group: Tensor, config: AdvantageConfig, **_: object
@@ -122,7 +126,7 @@ def reinforce_plus_plus_baseline_advantages(
     )
 
 
-@register_advantage_estimator("remax", needs_baseline_scores=True)
+@register_advantage_estimator("remax", needs_baseline_scores=True, reads=())
 def remax_advantages(
     *, token_rewards: Tensor, response_mask: Tensor, baseline_scores: Tensor, **_: object
 ) -> tuple[Tensor, Tensor]:
@@ -138,7 +142,7 @@ def remax_advantages(
     return _outcome(advantage, scores, response_mask)
 
 
-@register_advantage_estimator("opo", needs_group=True)
+@register_advantage_estimator("opo", needs_group=True, reads=())
 def opo_advantages(
     *, token_rewards: Tensor, response_mask: Tensor, group: Tensor, config: AdvantageConfig, **_: object
 ) -> tuple[Tensor, Tensor]:
@@ -162,7 +166,9 @@ def opo_advantages(
     return _outcome(advantage, scores, response_mask)
 
 
-@register_advantage_estimator("gpg", needs_group=True)
+@register_advantage_estimator(
+    "gpg", needs_group=True, reads=("gpg_norm_by_std", "gpg_alpha_correction", "eps")
+)
 def gpg_advantages(
     *, token_rewards: Tensor, response_mask: Tensor, group: Tensor, config: AdvantageConfig, **_: object
 ) -> tuple[Tensor, Tensor]:
@@ -191,7 +197,7 @@ def gpg_advantages(
     return _outcome(advantage, scores, response_mask)
 
 
-@register_advantage_estimator("grpo_passk", "grpo_pass@k", needs_group=True)
+@register_advantage_estimator("grpo_passk", "grpo_pass@k", needs_group=True, reads=("norm_by_std", "eps"))
 def grpo_passk_advantages(
     *, token_rewards: Tensor, response_mask: Tensor, group: Tensor, config: AdvantageConfig, **_: object
 ) -> tuple[Tensor, Tensor]:

@@ -70,7 +70,7 @@ def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: floa
     return torch.where(keep, returns, torch.zeros_like(returns))
 
 
-@register_advantage_estimator("gae", needs_values=True)
+@register_advantage_estimator("gae", needs_values=True, reads=("gamma", "lam", "gae_whiten", "whiten_eps"))
 def gae_advantages(
     *, token_rewards: Tensor, response_mask: Tensor, values: Tensor, config: AdvantageConfig, **_: object
 ) -> tuple[Tensor, Tensor]:
@@ -87,7 +87,7 @@ def gae_advantages(
     return advantages, returns
 
 
-@register_advantage_estimator("reinforce_plus_plus", "reinforce++")
+@register_advantage_estimator("reinforce_plus_plus", "reinforce++", reads=("gamma", "whiten_eps"))
 def reinforce_plus_plus_advantages(
     *, token_rewards: Tensor, response_mask: Tensor, config: AdvantageConfig, **_: object
 ) -> tuple[Tensor, Tensor]:

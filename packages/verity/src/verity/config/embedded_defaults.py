@@ -31,13 +31,14 @@ EMBEDDED_DEFAULTS: dict[str, Any] = {
 def apply_embedded_defaults(cfg: Any, explicit: set[str]) -> dict[str, Any]:
     """Set each :data:`EMBEDDED_DEFAULTS` key not in ``explicit`` when ``cfg.model.path == "embedded"``.
 
-    Returns the keys set, with their values (empty for a real checkpoint).
+    The ``actor.fsdp2`` keys are left alone when the actor runs another engine (it would not
+    read them). Returns the keys set, with their values (empty for a real checkpoint).
     """
     if cfg.model.path != "embedded":
         return {}
     applied: dict[str, Any] = {}
     for key, value in EMBEDDED_DEFAULTS.items():
-        if key in explicit:
+        if key in explicit or (key.startswith("actor.fsdp2.") and cfg.actor.engine != "fsdp2"):
             continue
         *parents, leaf = key.split(".")
         node = cfg

@@ -16,9 +16,10 @@ import typing
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["UnknownKey", "check_keys", "schema_keys"]
+__all__ = ["UnknownKey", "bool_keys", "check_keys", "non_bool_values", "schema_keys"]
 
 _FREE = "*"  # marks a mapping-typed field: any key below it is allowed
+_BOOL_WORDS = ("true", "false", "yes", "no", "on", "off")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,3 +132,70 @@ def check_keys(
             text = text.lstrip("+")  # "+a.b=1" on an existing key is just "a.b=1"
         composed.append(text)
     return unknown, composed
+
+
+def _bool_type(tp: Any) -> tuple[bool, bool]:
+    """``(is a bool field, may be None)`` for the type hint ``tp``."""
+    if tp is bool:
+        return True, False
+    args = typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    if (origin is typing.Union or str(origin) == "<class 'types.UnionType'>") and set(args) == {bool, type(None)}:
+        return True, True
+    return False, False
+
+
+def bool_keys(cls: type, prefix: str = "") -> dict[str, bool]:
+    """``{dotted key: may be null}`` for every ``bool`` (or ``bool | None``) field of the dataclass ``cls``."""
+    hints = typing.get_type_hints(cls)
+    keys: dict[str, bool] = {}
+    for f in dataclasses.fields(cls):
+        tp = hints.get(f.name, Any)
+        sub = _dataclass_of(tp)
+        if sub is not None:
+            keys.update(bool_keys(sub, f"{prefix}{f.name}."))
+            continue
+        is_bool, nullable = _bool_type(tp)
+        if is_bool:
+            keys[f"{prefix}{f.name}"] = nullable
+    return keys
+
+
+def _nested_items(data: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            yield from _nested_items(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def non_bool_values(cls: type, file_data: Mapping[str, Any] | None, overrides: Sequence[str]) -> list[str]:
+    """One sentence per ``bool`` key given something else (``2``, ``"yes"``) in the file or an override.
+
+    Composing would turn such a value into ``True`` or ``False`` without a word. The words
+    OmegaConf reads unambiguously (``yes``/``no``, ``on``/``off``) are accepted.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    keys = bool_keys(cls)
+
+    def bad(key: str, value: Any) -> bool:
+        if key not in keys or isinstance(value, bool) or (value is None and keys[key]):
+            return False
+        return not (isinstance(value, str) and value.strip().lower() in _BOOL_WORDS)
+
+    def expected(key: str) -> str:
+        return "true, false or null" if keys[key] else "true or false"
+
+    problems = [
+        f"{key} must be {expected(key)}, got {value!r} (config file)"
+        for key, value in _nested_items({k: v for k, v in (file_data or {}).items() if k != "defaults"})
+        if bad(key, value)
+    ]
+    parser = OverridesParser.create()
+    for text in overrides:
+        parsed = parser.parse_overrides([text])[0]
+        key = parsed.key_or_group.lstrip("+~")
+        if not parsed.is_delete() and bad(key, parsed.value()):
+            problems.append(f"{key} must be {expected(key)}, got {parsed.value()!r} (override {text!r})")
+    return problems

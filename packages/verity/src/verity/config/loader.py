@@ -46,7 +46,7 @@ def load_config(overrides: Sequence[str] = (), config_file: str | os.PathLike | 
     :func:`validate_config` checks values. Raises :class:`ConfigError` naming the
     offending key(s) for each failure.
     """
-    from verity.config.keys import check_keys
+    from verity.config.keys import check_keys, non_bool_values
     from verity.config.sections import schema_class
     from verity.plugins import PluginError, load_plugins
 
@@ -61,6 +61,9 @@ def load_config(overrides: Sequence[str] = (), config_file: str | os.PathLike | 
     unknown, overrides = check_keys(schema, file_data, overrides)
     if unknown:
         raise ConfigError(_unknown_keys_message(unknown, file_data, overrides))
+    not_bool = non_bool_values(schema, file_data, overrides)
+    if not_bool:
+        raise ConfigError("; ".join(not_bool))
     _register_schema(schema)
     GlobalHydra.instance().clear()
     try:

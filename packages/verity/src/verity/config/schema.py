@@ -56,12 +56,12 @@ class RolloutConfig:
     n: int = 8  # samples per prompt
     temperature: float = 1.0  # sampling temperature during training (0: greedy)
     top_p: float = 1.0  # nucleus sampling: keep the smallest token set with this total probability
-    top_k: int = 0  # 0: no top-k
+    top_k: int = 0  # 0 (or -1): no top-k
     val_temperature: float = 0.0  # held-out evaluation: 0 greedy, > 0 one sample at this temperature
     # held-out evaluation, k samples per prompt at val_temperature (> 0): val/avg_at_k and val/pass_at_k
     # beside the greedy val/acc; 1: no sampled evaluation (val/acc as val_temperature says)
     val_n: int = 1
-    val_top_p: float | None = None  # nucleus sampling of the k held-out samples; None: top_p
+    val_top_p: float | None = None  # nucleus sampling of held-out answers (val_temperature > 0); None: top_p
     micro_batch_size: int = 256  # rows per generate call inside a worker
     # the dtype the rollout serves the policy in: float32 | bfloat16; null: model.dtype. A bf16 rollout of
     # float32 training weights gets each weight sync rounded to bf16 (docs/rollout-engines.md, "Serving dtype")
@@ -185,7 +185,7 @@ class CheckpointConfig:
 class TrainerConfig:
     total_steps: int = 60  # RL steps (each: train_batch_size prompts x rollout.n samples)
     n_workers: int = 2  # actor data-parallel workers (Ray actors)
-    device: str = "auto"  # auto | cpu | cuda | rocm | npu
+    device: str = "auto"  # auto | cpu | cuda | rocm | npu | gpu (cuda or rocm, whichever is here)
     seed: int = 0  # seeds data order, sampling and initialisation: same seed, same machine, same run
     output_dir: str = "outputs/run"  # summary, metrics, curves, checkpoints and the MLflow store go here
     experiment_name: str = "verity"  # MLflow experiment

@@ -4,7 +4,8 @@ Every check raises :class:`~verity.config.errors.ConfigError` naming the key(s),
 value and what was expected (with the arithmetic, for batch sizes): batch arithmetic,
 value ranges, registry names (engines, estimators, losses), the critic and reward-model
 sections, plug-in sections (their own ``validate()``), files and folders that must
-exist, and the fault-tolerance settings.
+exist, the trainer's settings (:mod:`verity.config.trainer_checks`), and last, keys set
+where this run would not read them (:mod:`verity.config.idle_settings`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from verity.config.errors import ConfigError
+from verity.config.idle_settings import check_idle_settings
 from verity.config.model_checks import check_model_folders
 from verity.config.schema import VerityConfig
+from verity.config.trainer_checks import check_trainer
 from verity.engines.options import ATTN_IMPLEMENTATIONS
 
 PLACEMENTS = ("colocated", "separate")
@@ -142,6 +145,12 @@ def validate_config(cfg: VerityConfig) -> None:
         )
     if not 0.0 < r.top_p <= 1.0:
         raise ConfigError(f"rollout.top_p must be in (0, 1], got {r.top_p}")
+    if r.top_k < -1:
+        raise ConfigError(f"rollout.top_k must be >= 0 (0 or -1: no top-k), got {r.top_k}")
+    if d.val_max_samples == 0 or d.val_max_samples < -1:
+        raise ConfigError(
+            f"data.val_max_samples must be >= 1 or -1 (the whole validation set), got {d.val_max_samples}"
+        )
     if d.truncation not in ("error", "filter", "truncate_left", "truncate_right"):
         raise ConfigError(
             f"data.truncation must be one of error|filter|truncate_left|truncate_right, got {d.truncation!r}"
@@ -165,7 +174,7 @@ def validate_config(cfg: VerityConfig) -> None:
     if cfg.model.tokenizer_path and not Path(cfg.model.tokenizer_path).expanduser().is_dir():
         raise ConfigError(f"model.tokenizer_path {cfg.model.tokenizer_path!r} is not a local folder")
     check_model_folders(cfg)  # config.json readable, model_type known to transformers
-    _validate_fault_tolerance(cfg)
+    check_trainer(cfg)
     for key in ("train_files", "val_files"):
         for f in getattr(d, key):
             if not Path(f).expanduser().is_file():
@@ -178,6 +187,7 @@ def validate_config(cfg: VerityConfig) -> None:
         )
     if cfg.reward.custom_path and not Path(cfg.reward.custom_path).expanduser().is_file():
         raise ConfigError(f"reward.custom_path: file {cfg.reward.custom_path!r} does not exist")
+    check_idle_settings(cfg)  # last: the checks above name a bad value more precisely
 
 
 def _validate_embedded_preset(cfg: VerityConfig) -> None:
@@ -202,27 +212,6 @@ def _validate_embedded_preset(cfg: VerityConfig) -> None:
         SFT_TEACHERS.get(settings.teacher)
     except UnknownNameError as err:
         raise ConfigError(f"model.embedded_preset: {err}") from None
-
-
-def _validate_fault_tolerance(cfg: VerityConfig) -> None:
-    """Checkpoint, resume, stage time-limit and malformed-row settings."""
-    t = cfg.trainer
-    if cfg.data.on_malformed not in ("error", "skip"):
-        raise ConfigError(f"data.on_malformed must be error or skip, got {cfg.data.on_malformed!r}")
-    if t.checkpoint.every < 0:
-        raise ConfigError(
-            f"trainer.checkpoint.every must be >= 0 (0: no periodic checkpoints), got {t.checkpoint.every}"
-        )
-    if t.checkpoint.keep < 0:
-        raise ConfigError(f"trainer.checkpoint.keep must be >= 0 (0: keep all), got {t.checkpoint.keep}")
-    if t.stage_timeout_s < 0:
-        raise ConfigError(f"trainer.stage_timeout_s must be >= 0 (0: no limit), got {t.stage_timeout_s}")
-    if not t.resume:
-        raise ConfigError("trainer.resume must be auto, off or a checkpoint path, got an empty value")
-    if t.resume not in ("auto", "off") and not Path(t.resume).expanduser().exists():
-        raise ConfigError(
-            f"trainer.resume: {t.resume!r} is neither auto, off nor an existing checkpoint path"
-        )
 
 
 def _validate_algorithm_choices(cfg: VerityConfig) -> None:

@@ -2,7 +2,8 @@
 
 A role's config section holds the built-in engines' settings as fields named after
 the engine (``actor.fsdp2.reshard_after_forward``); the engine the role runs
-(``actor.engine``) reads its own and ignores the rest.
+(``actor.engine``) reads its own; a setting changed in another engine's section is
+rejected before the run (:mod:`verity.config.idle_settings`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ raises :class:`RewardSetupError` (``verity train`` exits 2) when
 
 1. a ``reward.*`` value is out of range (e.g. ``reward.max_failure_rate=2``);
 2. a ``data_source`` of the training or validation files has no reward function
-   (the message lists every such source with its row count, and the ways to map it);
+   (the message lists every such source with its row count, and the ways to map it),
+   or ``reward.overrides`` / ``timeout_overrides`` name a source the data does not have;
 3. the user reward function (``reward.custom_path``/``custom_name``) or a reward named
    in ``reward.overrides`` cannot be imported, does not exist, raises, hangs, or
    returns something other than a number (or a dict with ``score``) when called once on
@@ -76,8 +77,19 @@ def check_data_sources(
 ) -> dict[str, str]:
     """``{data_source: spec}`` for every source of ``sources`` (split -> counts of rows per source).
 
-    Raises RewardSetupError listing every source without a reward function, per split.
+    Raises RewardSetupError listing every source without a reward function, per split, and
+    every ``reward.overrides`` / ``reward.timeout_overrides`` entry naming a source no split has
+    (it would change nothing).
     """
+    present = set().union(*(set(counts) for counts in sources.values())) if sources else set()
+    for key, mapping in (("reward.overrides", config.overrides), ("reward.timeout_overrides", config.timeout_overrides)):
+        idle = sorted(set(mapping) - present)
+        if idle:
+            raise RewardSetupError(
+                f"{key}: no row of the data has data_source {', '.join(repr(s) for s in idle)}, so "
+                f"{'this entry' if len(idle) == 1 else 'these entries'} would change nothing; the data's "
+                f"sources: {sorted(present)} ({', '.join(f'data.{split}_files' for split in sources)})"
+            )
     custom = custom_spec_from(config.custom_path, config.custom_name)
     specs: dict[str, str] = {}
     unknown: list[str] = []

@@ -2,8 +2,9 @@
 
 Plain dataclasses (no engine is imported here), so the run config can hold them and
 validate them before any worker starts; the engine the run uses (``rollout.engine``)
-reads its own section and ignores the other. ``validate()`` raises ValueError naming
-the field; the engines call it too.
+reads its own section, and a setting changed in the other one is rejected before the run
+(:mod:`verity.config.idle_settings`). ``validate()`` raises ValueError naming the field;
+the engines call it too.
 """
 
 from __future__ import annotations

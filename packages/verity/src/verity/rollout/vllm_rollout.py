@@ -133,7 +133,9 @@ class VLLMRollout(RolloutEngine):
         self._asleep = False
         self._reaper: OrphanReaper | None = None
         if self.options.enable_sleep_mode and _platform_is_cpu():
-            raise ValueError("enable_sleep_mode: vLLM has no sleep mode on CPU; leave it null or false")
+            raise ValueError(
+                "rollout.vllm.enable_sleep_mode: vLLM has no sleep mode on CPU; leave it null or false"
+            )
         if self.options.runs_in_process:
             _claim_in_process_slot(self)
         try:

@@ -33,16 +33,18 @@ from verity.trainer.stages import Stage, StepContext
 def validation_sampling(cfg: VerityConfig) -> dict[str, Any]:
     """Sampling of the one-response held-out pass (``val/acc``).
 
-    Greedy at ``rollout.val_temperature == 0``, else one sample at it; greedy whenever
+    Greedy at ``rollout.val_temperature == 0``, else one sample at it with
+    ``rollout.val_top_p`` (``rollout.top_p`` when null); greedy whenever
     ``rollout.val_n > 1`` (the ``k`` samples then go to avg@k and pass@k,
     :mod:`verity.trainer.sampled_validation`).
     """
     temperature = cfg.rollout.val_temperature if cfg.rollout.val_n == 1 else 0.0
     sampled = temperature > 0
+    top_p = cfg.rollout.top_p if cfg.rollout.val_top_p is None else cfg.rollout.val_top_p
     return {
         "do_sample": sampled,
         "temperature": temperature if sampled else 0.0,
-        "top_p": cfg.rollout.top_p if sampled else 1.0,
+        "top_p": top_p if sampled else 1.0,
         "top_k": (cfg.rollout.top_k if cfg.rollout.top_k > 0 else -1) if sampled else -1,
         "max_new_tokens": cfg.data.max_response_length,
         "n": 1,

@@ -124,6 +124,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
     from verity.data.prompt_loader import PromptDataLoader
     from verity.data.verl_dataset import PromptDataset
     from verity.hardware import get_backend
+    from verity.hardware.detect import BackendUnavailableError, UnknownBackendError
     from verity.rewards.manager import RewardManager
     from verity.rewards.preflight import check_rewards
     from verity.rollout.agent.tools import prompt_chat_template_kwargs
@@ -174,16 +175,28 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
     )
     val_loader = PromptDataLoader(val_set, d.val_batch_size, shuffle=False, drop_last=False, batch_meta=held)
 
-    backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
-    tracker = open_tracker(
-        cfg,
-        out_dir,
-        plan,
-        experiment=cfg.trainer.experiment_name,
-        tracking_uri=cfg.trainer.tracking_uri,
-        run_name=cfg.trainer.run_name or run_name(cfg.trainer.experiment_name, config_hash(cfg_dict)),
-        tags={"backend": backend.name, "algorithm": cfg.algorithm.advantage.estimator},
-    )
+    try:
+        backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
+    except (BackendUnavailableError, UnknownBackendError) as err:
+        raise ConfigError(f"trainer.device={cfg.trainer.device}: {err}") from None
+    try:
+        tracker = open_tracker(
+            cfg,
+            out_dir,
+            plan,
+            experiment=cfg.trainer.experiment_name,
+            tracking_uri=cfg.trainer.tracking_uri,
+            run_name=cfg.trainer.run_name or run_name(cfg.trainer.experiment_name, config_hash(cfg_dict)),
+            tags={"backend": backend.name, "algorithm": cfg.algorithm.advantage.estimator},
+        )
+    except Exception as err:  # MLflow raises its own MlflowException for a store it cannot open
+        if not cfg.trainer.tracking_uri:
+            raise
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(
+            f"trainer.tracking_uri={cfg.trainer.tracking_uri!r}: MLflow could not open this tracking store "
+            f"({first}); use a sqlite:///path.db, an http(s):// server, or null (a store in the run folder)"
+        ) from err
     tracker.log_params(cfg_dict)
     tracker.log_params(
         {

@@ -1,0 +1,269 @@
+"""Settings this run would not read are rejected, not ignored.
+
+A key set away from its default in a part of the config that the run does not use
+would change nothing — the critic's section in a run without a critic, the vLLM
+options under ``rollout.engine=hf``, a KL coefficient with the KL term off, GAE's
+``lam`` under GRPO. Such a run is usually not the one its author meant, so
+:func:`check_idle_settings` names every such key, what makes it idle and how to make
+it count, before anything is built.
+
+"Default" is the schema's own value (the dataclass default; with ``model.path=embedded``
+also :data:`~verity.config.embedded_defaults.EMBEDDED_DEFAULTS`), so a key left alone or
+set to its default is never an error; only a changed value in an idle part is.
+Each idle part is an :class:`IdlePart` from :func:`idle_parts`: a dotted prefix (a
+section or one key), the reason and the fix. Plug-in estimators say which
+``algorithm.advantage`` keys they read (``register_advantage_estimator(reads=...)``);
+one that does not say is not second-guessed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from verity.config.errors import ConfigError
+
+__all__ = ["IdlePart", "changed_keys", "check_idle_settings", "idle_parts"]
+
+# algorithm.advantage keys that belong to particular estimators (eps / whiten_eps are numerical
+# guards shared by several and read by plug-in stages; they are not checked)
+ESTIMATOR_KEYS = ("gamma", "lam", "gae_whiten", "norm_by_std", "gpg_norm_by_std", "gpg_alpha_correction")
+# actor.policy_loss keys named after the one loss that reads them
+LOSS_PREFIXES = ("gspo", "cispo", "clip_cov", "kl_cov")
+KL_IN_REWARD_KEYS = ("kl_in_reward_kind", "kl_ctrl", "kl_coef", "kl_target", "kl_horizon")
+ADAPTIVE_KL_KEYS = ("kl_target", "kl_horizon")
+KL_LOSS_KEYS = ("kl_loss_kind", "kl_loss_coef")
+
+
+@dataclasses.dataclass(frozen=True)
+class IdlePart:
+    """A part of the config this run does not read: ``prefix`` (a section or a key), why, how to use it."""
+
+    prefix: str
+    reason: str
+    fix: str
+    keep: tuple[str, ...] = ()  # keys under ``prefix`` that the run does read (``critic.enabled``)
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for name in dotted.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
+
+
+def changed_keys(cfg: Any, default: Any, prefix: str) -> list[str]:
+    """Dotted leaf keys under ``prefix`` whose value in ``cfg`` differs from ``default``'s."""
+    value, ref = _get(cfg, prefix), _get(default, prefix)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        keys: list[str] = []
+        for f in dataclasses.fields(value):
+            keys += changed_keys(cfg, default, f"{prefix}.{f.name}")
+        return keys
+    return [] if _same(value, ref) else [prefix]
+
+
+def _engine_sections(role: Any, section: str, registry: Any) -> list[IdlePart]:
+    """The option sections of ``section`` named after a registered engine other than the one it runs."""
+    parts = []
+    for f in dataclasses.fields(role):
+        if f.name != role.engine and f.name in registry:
+            parts.append(
+                IdlePart(
+                    f"{section}.{f.name}",
+                    f"{section}.engine={role.engine}",
+                    f"they apply to {section}.engine={f.name}",
+                )
+            )
+    return parts
+
+
+def _role_parts(cfg: Any) -> list[IdlePart]:
+    from verity.config.derived import needs_critic
+    from verity.engines.registry import TRAINING_ENGINES
+    from verity.rollout.registry import ROLLOUT_ENGINES
+
+    parts = _engine_sections(cfg.actor, "actor", TRAINING_ENGINES)
+    parts += _engine_sections(cfg.rollout, "rollout", ROLLOUT_ENGINES)
+    if needs_critic(cfg):
+        parts += _engine_sections(cfg.critic, "critic", TRAINING_ENGINES)
+    else:
+        estimator = cfg.algorithm.advantage.estimator
+        why = (
+            "critic.enabled=false"
+            if cfg.critic.enabled is False
+            else f"algorithm.advantage.estimator={estimator} reads no values (critic.enabled=null: auto)"
+        )
+        parts.append(
+            IdlePart(
+                "critic",
+                f"this run has no critic: {why}",
+                "set critic.enabled=true to train one, or drop them",
+                keep=("critic.enabled",),
+            )
+        )
+    for section in ("actor", "critic") if needs_critic(cfg) else ("actor",):
+        role = getattr(cfg, section)
+        if role.engine == "fsdp2" and role.fsdp2.sharding == "replicate":
+            parts.append(
+                IdlePart(
+                    f"{section}.fsdp2.reshard_after_forward",
+                    f"{section}.fsdp2.sharding=replicate: every rank keeps whole weights",
+                    f"it applies to {section}.fsdp2.sharding=full",
+                )
+            )
+    if not cfg.reward_model.enabled:
+        parts.append(
+            IdlePart(
+                "reward_model",
+                "reward_model.enabled=false",
+                "set reward_model.enabled=true to score with it, or drop them",
+                keep=("reward_model.enabled",),
+            )
+        )
+    if cfg.trainer.mode != "async":
+        parts.append(
+            IdlePart(
+                "rollout.n_workers",
+                f"trainer.mode={cfg.trainer.mode}: the rollout runs in the actor's workers",
+                "set trainer.mode=async for a rollout worker group of its own",
+            )
+        )
+    if cfg.model.path != "embedded":
+        for key in ("embedded_sft_steps", "embedded_cache_dir"):
+            parts.append(
+                IdlePart(
+                    f"model.{key}",
+                    f"model.path is {cfg.model.path!r}, not embedded",
+                    "it applies to model.path=embedded",
+                )
+            )
+    if cfg.rollout.val_temperature == 0:
+        parts.append(
+            IdlePart(
+                "rollout.val_top_p",
+                "rollout.val_temperature=0: held-out answers are greedy",
+                "set rollout.val_temperature > 0 to sample them",
+            )
+        )
+    return parts
+
+
+def _algorithm_parts(cfg: Any) -> list[IdlePart]:
+    import verity.algorithms  # noqa: F401  (fills the registries)
+    from verity.algorithms.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
+
+    parts: list[IdlePart] = []
+    kl = cfg.algorithm.kl
+    if not kl.use_kl_in_reward:
+        for key in KL_IN_REWARD_KEYS:
+            parts.append(
+                IdlePart(
+                    f"algorithm.kl.{key}",
+                    "algorithm.kl.use_kl_in_reward=false",
+                    "set algorithm.kl.use_kl_in_reward=true",
+                )
+            )
+    elif kl.kl_ctrl != "adaptive":
+        for key in ADAPTIVE_KL_KEYS:
+            parts.append(
+                IdlePart(
+                    f"algorithm.kl.{key}",
+                    f"algorithm.kl.kl_ctrl={kl.kl_ctrl}",
+                    "they steer algorithm.kl.kl_ctrl=adaptive",
+                )
+            )
+    if not kl.use_kl_loss:
+        for key in KL_LOSS_KEYS:
+            parts.append(
+                IdlePart(
+                    f"algorithm.kl.{key}", "algorithm.kl.use_kl_loss=false", "set algorithm.kl.use_kl_loss=true"
+                )
+            )
+    if not (kl.use_kl_loss or kl.use_kl_in_reward):
+        parts.append(
+            IdlePart(
+                "algorithm.kl.kl_clamp",
+                "no KL term (algorithm.kl.use_kl_loss and use_kl_in_reward are false)",
+                "turn one of them on",
+            )
+        )
+    name = cfg.actor.policy_loss.name
+    if name in POLICY_LOSSES:
+        loss = POLICY_LOSSES.canonical(name)
+        for prefix in LOSS_PREFIXES:
+            if prefix == loss:
+                continue
+            for f in dataclasses.fields(cfg.actor.policy_loss):
+                if f.name.startswith(prefix + "_"):
+                    parts.append(
+                        IdlePart(
+                            f"actor.policy_loss.{f.name}",
+                            f"actor.policy_loss.name={name}",
+                            f"it applies to actor.policy_loss.name={prefix}",
+                        )
+                    )
+    estimator = cfg.algorithm.advantage.estimator
+    if estimator in ADVANTAGE_ESTIMATORS:
+        reads = ADVANTAGE_ESTIMATORS.get(estimator).reads
+        if reads is not None:
+            for key in ESTIMATOR_KEYS:
+                if key not in reads:
+                    parts.append(
+                        IdlePart(
+                            f"algorithm.advantage.{key}",
+                            f"algorithm.advantage.estimator={estimator} does not read it",
+                            _estimators_fix(key),
+                        )
+                    )
+    return parts
+
+
+def _estimators_fix(key: str) -> str:
+    readers = estimators_reading(key)
+    if not readers:
+        return "no registered estimator reads it"
+    return "it applies to algorithm.advantage.estimator=" + "|".join(readers)
+
+
+def estimators_reading(key: str) -> list[str]:
+    """Registered estimators (canonical names) that declare reading ``algorithm.advantage.<key>``."""
+    from verity.algorithms.registry import ADVANTAGE_ESTIMATORS
+
+    return [n for n, spec in ADVANTAGE_ESTIMATORS.items() if spec.reads is not None and key in spec.reads]
+
+
+def idle_parts(cfg: Any) -> list[IdlePart]:
+    """Every part of ``cfg`` that this run does not read, with the reason and the fix."""
+    return _role_parts(cfg) + _algorithm_parts(cfg)
+
+
+def check_idle_settings(cfg: Any) -> None:
+    """Raise :class:`ConfigError` listing every key set away from its default where the run does not read it."""
+    default = type(cfg)()
+    if cfg.model.path == "embedded":  # the embedded model's own defaults count as defaults too
+        from verity.config.embedded_defaults import apply_embedded_defaults
+
+        default.actor.engine = cfg.actor.engine  # they set actor.fsdp2 keys only for the fsdp2 engine
+        apply_embedded_defaults(default, set())
+    lines = []
+    for part in idle_parts(cfg):
+        keys = [
+            key
+            for key in changed_keys(cfg, default, part.prefix)
+            if not any(key == k or key.startswith(k + ".") for k in part.keep)
+        ]
+        if keys:
+            values = ", ".join(f"{key}={_get(cfg, key)!r}" for key in keys)
+            lines.append(f"  {values}: {part.reason}; {part.fix}")
+    if lines:
+        raise ConfigError(
+            "these settings would have no effect in this run (a key is used or rejected, never ignored):\n"
+            + "\n".join(lines)
+        )
