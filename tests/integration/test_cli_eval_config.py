@@ -119,3 +119,22 @@ def test_help_lists_only_commands_that_exist(capsys) -> None:
     for name in COMMANDS:
         assert name in listed
         assert callable(importlib.import_module(f"verity.cli.{name}").main)
+
+
+def test_eval_of_a_run_folder_takes_its_checkpoint_not_its_run_config(model_and_file, tmp_path, monkeypatch):
+    """A run folder holds the run's own config.json; it is not an HF model folder."""
+    from verity.cli import eval as eval_cli
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"trainer": {"total_steps": 3}, "actor": {}}))
+    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+        eval_cli._resolve_model(str(run), "actor", tmp_path / "scratch")
+    exported = []
+    monkeypatch.setattr("verity.checkpoint.export.find_checkpoint", lambda path: run / "checkpoints" / "step_3")
+    monkeypatch.setattr(
+        "verity.checkpoint.export.export_hf", lambda ckpt, out, role: exported.append((ckpt, role)) or out
+    )
+    folder, _, _ = eval_cli._resolve_model(str(run), "actor", tmp_path / "scratch")
+    assert exported == [(run / "checkpoints" / "step_3", "actor")] and folder == str(tmp_path / "scratch" / "hf")
+    assert eval_cli._resolve_model(model_and_file["model"], "actor", tmp_path)[0] == model_and_file["model"]

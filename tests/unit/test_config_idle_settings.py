@@ -168,7 +168,7 @@ TRAINER = [
     (["trainer.device=cpu", "rollout.engine=sglang"], "rollout.engine=sglang runs on CUDA devices only"),
     (
         ["trainer.device=cpu", "rollout.engine=vllm", "rollout.vllm.enable_sleep_mode=true"],
-        "rollout.vllm.enable_sleep_mode=true with trainer.device=cpu",
+        "rollout.vllm.enable_sleep_mode=true on the CPU (trainer.device=cpu)",
     ),
 ]
 
@@ -193,3 +193,48 @@ def test_the_held_out_pass_samples_with_val_top_p() -> None:
     assert validation_sampling(cfg)["top_p"] == 0.9
     cfg = load_config(["rollout.top_p=0.9"])  # greedy
     assert validation_sampling(cfg)["top_p"] == 1.0
+
+
+def test_an_output_folder_that_cannot_be_made_is_named(tmp_path) -> None:
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    cases = [
+        ([f"trainer.output_dir={a_file}"], "trainer.output_dir", "exists and is not a folder"),
+        ([f"trainer.output_dir={a_file}/run"], "trainer.output_dir", "is a file, not a folder"),
+        ([f"trainer.checkpoint.dir={a_file}"], "trainer.checkpoint.dir", "exists and is not a folder"),
+    ]
+    for overrides, key, words in cases:
+        with pytest.raises(ConfigError) as err:
+            load_config(overrides)
+        assert key in str(err.value) and words in str(err.value)
+    load_config([f"trainer.output_dir={tmp_path}/new/run"])  # a folder to be made: fine
+
+
+def test_claiming_an_output_folder_that_cannot_be_made_is_a_config_error(tmp_path) -> None:
+    import os
+
+    from verity.trainer.run_dir import claim_output_dir
+
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o500)
+    # root writes through permissions, but nothing makes a folder in /proc
+    target = Path("/proc/verity-no-such-dir") if os.geteuid() == 0 else read_only / "run"
+    try:
+        with pytest.raises(ConfigError, match="trainer.output_dir .* cannot be created"):
+            with claim_output_dir(target):
+                pass
+    finally:
+        read_only.chmod(0o700)
+
+
+def test_sglang_on_a_machine_without_an_accelerator_is_refused_with_device_auto(monkeypatch) -> None:
+    import verity.config.trainer_checks as checks
+
+    monkeypatch.setattr(checks, "_local_device_is_cpu", lambda: True)
+    with pytest.raises(ConfigError, match=r"this run's device is the CPU \(trainer.device=auto\)"):
+        load_config(["rollout.engine=sglang"])
+    # on a Ray cluster the workers find their own device: not judged from the driver's machine
+    load_config(["rollout.engine=sglang", "trainer.ray_address=auto"])
+    monkeypatch.setattr(checks, "_local_device_is_cpu", lambda: False)
+    load_config(["rollout.engine=sglang"])

@@ -118,8 +118,18 @@ def test_config_file_naming_a_missing_plugin_package_says_which(tmp_path) -> Non
 def test_a_section_without_plugin_or_requirement_is_an_unknown_section(tmp_path) -> None:
     path = tmp_path / "recipe.yaml"
     path.write_text("defaults: [verity, _self_]\nabsent: {x: 1}\n")
-    with pytest.raises(ConfigError, match="section\\(s\\) absent come from no installed plug-in"):
+    with pytest.raises(ConfigError, match="section\\(s\\) absent: no such section in verity or in an installed plug-in"):
         load_config([], config_file=path)
+
+
+def test_a_misspelled_key_of_a_core_section_gets_no_plugin_hint(tmp_path) -> None:
+    path = tmp_path / "typo.yaml"
+    path.write_text("defaults: [verity, _self_]\nactor: {optim: {lrr: 1.0e-5}}\ntrainer: {total_stepz: 3}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(["rollout.nn=2"], config_file=path)
+    message = str(err.value)
+    assert "actor.optim.lrr [config file] (did you mean actor.optim.lr?)" in message
+    assert "plug-in" not in message
 
 
 def test_plugins_from_the_environment_load_and_a_broken_one_is_named(tmp_path, monkeypatch) -> None:

@@ -58,6 +58,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _is_hf_model_folder(path: Path) -> bool:
+    """An HF model folder: a ``config.json`` naming a ``model_type`` (a run folder's config.json is the run's)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "model_type" in config
+
+
 def _resolve_model(
     model: str, role: str, scratch: Path, preset: str = "default"
 ) -> tuple[str, list[str], int]:
@@ -75,7 +84,7 @@ def _resolve_model(
     if preset != "default":
         raise ValueError(f"--preset {preset!r} applies only to MODEL=embedded")
     path = Path(model).expanduser()
-    if (path / "config.json").is_file():
+    if _is_hf_model_folder(path):
         return str(path), [], 1024
     if not path.exists():
         raise FileNotFoundError(f"{model!r}: no such model folder or checkpoint")

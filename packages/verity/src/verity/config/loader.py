@@ -60,7 +60,7 @@ def load_config(overrides: Sequence[str] = (), config_file: str | os.PathLike | 
     _check_required_plugins(file_data, overrides, path)
     unknown, overrides = check_keys(schema, file_data, overrides)
     if unknown:
-        raise ConfigError(_unknown_keys_message(unknown, file_data, overrides))
+        raise ConfigError(_unknown_keys_message(unknown, file_data, schema))
     not_bool = non_bool_values(schema, file_data, overrides)
     if not_bool:
         raise ConfigError("; ".join(not_bool))
@@ -198,22 +198,23 @@ def _check_required_plugins(file_data: dict, overrides: Sequence[str], path: Pat
         )
 
 
-def _unknown_keys_message(unknown: list, file_data: dict, overrides: Sequence[str]) -> str:
-    from verity.config.sections import CONFIG_SECTIONS
+def _unknown_keys_message(unknown: list, file_data: dict, schema: type) -> str:
+    """The unknown keys, and for a whole unknown top-level section of the file, where plug-in sections come from."""
+    import dataclasses
+
     from verity.plugins import loaded_plugins
 
     lines = [f"{len(unknown)} unknown config key(s):"]
     lines += [f"  {u.describe()}" for u in unknown]
+    known_top = {f.name for f in dataclasses.fields(schema)}
     top = {u.key.split(".")[0] for u in unknown}
-    sections = [
-        t for t in top if "." not in t and t not in CONFIG_SECTIONS and isinstance(file_data.get(t), dict)
-    ]
+    sections = [t for t in top if t not in known_top and isinstance(file_data.get(t), dict)]
     if sections:
         loaded = ", ".join(p.name for p in loaded_plugins()) or "none"
         lines.append(
-            f"section(s) {', '.join(sorted(sections))} come from no installed plug-in (plug-ins loaded: {loaded}); "
-            "a recipe's section needs its package installed (pip install -e recipes/<name>) and listed under "
-            "'plugins:' in the config"
+            f"section(s) {', '.join(sorted(sections))}: no such section in verity or in an installed plug-in "
+            f"(plug-ins loaded: {loaded}); a recipe's section needs its package installed "
+            "(pip install -e recipes/<name>) and listed under 'plugins:' in the config"
         )
     return "\n".join(lines)
 

@@ -1,14 +1,16 @@
 """Checks of the ``trainer`` section, and of what ``trainer.device`` rules out, before any compute.
 
 Each raises :class:`~verity.config.errors.ConfigError` naming the key, the value and
-what was expected: intervals and counts, CPUs per worker, the device name, checkpoint
-and resume settings, and the rollout settings that cannot run on an explicit
-``trainer.device=cpu`` (with ``auto`` the workers find their device, and the engine
-raises the same sentence when it builds).
+what was expected: intervals and counts, CPUs per worker, the device name, the output
+and checkpoint folders (a file in the way, no write permission), checkpoint and resume settings, and the rollout settings that cannot run on
+the CPU: with ``trainer.device=cpu``, or ``auto`` on a machine without an accelerator
+and a private Ray cluster (``trainer.ray_address`` null). On a cluster the workers find
+their device, and the engine raises the same sentence when it builds.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from verity.config.errors import ConfigError
@@ -37,21 +39,47 @@ def check_trainer(cfg: VerityConfig) -> None:
     if device not in DEVICE_NAMES:
         raise ConfigError(f"trainer.device must be one of {'|'.join(DEVICE_NAMES)}, got {t.device!r}")
     _check_fault_tolerance(cfg)
-    if device == "cpu":
+    _check_folder("trainer.output_dir", t.output_dir)
+    if t.checkpoint.dir:
+        _check_folder("trainer.checkpoint.dir", t.checkpoint.dir)
+    if device == "cpu" or (device == "auto" and not t.ray_address and _local_device_is_cpu()):
         _check_cpu_rollout(cfg)
+
+
+def _local_device_is_cpu() -> bool:
+    """Whether ``trainer.device=auto`` on this machine's private Ray cluster resolves to the CPU."""
+    from verity.hardware import detect_backend
+
+    return detect_backend().name == "cpu"
+
+
+def _check_folder(key: str, value: str) -> None:
+    """``value`` is a folder, or one that can be made: no file on its path, write access where it starts."""
+    path = Path(value).expanduser().absolute()
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"{key} {value!r} exists and is not a folder; give a folder's path")
+        return
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{key} {value!r} cannot be created: {str(parent)!r} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key} {value!r} cannot be created: no write permission in {str(parent)!r}")
 
 
 def _check_cpu_rollout(cfg: VerityConfig) -> None:
     r = cfg.rollout
     if r.engine == "sglang":
         raise ConfigError(
-            "rollout.engine=sglang runs on CUDA devices only and trainer.device=cpu; use rollout.engine=hf "
-            "or vllm on a CPU"
+            f"rollout.engine=sglang runs on CUDA devices only, and this run's device is the CPU "
+            f"(trainer.device={cfg.trainer.device}); use rollout.engine=hf or vllm on a CPU"
         )
     if r.engine == "vllm" and r.vllm.enable_sleep_mode:
         raise ConfigError(
-            "rollout.vllm.enable_sleep_mode=true with trainer.device=cpu: vLLM has no sleep mode on CPU; "
-            "leave it null or false"
+            f"rollout.vllm.enable_sleep_mode=true on the CPU (trainer.device={cfg.trainer.device}): vLLM has "
+            "no sleep mode on CPU; leave it null or false"
         )
 
 

@@ -53,7 +53,12 @@ def claim_output_dir(out_dir: Path) -> Iterator[Path]:
     """Hold the output folder's lock while the block runs; :class:`OutputDirBusyError` if another run has it."""
     import fcntl
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # what the config check cannot see ahead (/proc, a read-only mount)
+        from verity.config.errors import ConfigError
+
+        raise ConfigError(f"trainer.output_dir {str(out_dir)!r} cannot be created: {err.strerror or err}") from None
     path = out_dir / LOCK_FILE
     handle = open(path, "a+")  # noqa: SIM115 - held open for the whole run
     try:
