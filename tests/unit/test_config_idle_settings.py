@@ -221,9 +221,8 @@ def test_claiming_an_output_folder_that_cannot_be_made_is_a_config_error(tmp_pat
     # root writes through permissions, but nothing makes a folder in /proc
     target = Path("/proc/verity-no-such-dir") if os.geteuid() == 0 else read_only / "run"
     try:
-        with pytest.raises(ConfigError, match="trainer.output_dir .* cannot be created"):
-            with claim_output_dir(target):
-                pass
+        with pytest.raises(ConfigError, match="trainer.output_dir .* cannot be created"), claim_output_dir(target):
+            pass
     finally:
         read_only.chmod(0o700)
 
