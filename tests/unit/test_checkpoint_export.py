@@ -145,3 +145,24 @@ def test_export_names_what_is_missing(model_dir, tmp_path):
         export_hf(tmp_path / "c", tmp_path / "out", role="critic")
     with pytest.raises(ValueError, match="dtype"):
         export_hf(tmp_path / "c", tmp_path / "out", dtype="int8")
+
+
+def test_a_critic_exports_as_the_value_model_it_trained_as(model_dir, tmp_path):
+    from transformers import AutoModelForTokenClassification
+    from verity.workers.critic import load_value_model
+
+    critic = FSDP2Engine(load_value_model(str(model_dir)), OptimConfig(lr=1e-2))
+    with torch.no_grad():
+        critic.model.score.weight.normal_()  # a head that is not the zero it starts as
+        critic.model.score.bias.fill_(0.5)
+    actor = new_engine(model_dir)
+    groups = {"actor": OneRankGroup(actor), "critic": OneRankGroup(critic)}
+    CheckpointManager(tmp_path / "ckpt", 1, groups, str(model_dir)).save(1, state_at(1))
+    out = export_hf(tmp_path / "ckpt", tmp_path / "critic", role="critic")
+    exported = AutoModelForTokenClassification.from_pretrained(out).eval()
+    assert exported.config.num_labels == 1
+    for name, tensor in critic.model.state_dict().items():
+        assert torch.equal(exported.state_dict()[name], tensor), name
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        assert torch.equal(exported(input_ids=ids).logits, critic.model.eval()(input_ids=ids).logits)

@@ -99,7 +99,8 @@ def export_hf(
         checkpoint: a ``step_N`` folder, a checkpoint folder or a run output folder
             (see :func:`find_checkpoint`).
         out_dir: the folder to write (created; existing files are overwritten).
-        role: the trained role to export (``actor``; a critic has no LM head).
+        role: the trained role to export: ``actor`` (a causal LM), ``critic`` (a value model:
+            ``AutoModelForTokenClassification`` with ``num_labels=1``), a plug-in's role.
         dtype: ``float32`` | ``bfloat16`` | ``float16``; default: as saved.
         adapter: a LoRA checkpoint only: write the adapter as a ``peft`` folder instead of
             the merged model (:mod:`verity.checkpoint.export_lora`).
@@ -158,14 +159,22 @@ def export_hf(
 
 
 def _full_model(role_dir: Path, weights: dict[str, torch.Tensor], config: Any) -> Any:
-    """An HF causal LM (or Qwen2-VL-family vision-language model) of ``config`` holding ``weights``
-    (every tensor of the model, tied ones once)."""
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    """An HF model of ``config`` holding ``weights`` (every tensor of the model, tied ones once).
+
+    A causal LM, a Qwen2-VL-family vision-language model, or — for a critic, whose weights
+    end in a scalar ``score`` head — the ``*ForTokenClassification`` value model
+    (``num_labels=1``) it trained as (:mod:`verity.workers.critic`).
+    """
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForTokenClassification
 
     from verity.data.multimodal import VISION_LANGUAGE_MODEL_TYPES
 
     vision = getattr(config, "model_type", None) in VISION_LANGUAGE_MODEL_TYPES
-    model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(config)
+    if "score.weight" in weights and weights["score.weight"].shape[0] == 1:
+        config.num_labels, config.classifier_dropout = 1, 0.0  # as verity.workers.critic builds it
+        model = AutoModelForTokenClassification.from_config(config)
+    else:
+        model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(config)
     expected = set(model.state_dict())
     tied = {name for name in expected - set(weights) if _is_tied(model, name)}
     missing = sorted(expected - set(weights) - tied)
