@@ -161,7 +161,10 @@ def test_driver_killed_between_steps_and_during_a_save_resumes_exactly(paths, un
     assert third.returncode == 0, third.stderr[-3000:]
     assert "removed an unfinished checkpoint" in third.stderr
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_2", "step_4"]
-    assert json.loads((out / "summary.json").read_text())["run_id"] == run_id
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["run_id"] == run_id and summary["resumed_from_step"] == 2
+    assert f"resumed from step 2: steps 3-{STEPS} ran now" in third.stdout
+    assert json.loads((uninterrupted / "summary.json").read_text())["resumed_from_step"] is None
     assert_same_run(out, uninterrupted)
 
 

@@ -63,3 +63,17 @@ def test_quickstart_table_says_which_evaluation_did_not_run():
     assert "not run" in table and "90.0%" in table and "pts" not in table
     table = format_table({**summary, "accuracy_before": 0.5})
     assert "50.0%" in table and "+40.0 pts" in table
+
+
+def test_a_resumed_run_says_so_and_a_complete_one_says_nothing_ran() -> None:
+    from types import SimpleNamespace
+
+    from verity.cli.train import resumed_line
+
+    cfg = SimpleNamespace(trainer=SimpleNamespace(total_steps=10, output_dir="outputs/q"))
+    assert resumed_line({"resumed_from_step": None}, cfg) is None
+    assert resumed_line({}, cfg) is None
+    assert resumed_line({"resumed_from_step": 4}, cfg) == "resumed from step 4: steps 5-10 ran now"
+    line = resumed_line({"resumed_from_step": 10}, cfg)
+    assert "outputs/q was already complete (step 10 of 10): no step ran now" in line
+    assert "trainer.resume=off starts over" in line

@@ -95,3 +95,13 @@ def test_config_keys() -> None:
     # async is never on-policy: the update cannot stand in for the behaviour log-probs
     assert old_logprobs_source(load_config(["trainer.mode=async"])) == "recompute"
     assert old_logprobs_source(load_config([])) == "policy"
+
+
+def test_resuming_an_async_run_from_its_final_checkpoint_warns_that_one_step_is_on_policy(tmp_path, caplog):
+    from verity.trainer.async_rollout import AsyncRollout
+
+    rollout = AsyncRollout(cfg=None, group=None)
+    with caplog.at_level("WARNING", logger="verity.trainer.async_rollout"):
+        assert rollout.load_checkpoint(str(tmp_path)) == [{"in_flight_step": None}]
+    assert "holds no batch in flight" in caplog.text and "on-policy" in caplog.text
+    assert rollout.pending_step is None

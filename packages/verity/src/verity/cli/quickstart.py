@@ -50,13 +50,16 @@ def _main(argv: list[str]) -> int:
     except ConfigError as err:
         print(f"verity quickstart: {err}", file=sys.stderr)
         return 2
-    from verity.cli.train import execute
+    from verity.cli.train import execute, resumed_line
 
     code, summary = execute(cfg, "verity quickstart", argv)
     if summary is None:
         return code
     out = cfg.trainer.output_dir
     print()
+    resumed = resumed_line(summary, cfg)
+    if resumed:
+        print(f"verity quickstart: {resumed}\n")
     print(format_table(summary))
     print(f"\noutputs: {out}/summary.json  {out}/curves.png  {out}/metrics.jsonl")
     print(

@@ -90,6 +90,21 @@ def execute(cfg: Any, prog: str, argv: list[str] | None = None) -> tuple[int, di
         return 1, None
 
 
+def resumed_line(summary: dict[str, Any], cfg: Any) -> str | None:
+    """A sentence when this invocation continued a checkpoint (None for a fresh run)."""
+    step = summary.get("resumed_from_step")
+    if step is None:
+        return None
+    total = cfg.trainer.total_steps
+    if step >= total:
+        return (
+            f"the run in {cfg.trainer.output_dir} was already complete (step {step} of {total}): no step ran "
+            "now, the results below are its own (trainer.resume=off starts over, a larger "
+            "trainer.total_steps continues it)"
+        )
+    return f"resumed from step {step}: steps {step + 1}-{total} ran now"
+
+
 def stop_at_once_on_ctrl_c(main: Any, argv: list[str], prog: str) -> int:
     """``main(argv)``, with a second Ctrl-C (a ``KeyboardInterrupt``) reported in one line, exit 130."""
     try:
@@ -123,6 +138,9 @@ def _main(argv: list[str]) -> int:
     code, summary = execute(cfg, "verity train", argv)
     if summary is None:
         return code
+    resumed = resumed_line(summary, cfg)
+    if resumed:
+        print(f"verity train: {resumed}")
     print(
         f"summary: {cfg.trainer.output_dir}/summary.json (accuracy {summary.get('accuracy_before')} -> "
         f"{summary.get('accuracy_after')})"

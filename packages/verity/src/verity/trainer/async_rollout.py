@@ -25,6 +25,8 @@ generating anything, as the uninterrupted run's had after the same step.
 
 from __future__ import annotations
 
+import logging
+
 import time
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,8 @@ from verity.workers.registry import RoleDef, register_role
 from verity.workers.rollout_worker import RolloutWorker
 
 __all__ = ["AsyncRollout", "generate_ahead", "plan_async", "rollout_sync"]
+
+logger = logging.getLogger(__name__)
 
 IN_FLIGHT_FILE = "in_flight.pt"
 
@@ -138,6 +142,13 @@ class AsyncRollout:
         self._pending = None
         self.version = None
         if not file.is_file():
+            logger.warning(
+                "%s holds no batch in flight (the run had finished there): the next step's batch is "
+                "generated now by the restored policy, so that one step trains on-policy "
+                "(async/staleness_mean 0), where a run that never stopped would train a one-step-stale "
+                "batch; from the step after, it is one step stale again",
+                path,
+            )
             return [{"in_flight_step": None}]
         saved = torch.load(file, weights_only=False)
         self._pending = (int(saved["step"]), int(saved["version"]), saved["batch"])

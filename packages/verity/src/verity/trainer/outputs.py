@@ -5,8 +5,9 @@
   also ``avg_at_k_before``/``avg_at_k_after``, ``pass_at_k_before``/``pass_at_k_after``
   and ``val_k`` (the sampled evaluation, :mod:`verity.trainer.sampled_validation`), ``steps``, ``wall_seconds``,
   the config hash, the MLflow run id, ``ran`` (the engines the workers reported
-  running: ``{"actor": "fsdp2", "rollout": "hf", "device": "cpu", ...}``) and
-  ``stage_plan``;
+  running: ``{"actor": "fsdp2", "rollout": "hf", "device": "cpu", ...}``),
+  ``stage_plan`` and ``resumed_from_step`` (the checkpoint's step this invocation
+  continued from; null for a fresh run);
 - ``metrics.jsonl``: one JSON object of metrics per step;
 - ``validation.jsonl``: one JSON object per evaluation;
 - ``curves.png``: training reward and accuracy per step, held-out accuracy.

@@ -273,7 +273,11 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
             cfg_dict,
             config_hash(cfg_dict),
             tracker,
-            extra={"ran": {**ran, "device": backend.name}, "stage_plan": plan_text.split(" -> ")},
+            extra={
+                "ran": {**ran, "device": backend.name},
+                "stage_plan": plan_text.split(" -> "),
+                "resumed_from_step": plan.state.step if plan.state is not None else None,
+            },
         )
         status = "FINISHED"
         return summary
