@@ -165,7 +165,11 @@ def _full_model(role_dir: Path, weights: dict[str, torch.Tensor], config: Any) -
     end in a scalar ``score`` head — the ``*ForTokenClassification`` value model
     (``num_labels=1``) it trained as (:mod:`verity.workers.critic`).
     """
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForTokenClassification
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForTokenClassification,
+    )
 
     from verity.data.multimodal import VISION_LANGUAGE_MODEL_TYPES
 

@@ -26,7 +26,6 @@ generating anything, as the uninterrupted run's had after the same step.
 from __future__ import annotations
 
 import logging
-
 import time
 from pathlib import Path
 from typing import Any
