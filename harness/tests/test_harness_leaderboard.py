@@ -156,3 +156,18 @@ def test_cpu_runs_are_told_apart_by_processor_and_old_cpu_labels_join_theirs(
     gpu = run(4, hardware="h100", family="cuda", device_name="NVIDIA H100 80GB HBM3", cpu_isa=None)
     write_result(tmp_path, gpu)
     assert "h100/hf" in {r["label"] for r in collect_runs(tmp_path)}
+
+
+def test_the_footer_names_the_sources_read_and_a_missing_results_folder_is_refused(
+    tmp_path: Path, result_factory, capsys
+) -> None:
+    from verity_harness.cli import main
+
+    _write_runs(tmp_path / "results", result_factory)
+    page = build_leaderboard(tmp_path / "results", tmp_path / "board", generated="test")[0].read_text()
+    assert f"from the result files in <code>{tmp_path / 'results'}</code>.</p>" in page and "MLflow" not in page
+    uri = "sqlite:///" + str(tmp_path / "m.db")
+    page = build_leaderboard(tmp_path / "results", tmp_path / "b2", [uri], generated="test")[0].read_text()
+    assert f"and the MLflow runs in <code>{uri}</code>" in page
+    code = main(["leaderboard", "--results-dir", str(tmp_path / "nope"), "--out", str(tmp_path / "b3"), "--no-mlflow"])
+    assert code == 2 and "--results-dir" in capsys.readouterr().err and not (tmp_path / "b3").exists()

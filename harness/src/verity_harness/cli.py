@@ -139,6 +139,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_leaderboard(args: argparse.Namespace) -> int:
     from verity_harness.leaderboard import build_leaderboard
 
+    if not Path(args.results_dir).is_dir():
+        print(
+            f"verity-harness leaderboard: --results-dir {args.results_dir}: no such folder "
+            "(the committed result files are in leaderboards/results)",
+            file=sys.stderr,
+        )
+        return 2
     uris = [] if args.no_mlflow else (args.tracking_uri or _default_store())
     paths = build_leaderboard(args.results_dir, args.out, uris)
     for path in paths:

@@ -141,13 +141,16 @@ def recipe_plots(recipe: str, latest: Sequence[Mapping[str, Any]]) -> str:
     return '<div class="plots">' + "".join(f for f in figures if f) + "</div>"
 
 
-def _page(title: str, body: str, generated: str) -> str:
+DEFAULT_SOURCES = "the result files in <code>leaderboards/results</code>"
+
+
+def _page(title: str, body: str, generated: str, sources: str = DEFAULT_SOURCES) -> str:
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
         f'{body}<p class="meta">Generated {html.escape(generated)} by <code>verity-harness leaderboard</code> '
-        "from the result files in <code>leaderboards/results</code> and the harness's MLflow runs.</p>"
+        f"from {sources}.</p>"
         "</body></html>\n"
     )
 
@@ -167,7 +170,7 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def index_page(runs: Sequence[Mapping[str, Any]], generated: str) -> str:
+def index_page(runs: Sequence[Mapping[str, Any]], generated: str, sources: str = DEFAULT_SOURCES) -> str:
     """The overview: one section per recipe with its latest runs and plots."""
     grouped = by_recipe(runs)
     intro = (
@@ -182,10 +185,12 @@ def index_page(runs: Sequence[Mapping[str, Any]], generated: str) -> str:
     sections = "".join(recipe_section(name, rs, link=True) for name, rs in grouped.items())
     if not grouped:
         sections = '<p id="empty">No runs yet: run <code>verity-harness run RECIPE</code>.</p>'
-    return _page("verity leaderboards", intro + sections, generated)
+    return _page("verity leaderboards", intro + sections, generated, sources)
 
 
-def recipe_page(recipe: str, runs: Sequence[Mapping[str, Any]], generated: str) -> str:
+def recipe_page(
+    recipe: str, runs: Sequence[Mapping[str, Any]], generated: str, sources: str = DEFAULT_SOURCES
+) -> str:
     """One recipe: latest runs side by side, plots, and the full history."""
     history = sorted(runs, key=sort_time, reverse=True)
     body = (
@@ -194,16 +199,21 @@ def recipe_page(recipe: str, runs: Sequence[Mapping[str, Any]], generated: str) 
         + "<h2>history</h2>"
         + runs_table(history, f"history-{recipe}", "every run, newest first")
     )
-    return _page(f"verity leaderboard: {recipe}", body, generated)
+    return _page(f"verity leaderboard: {recipe}", body, generated, sources)
 
 
-def write_pages(runs: Sequence[Mapping[str, Any]], out_dir: Path, generated: str) -> list[Path]:
-    """Write ``index.html`` and one page per recipe into ``out_dir``; return the paths."""
+def write_pages(
+    runs: Sequence[Mapping[str, Any]], out_dir: Path, generated: str, sources: str = DEFAULT_SOURCES
+) -> list[Path]:
+    """Write ``index.html`` and one page per recipe into ``out_dir``; return the paths.
+
+    ``sources``: the footer's words for where the runs came from (HTML).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "index.html"]
-    written[0].write_text(index_page(runs, generated), encoding="utf-8")
+    written[0].write_text(index_page(runs, generated, sources), encoding="utf-8")
     for recipe, recipe_runs in by_recipe(runs).items():
         path = out_dir / f"{recipe}.html"
-        path.write_text(recipe_page(recipe, recipe_runs, generated), encoding="utf-8")
+        path.write_text(recipe_page(recipe, recipe_runs, generated, sources), encoding="utf-8")
         written.append(path)
     return written
