@@ -117,6 +117,9 @@ def test_export_gives_an_hf_folder_that_generates_like_the_engine(model_dir, tmp
 
     out = export_hf(tmp_path / "ckpt", tmp_path / "hf")  # the folder's newest checkpoint
     assert (out / "model.safetensors").is_file() and (out / "tokenizer_config.json").is_file()
+    from verity.tracking.summary import umask
+
+    assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {oct(0o666 & ~umask())}  # not 0600
     exported = AutoModelForCausalLM.from_pretrained(out).eval()
     tokenizer = AutoTokenizer.from_pretrained(out)
     initial = AutoModelForCausalLM.from_pretrained(model_dir)

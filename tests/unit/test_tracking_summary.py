@@ -131,3 +131,19 @@ def test_best_metrics_tracks_value_and_step_by_goal():
     assert set(BestMetrics().goals) >= {names.ACC_MEAN, names.REWARD_MEAN}
     with pytest.raises(ValueError, match="'max' or 'min'"):
         BestMetrics({"x": "up"})
+
+
+def test_atomic_writes_get_the_mode_open_would_give_not_mkstemps_0600(tmp_path):
+    import os
+    import stat
+
+    from verity.tracking import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        path = atomic_write_text(tmp_path / "summary.json", "{}")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644  # readable by a teammate, as other run files are
+        os.umask(0o077)
+        assert stat.S_IMODE(atomic_write_text(tmp_path / "private.json", "{}").stat().st_mode) == 0o600
+    finally:
+        os.umask(old)

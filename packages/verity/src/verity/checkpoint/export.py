@@ -140,6 +140,7 @@ def export_hf(
         base = base_model_folder(lora, base_model)
         if adapter:
             export_adapter(weights, lora, base, out)
+            _readable_files(out)
             logger.info("exported the LoRA adapter of %s (%s) to %s", ckpt, role, out)
             return out
         model = merged_model(weights, lora, base)
@@ -154,8 +155,19 @@ def export_hf(
         GenerationConfig.from_pretrained(str(hf_dir)).save_pretrained(str(out))
     if (hf_dir / PREPROCESSOR_CONFIG).is_file():  # a vision-language model's image processor
         shutil.copyfile(hf_dir / PREPROCESSOR_CONFIG, out / PREPROCESSOR_CONFIG)
+    _readable_files(out)
     logger.info("exported %s (%s) to %s", ckpt, role, out)
     return out
+
+
+def _readable_files(folder: Path) -> None:
+    """Give every file in ``folder`` the mode ``open()`` would (transformers writes its weights 0600)."""
+    from verity.tracking.summary import umask
+
+    mode = 0o666 & ~umask()
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(mode)
 
 
 def _full_model(role_dir: Path, weights: dict[str, torch.Tensor], config: Any) -> Any:

@@ -49,15 +49,30 @@ def _jsonable(node: Any) -> Any:
     raise TypeError(f"cannot write a {type(node).__name__} into summary.json: {node!r}")
 
 
+def umask() -> int:
+    """The process's umask, read without changing it (``/proc/self/status``; else set and restored)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` via a synced temp file (``.<name>.*.tmp``) in the same folder and ``os.replace``.
 
     Readers see the old file or the new one, never a partial write; the temp file is removed on failure.
+    The file's mode is what ``open(path, "w")`` would give (0666 less the umask), not mkstemp's 0600.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp makes 0600; the file gets the mode open() would give
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
