@@ -97,7 +97,7 @@ def test_config_show_prints_values_with_their_meaning(capsys) -> None:
     assert out.startswith("actor.optim:\n")
     assert "  lr: 2e-05  # peak learning rate" in out
     assert verity(["config", "show", "actor.nope"]) == 2
-    assert "no config section 'actor.nope'" in capsys.readouterr().err
+    assert "no config key 'actor.nope'; keys here: engine, fsdp2" in capsys.readouterr().err
 
 
 def test_train_help_config_shows_the_composed_config_and_trains_nothing(capsys, tmp_path) -> None:

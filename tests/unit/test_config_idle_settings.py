@@ -237,3 +237,13 @@ def test_sglang_on_a_machine_without_an_accelerator_is_refused_with_device_auto(
     load_config(["rollout.engine=sglang", "trainer.ray_address=auto"])
     monkeypatch.setattr(checks, "_local_device_is_cpu", lambda: False)
     load_config(["rollout.engine=sglang"])
+
+
+def test_a_gpu_config_names_every_placeholder_path_at_once() -> None:
+    path = ROOT / "recipes/grpo/src/verity_recipe_grpo/configs/gsm8k-qwen2.5-0.5b.yaml"
+    with pytest.raises(ConfigError) as err:
+        load_config([], config_file=path)
+    message = str(err.value)
+    assert message.startswith("the config's placeholder paths must be replaced with your own")
+    assert "model.path='/path/to/Qwen2.5-0.5B-Instruct'" in message
+    assert "data.train_files=['/path/to/gsm8k/train.parquet']" in message and "data.val_files=" in message

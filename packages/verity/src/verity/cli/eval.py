@@ -115,15 +115,17 @@ def main(argv: list[str]) -> int:
 
     with tempfile.TemporaryDirectory(prefix="verity-eval-") as scratch:
         try:
+            if args.model != "embedded" and not Path(args.model).expanduser().exists():
+                raise FileNotFoundError(f"{args.model!r}: no such model folder or checkpoint")
+            if not args.data and args.model != "embedded":  # before exporting a checkpoint for nothing
+                raise ValueError("--data: give at least one verl-schema parquet/JSONL file to evaluate on")
+            missing = [f for f in args.data or [] if not Path(f).expanduser().is_file()]
+            if missing:
+                raise FileNotFoundError(f"--data: no such file(s): {', '.join(missing)}")
             model_path, default_files, default_tokens = _resolve_model(
                 args.model, args.role, Path(scratch), args.preset
             )
             files = args.data or default_files
-            if not files:
-                raise ValueError("--data: give at least one verl-schema parquet/JSONL file to evaluate on")
-            missing = [f for f in files if not Path(f).expanduser().is_file()]
-            if missing:
-                raise FileNotFoundError(f"--data: no such file(s): {', '.join(missing)}")
             report = evaluate_files(
                 model_path,
                 files,

@@ -131,9 +131,7 @@ def describe_config(cfg: Any, section: str | None = None) -> str:
                     if dataclasses.is_dataclass(node)
                     else ""
                 )
-                raise KeyError(
-                    f"no config section {section!r}" + (f"; sections here: {known}" if known else "")
-                )
+                raise KeyError(f"no config key {section!r}" + (f"; keys here: {known}" if known else ""))
             node, name = getattr(node, part), part
     if not dataclasses.is_dataclass(node):
         return f"{section}: {_scalar(node)}"

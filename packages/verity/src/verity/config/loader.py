@@ -151,6 +151,8 @@ def _deep_merge(into: dict, other: dict) -> None:
 
 def _read_config_file(path: Path) -> dict:
     """The YAML file's data; it must start with ``defaults: [verity, _self_]``."""
+    if path.is_dir():
+        raise ConfigError(f"config file {str(path)!r} is a folder; give the path of a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     text = path.read_text()

@@ -5,6 +5,8 @@ checkpoint folder whose ``config.json`` is a JSON object naming a ``model_type``
 installation of ``transformers`` can build as a causal language model. Each problem
 raises :class:`~verity.config.loader.ConfigError` naming the key, the file and what was
 found, so that it never surfaces later as a worker error after Ray has started.
+Paths still holding a recipe config's ``/path/to/...`` placeholder are named first, all
+at once (:func:`reject_placeholders`).
 """
 
 from __future__ import annotations
@@ -72,3 +74,28 @@ def check_model_folders(cfg: Any) -> None:
     critic_path = getattr(getattr(cfg, "critic", None), "model_path", None)
     if critic_path:
         check_model_folder("critic.model_path", critic_path)
+
+
+PLACEHOLDER = "/path/to/"  # how the GPU recipe configs mark the paths a user must give
+
+
+def reject_placeholders(cfg: Any) -> None:
+    """Every path key still holding a config's ``/path/to/...`` placeholder, named in one error."""
+    keys = {
+        "model.path": cfg.model.path,
+        "model.tokenizer_path": cfg.model.tokenizer_path,
+        "data.train_files": list(cfg.data.train_files),
+        "data.val_files": list(cfg.data.val_files),
+        "critic.model_path": cfg.critic.model_path,
+        "reward_model.model_path": cfg.reward_model.model_path,
+    }
+    held = [
+        f"{key}={value!r}"
+        for key, value in keys.items()
+        if any(str(v).startswith(PLACEHOLDER) for v in (value if isinstance(value, list) else [value]) if v)
+    ]
+    if held:
+        raise ConfigError(
+            "the config's placeholder paths must be replaced with your own (key=value overrides or your "
+            "config file): " + ", ".join(held)
+        )

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from verity.config.errors import ConfigError
 from verity.config.idle_settings import check_idle_settings
-from verity.config.model_checks import check_model_folders
+from verity.config.model_checks import check_model_folders, reject_placeholders
 from verity.config.schema import VerityConfig
 from verity.config.trainer_checks import check_trainer
 from verity.engines.options import ATTN_IMPLEMENTATIONS
@@ -167,6 +167,7 @@ def validate_config(cfg: VerityConfig) -> None:
         raise ConfigError(
             f"rollout.dtype must be float32, bfloat16 or null (the model's dtype), got {cfg.rollout.dtype!r}"
         )
+    reject_placeholders(cfg)
     if cfg.model.path != "embedded" and not Path(cfg.model.path).expanduser().is_dir():
         raise ConfigError(f"model.path {cfg.model.path!r} is not a local HF checkpoint folder")
     if cfg.model.path != "embedded" and not (Path(cfg.model.path).expanduser() / "config.json").is_file():
