@@ -39,3 +39,20 @@ def test_sglang_refuses_a_cpu_rank_before_importing_sglang():
     ctx = RolloutBuildContext(model_path="unused", tokenizer=None, device=torch.device("cpu"))
     with pytest.raises(ValueError, match="CUDA devices only"):
         build_rollout_engine("sglang", ctx)
+
+
+def test_the_vllm_warnings_the_engine_causes_on_purpose_are_dropped_and_others_kept(caplog):
+    import logging
+
+    from verity.rollout.vllm_rollout import drop_expected_vllm_warnings
+
+    drop_expected_vllm_warnings()
+    drop_expected_vllm_warnings()  # idempotent: one filter per logger
+    layerwise = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    renderers = logging.getLogger("vllm.renderers.base")
+    assert len(layerwise.filters) == len(renderers.filters) == 1
+    with caplog.at_level(logging.WARNING):
+        layerwise.warning("%s: Failed to load weights", "RotaryEmbedding")
+        renderers.warning("Using None for EOS token id because tokenizer is not initialized")
+        layerwise.warning("%s: Failed to load weights", "QKVParallelLinear")  # a real weight: kept
+    assert [r.getMessage() for r in caplog.records] == ["QKVParallelLinear: Failed to load weights"]

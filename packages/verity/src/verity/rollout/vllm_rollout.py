@@ -132,6 +132,7 @@ class VLLMRollout(RolloutEngine):
         self._warned: set[str] = set()
         self._asleep = False
         self._reaper: OrphanReaper | None = None
+        drop_expected_vllm_warnings()
         if self.options.enable_sleep_mode and _platform_is_cpu():
             raise ValueError(
                 "rollout.vllm.enable_sleep_mode: vLLM has no sleep mode on CPU; leave it null or false"
@@ -438,6 +439,39 @@ def _tied_embeddings(model_path: str) -> bool:
     config = AutoConfig.from_pretrained(model_path)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return bool(getattr(text, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)))
+
+
+# vLLM warnings that this engine causes on purpose, with why each is expected
+EXPECTED_VLLM_WARNINGS = {
+    # vLLM runs without a tokenizer here; the EOS and pad ids come from the trainer's tokenizer
+    "vllm.renderers.base": (
+        "Using None for EOS token id because tokenizer is not initialized",
+        "Using None for BOS token id because tokenizer is not initialized",
+    ),
+    # a weight sync reloads weights only: the rotary cos/sin cache is not one, and vLLM keeps its own
+    "vllm.model_executor.model_loader.reload.layerwise": ("RotaryEmbedding: Failed to load weights",),
+}
+
+
+class _DropExpected(logging.Filter):
+    def __init__(self, messages: tuple[str, ...]) -> None:
+        super().__init__()
+        self.messages = messages
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() not in self.messages
+
+
+def drop_expected_vllm_warnings() -> None:
+    """Filter :data:`EXPECTED_VLLM_WARNINGS` out of vLLM's loggers in this process (once; idempotent).
+
+    They read like errors in a run's output (``RotaryEmbedding: Failed to load weights
+    [repeated 5x across cluster]`` at every weight sync) and say nothing wrong.
+    """
+    for name, messages in EXPECTED_VLLM_WARNINGS.items():
+        target = logging.getLogger(name)
+        if not any(isinstance(f, _DropExpected) for f in target.filters):
+            target.addFilter(_DropExpected(messages))
 
 
 class _quiet_tokenizer_free_warmup:
