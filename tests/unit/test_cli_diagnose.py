@@ -178,3 +178,13 @@ def test_devices_of_a_faked_rocm_machine_are_listed(monkeypatch):
     }
     text = diagnose.render_text({"versions": {}, "hardware": info, "distributed": {}, "ray": {}, "env": {}})
     assert "device 1             AMD Instinct MI300X | memory 192.0 GiB | peak bf16 1307.4 TFLOP/s" in text
+    assert "matmul_isa" not in text  # a CPU's field only
+
+
+def test_a_cpu_device_line_names_its_matmul_isa() -> None:
+    cpu = {"index": 0, "name": "AMD EPYC", "memory_total_bytes": 2**30, "peak_bf16_flops": None}
+    report = {"versions": {}, "distributed": {}, "ray": {}, "env": {}}
+    text = diagnose.render_text({**report, "hardware": {"devices": [{**cpu, "matmul_isa": "avx512_bf16"}]}})
+    assert "AMD EPYC | memory 1.0 GiB | peak bf16 unknown | matmul_isa avx512_bf16" in text
+    text = diagnose.render_text({**report, "hardware": {"devices": [{**cpu, "matmul_isa": None}]}})
+    assert "| matmul_isa unknown" in text

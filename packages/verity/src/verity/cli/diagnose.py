@@ -342,6 +342,7 @@ def render_text(report: dict[str, Any]) -> str:
         hardware[f"device {device['index']}"] = (
             f"{device['name']} | memory {_format_bytes(device['memory_total_bytes'])}"
             f" | peak bf16 {_format_flops(device['peak_bf16_flops'])}"
+            + (f" | matmul_isa {device['matmul_isa'] or 'unknown'}" if "matmul_isa" in device else "")
         )
     section("hardware", hardware)
     dist = report["distributed"]
