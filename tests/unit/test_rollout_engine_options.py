@@ -41,18 +41,35 @@ def test_sglang_refuses_a_cpu_rank_before_importing_sglang():
         build_rollout_engine("sglang", ctx)
 
 
-def test_the_vllm_warnings_the_engine_causes_on_purpose_are_dropped_and_others_kept(caplog):
+def test_the_vllm_warnings_the_engine_causes_on_purpose_are_dropped_and_others_kept():
     import logging
 
     from verity.rollout.vllm_rollout import drop_expected_vllm_warnings
+
+    class Collect(logging.Handler):  # on the loggers themselves: vLLM's may not propagate to the root
+        def __init__(self) -> None:
+            super().__init__(logging.WARNING)
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
 
     drop_expected_vllm_warnings()
     drop_expected_vllm_warnings()  # idempotent: one filter per logger
     layerwise = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
     renderers = logging.getLogger("vllm.renderers.base")
     assert len(layerwise.filters) == len(renderers.filters) == 1
-    with caplog.at_level(logging.WARNING):
+    seen = Collect()
+    saved = [(logger, logger.disabled, logger.level) for logger in (layerwise, renderers)]
+    for logger in (layerwise, renderers):
+        logger.addHandler(seen)
+        logger.disabled, logger.level = False, logging.NOTSET  # whatever an earlier vLLM start configured
+    try:
         layerwise.warning("%s: Failed to load weights", "RotaryEmbedding")
         renderers.warning("Using None for EOS token id because tokenizer is not initialized")
         layerwise.warning("%s: Failed to load weights", "QKVParallelLinear")  # a real weight: kept
-    assert [r.getMessage() for r in caplog.records] == ["QKVParallelLinear: Failed to load weights"]
+    finally:
+        for logger, disabled, level in saved:
+            logger.removeHandler(seen)
+            logger.disabled, logger.level = disabled, level
+    assert seen.messages == ["QKVParallelLinear: Failed to load weights"]
