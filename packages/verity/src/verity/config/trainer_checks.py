@@ -2,10 +2,11 @@
 
 Each raises :class:`~verity.config.errors.ConfigError` naming the key, the value and
 what was expected: intervals and counts, CPUs per worker, the device name, the output
-and checkpoint folders (a file in the way, no write permission), checkpoint and resume settings, and the rollout settings that cannot run on
-the CPU: with ``trainer.device=cpu``, or ``auto`` on a machine without an accelerator
-and a private Ray cluster (``trainer.ray_address`` null). On a cluster the workers find
-their device, and the engine raises the same sentence when it builds.
+and checkpoint folders (a file in the way, no write permission), checkpoint and resume
+settings, and the rollout settings that cannot run on the CPU: with
+``trainer.device=cpu``, or ``auto`` on a machine without an accelerator and a private
+Ray cluster (``trainer.ray_address`` null). On a cluster the workers find their device,
+and the engine raises the same sentence when it builds.
 """
 
 from __future__ import annotations
@@ -42,7 +43,12 @@ def check_trainer(cfg: VerityConfig) -> None:
     _check_folder("trainer.output_dir", t.output_dir)
     if t.checkpoint.dir:
         _check_folder("trainer.checkpoint.dir", t.checkpoint.dir)
-    if device == "cpu" or (device == "auto" and not t.ray_address and _local_device_is_cpu()):
+    needs_accelerator = cfg.rollout.engine == "sglang" or (
+        cfg.rollout.engine == "vllm" and cfg.rollout.vllm.enable_sleep_mode
+    )
+    if needs_accelerator and (
+        device == "cpu" or (device == "auto" and not t.ray_address and _local_device_is_cpu())
+    ):
         _check_cpu_rollout(cfg)
 
 
