@@ -16,6 +16,7 @@ downloaded. Every row is a distinct random prompt of ``--prompt-len`` tokens fol
 |---|---|
 | ``update-verity`` | ``FSDP2Engine.train_step`` (one process, bf16 autocast over float32 master weights, SDPA, fused AdamW), a GRPO policy-gradient loss |
 | ``update-verity-compiled`` | the same with ``compile_layers=True``: each decoder layer through inductor, and the loss head (:mod:`verity.engines.compiled_head`) |
+| ``update-verity-cudagraphs`` | ``update-verity-compiled`` with ``cuda_graphs=True``: each layer's training forward and backward replayed as CUDA graphs (:mod:`verity.engines.compiled_layers`) |
 | ``update-verity-compiled-eager-head`` | compiled layers, the eager chunked loss head (:mod:`verity.engines.fused_logprobs`): what the compiled head adds |
 | ``update-verity-autograd-head`` | ``update-verity`` with the loss head through autograd (``entropy_requires_grad=True``: a float32 ``[N, V]`` log-softmax kept for the backward, the entropy in the graph; the head every step ran before :mod:`verity.engines.fused_logprobs`, then with ``logsumexp``) |
 | ``update-torch`` | a plain PyTorch loop on the same work: bf16 autocast, ``logits_to_keep``, log-softmax, the same loss, backward, clip, fused AdamW |
@@ -88,6 +89,7 @@ __all__ = [
 SIDES = (
     "update-verity",
     "update-verity-compiled",
+    "update-verity-cudagraphs",
     "update-verity-compiled-eager-head",
     "update-verity-autograd-head",
     "update-torch",
@@ -139,13 +141,17 @@ def update_verity(
     compiled: bool,
     autograd_head: bool = False,
     compiled_head: bool | None = None,
+    cuda_graphs: bool = False,
 ) -> dict:
     """``FSDP2Engine.train_step`` seconds on the bench batch; the engine's own ``ran`` facts.
 
     ``autograd_head``: the loss head through autograd (an entropy gradient asked for, which
     the policy loss then ignores: the same gradient, autograd's cost for the head).
     ``compiled_head``: the engine's ``compile_head`` (default: as ``compiled``).
+    ``cuda_graphs``: the engine's ``cuda_graphs``; the side then also records inductor's
+    CUDA-graph counters (graphs recorded, skips), so a silent fallback shows.
     """
+    from torch._dynamo.utils import counters
     from verity.engines import FSDP2Engine, OptimConfig
 
     model = build_model(MODELS[args.model], device)
@@ -157,7 +163,9 @@ def update_verity(
         attn_implementation="sdpa",
         compile_layers=compiled,
         compile_head=compiled_head,
+        cuda_graphs=cuda_graphs,
     )
+    counters.clear()
     batch = train_batch(MODELS[args.model], args.rows, args.prompt_len, args.response_len, seed=1)
 
     def step() -> dict:
@@ -166,7 +174,8 @@ def update_verity(
     out = timed_steps(step, device, args.warmup, args.steps)
     name = (
         "update-verity"
-        + ("-compiled" if compiled else "")
+        + ("-compiled" if compiled and not cuda_graphs else "")
+        + ("-cudagraphs" if cuda_graphs else "")
         + ("-eager-head" if compiled and not engine.compiled_head else "")
         + ("-autograd-head" if autograd_head else "")
     )
@@ -181,6 +190,9 @@ def update_verity(
     out["compiled_layers"] = bool(getattr(engine, "compiled_layers", False))
     out["compiled_head"] = engine.compiled_head
     out["mixed_precision"] = engine.mixed_precision
+    out["cuda_graphs"] = engine.cuda_graphs
+    out["inductor_counters"] = {k: v for k, v in counters["inductor"].items() if "cudagraph" in k}
+    out["unique_graphs"] = counters["stats"].get("unique_graphs", 0)
     return out
 
 
@@ -297,6 +309,8 @@ def summarise(
         "update_verity_vs_torch": ("update-verity", "update-torch"),
         "update_verity_compiled_vs_torch": ("update-verity-compiled", "update-torch"),
         "update_verity_compiled_vs_torch_compiled": ("update-verity-compiled", "update-torch-compiled"),
+        "update_verity_cudagraphs_vs_compiled": ("update-verity-cudagraphs", "update-verity-compiled"),
+        "update_verity_cudagraphs_vs_torch_compiled": ("update-verity-cudagraphs", "update-torch-compiled"),
         "update_verity_compiled_vs_eager_head": (
             "update-verity-compiled",
             "update-verity-compiled-eager-head",
@@ -367,6 +381,7 @@ def run(args: argparse.Namespace) -> dict:
     runners: dict[str, Callable[[], dict]] = {
         "update-verity": lambda: update_verity(args, device, compiled=False),
         "update-verity-compiled": lambda: update_verity(args, device, compiled=True),
+        "update-verity-cudagraphs": lambda: update_verity(args, device, compiled=True, cuda_graphs=True),
         "update-verity-compiled-eager-head": lambda: update_verity(
             args, device, compiled=True, compiled_head=False
         ),

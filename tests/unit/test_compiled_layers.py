@@ -82,3 +82,98 @@ def test_compile_option_is_a_bool():
     with pytest.raises(ValueError, match="fsdp2.compile must be true or false, got 'yes'"):
         FSDP2Options(compile="yes").validate()
     assert load_config(["actor.fsdp2.compile=true"]).actor.fsdp2.compile is True
+
+
+_GRAPHS = ["actor.fsdp2.cuda_graphs=true", "actor.fsdp2.compile=true"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["actor.fsdp2.cuda_graphs=true"], r"actor\.fsdp2\.cuda_graphs=true replays the compiled layers: set"),
+        (["actor.fsdp2.cuda_graphs=1"], r"actor\.fsdp2\.cuda_graphs must be true or false"),
+        ([*_GRAPHS, "trainer.device=cpu"], r"needs a CUDA device, and this run's device is the CPU \(trainer"),
+        ([*_GRAPHS, "trainer.device=npu"], r"needs a CUDA or ROCm device, and trainer\.device=npu"),
+        (
+            [*_GRAPHS, "trainer.device=cuda", "actor.fsdp2.sharding=full"],
+            r"needs unsharded layers, and actor\.fsdp2\.sharding=full over 2 workers .*sharding=replicate",
+        ),
+        (
+            [*_GRAPHS, "trainer.device=cuda", "model.gradient_checkpointing=true"],
+            r"does not combine with model\.gradient_checkpointing=true",
+        ),
+    ],
+)
+def test_cuda_graphs_config_says_what_rules_them_out(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides)
+
+
+def test_cuda_graphs_config_reaches_the_engine():
+    from verity.engines.registry import _build_fsdp2
+
+    cfg = load_config([*_GRAPHS, "trainer.device=cuda"])  # replicate over 2 workers: accepted
+    assert cfg.actor.fsdp2.cuda_graphs is True
+    seen = {}
+
+    class Ctx:
+        options, adapters, total_steps, device, gradient_checkpointing = cfg.actor.fsdp2, False, 1, "cpu", False
+        optim = OptimConfig(lr=1e-3)
+
+        @staticmethod
+        def load_model():
+            return tiny_qwen2()
+
+    import verity.engines.fsdp2 as fsdp2
+
+    def record(self, model, optim, **kwargs):
+        seen.update(kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fsdp2.FSDP2Engine, "__init__", record)
+        _build_fsdp2(Ctx())
+    assert seen["cuda_graphs"] is True and seen["compile_layers"] is True
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "needs compile_layers=True"),
+        ({"compile_layers": True, "gradient_checkpointing": True}, "does not combine with gradient_checkpointing"),
+        ({"compile_layers": True}, "needs a CUDA device; this engine runs on 'cpu'"),
+    ],
+)
+def test_cuda_graphs_say_what_rules_them_out(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        FSDP2Engine(tiny_qwen2(), OptimConfig(lr=1e-2), device="cpu", cuda_graphs=True, **kwargs)
+
+
+@needs_inductor
+def test_graphed_layers_share_one_graph_and_keep_no_grad_passes_apart():
+    """The CUDA-graph wrapper's plumbing, on a CPU (where inductor runs it without graphs).
+
+    The layers share one training graph and one no-grad graph (no per-layer recompile
+    that would hit dynamo's cache limit on a 24-layer model), and both give the eager
+    model's values and gradients.
+    """
+    from torch._dynamo.utils import counters
+    from verity.engines.compiled_layers import _graphed_when_training
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = tiny_qwen2(seed=3)
+    graphed = tiny_qwen2(seed=3)
+    eager.config.use_cache = graphed.config.use_cache = False
+    for layer in graphed.model.layers:
+        layer.forward = _graphed_when_training(layer.forward)
+        assert layer.forward.cuda_graphs
+    assert list(graphed.state_dict()) == list(eager.state_dict())
+    ids = torch.randint(1, 64, (3, 12))
+    counters.clear()
+    for model in (eager, graphed):
+        model(input_ids=ids).logits.float().pow(2).mean().backward()
+    for (name, a), (_, b) in zip(eager.named_parameters(), graphed.named_parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-6, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(graphed(input_ids=ids).logits, eager(input_ids=ids).logits, rtol=1e-4, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 2  # one training graph, one no-grad graph, for both layers

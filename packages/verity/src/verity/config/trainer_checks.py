@@ -3,7 +3,8 @@
 Each raises :class:`~verity.config.errors.ConfigError` naming the key, the value and
 what was expected: intervals and counts, CPUs per worker, the device name, the output
 and checkpoint folders (a file in the way, no write permission), checkpoint and resume
-settings, and the rollout settings that cannot run on the CPU: with
+settings, and the rollout and engine settings that cannot run on the CPU (an SGLang
+rollout, vLLM's sleep mode, ``fsdp2.cuda_graphs``): with
 ``trainer.device=cpu``, or ``auto`` on a machine without an accelerator and a private
 Ray cluster (``trainer.ray_address`` null). On a cluster the workers find their device,
 and the engine raises the same sentence when it builds.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from verity.config.derived import needs_critic
 from verity.config.errors import ConfigError
 from verity.config.schema import VerityConfig
 
@@ -43,13 +45,28 @@ def check_trainer(cfg: VerityConfig) -> None:
     _check_folder("trainer.output_dir", t.output_dir)
     if t.checkpoint.dir:
         _check_folder("trainer.checkpoint.dir", t.checkpoint.dir)
-    needs_accelerator = cfg.rollout.engine == "sglang" or (
-        cfg.rollout.engine == "vllm" and cfg.rollout.vllm.enable_sleep_mode
+    graphed = _cuda_graph_sections(cfg)
+    if graphed and device in ("npu", "ascend"):
+        raise ConfigError(
+            f"{graphed[0]}.fsdp2.cuda_graphs=true needs a CUDA or ROCm device, and trainer.device={t.device}; "
+            "set it to false"
+        )
+    needs_accelerator = (
+        cfg.rollout.engine == "sglang"
+        or (cfg.rollout.engine == "vllm" and cfg.rollout.vllm.enable_sleep_mode)
+        or bool(graphed)
     )
     if needs_accelerator and (
         device == "cpu" or (device == "auto" and not t.ray_address and _local_device_is_cpu())
     ):
         _check_cpu_rollout(cfg)
+        _check_cpu_training(cfg)
+
+
+def _cuda_graph_sections(cfg: VerityConfig) -> list[str]:
+    """The trained roles whose engine is asked to replay CUDA graphs."""
+    sections = ["actor"] + (["critic"] if needs_critic(cfg) else [])
+    return [s for s in sections if getattr(cfg, s).engine == "fsdp2" and getattr(cfg, s).fsdp2.cuda_graphs]
 
 
 def _local_device_is_cpu() -> bool:
@@ -86,6 +103,14 @@ def _check_cpu_rollout(cfg: VerityConfig) -> None:
         raise ConfigError(
             f"rollout.vllm.enable_sleep_mode=true on the CPU (trainer.device={cfg.trainer.device}): vLLM has "
             "no sleep mode on CPU; leave it null or false"
+        )
+
+
+def _check_cpu_training(cfg: VerityConfig) -> None:
+    for section in _cuda_graph_sections(cfg):
+        raise ConfigError(
+            f"{section}.fsdp2.cuda_graphs=true needs a CUDA device, and this run's device is the CPU "
+            f"(trainer.device={cfg.trainer.device}); set it to false on a CPU"
         )
 
 

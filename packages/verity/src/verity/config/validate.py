@@ -339,6 +339,7 @@ def _validate_engines(cfg: VerityConfig) -> None:
         except ValueError as err:
             raise ConfigError(f"{section}.{err}") from None
         _check_compile(cfg, section, has_critic)
+        _check_cuda_graphs(cfg, section, has_critic)
     if cfg.actor.engine == "megatron":
         _validate_megatron(cfg, has_critic)
 
@@ -360,6 +361,28 @@ def _check_compile(cfg: VerityConfig, section: str, has_critic: bool) -> None:
     reason = compile_unavailable_reason(torch.device("cpu"))
     if reason is not None:
         raise ConfigError(f"{section}.fsdp2.compile=true: {reason}; or set {section}.fsdp2.compile=false")
+
+
+def _check_cuda_graphs(cfg: VerityConfig, section: str, has_critic: bool) -> None:
+    """``<section>.fsdp2.cuda_graphs=true``: layers that stay put and a forward that is not recomputed.
+
+    The CPU is refused with the other device limits (:mod:`verity.config.trainer_checks`).
+    """
+    role = getattr(cfg, section)
+    if not (role.engine == "fsdp2" and (section == "actor" or has_critic) and role.fsdp2.cuda_graphs):
+        return
+    key = f"{section}.fsdp2.cuda_graphs=true"
+    if cfg.model.gradient_checkpointing:
+        raise ConfigError(
+            f"{key} does not combine with model.gradient_checkpointing=true (the recomputed forward would "
+            "run inside the graphed backward); switch one off"
+        )
+    workers = cfg.trainer.n_workers if section == "actor" else (role.n_workers or cfg.trainer.n_workers)
+    if role.fsdp2.sharding == "full" and workers > 1:
+        raise ConfigError(
+            f"{key} needs unsharded layers, and {section}.fsdp2.sharding=full over {workers} workers gathers "
+            f"each layer's weights into new memory every pass; set {section}.fsdp2.sharding=replicate"
+        )
 
 
 def _validate_lora(cfg: VerityConfig) -> None:

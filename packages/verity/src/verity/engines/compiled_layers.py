@@ -16,9 +16,26 @@ the first pass of each pays the compile (tens of seconds on a CPU), later passes
 Inductor generates C++ on CPU (it needs a C++ compiler: ``g++`` or ``clang++``) and
 Triton kernels on CUDA; :func:`compile_unavailable_reason` says, before any compute,
 what is missing.
+
+**CUDA graphs** (``cuda_graphs=True``, CUDA only): the training passes (gradients
+enabled) of each layer run through ``mode="reduce-overhead"``: inductor records the
+layer's forward and backward kernels once per distinct input shape and replays them
+with one launch, so the host no longer issues each kernel of each layer of each
+micro-batch. Consecutive layers form one path of a CUDA-graph tree sharing one memory
+pool: a layer's output feeds the next layer's graph without a copy. No-grad passes
+(log-probs) use a second compiled function without graphs: there each layer call starts
+a new graph generation, which would free the previous layer's output before the next
+layer reads it. The engine keeps its gradients in buffers allocated outside the graphs'
+pool (zeroed, never set to None), so the replays' gradients accumulate into them.
+Every new micro-batch shape records a new graph (a few ms and its own activations in the
+shared pool): runs whose micro-batches vary in length pay a recording per length seen.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -52,17 +69,40 @@ def compile_unavailable_reason(device: torch.device) -> str | None:
     return None
 
 
-def compile_decoder_layers(layers: list[nn.Module], device: torch.device) -> int:
+def compile_decoder_layers(
+    layers: list[nn.Module], device: torch.device, *, cuda_graphs: bool = False
+) -> int:
     """Compile each of ``layers`` in place with inductor (``dynamic=True``); returns how many.
 
-    Raises ``RuntimeError`` with :func:`compile_unavailable_reason` when inductor cannot run
-    on ``device``, and ``ValueError`` when there are no layers to compile.
+    ``cuda_graphs``: training passes through CUDA graphs (``mode="reduce-overhead"``), no-grad
+    passes through a plain compiled function (see the module doc); the caller must keep
+    gradients in buffers outside the graphs' pool. Raises ``RuntimeError`` with
+    :func:`compile_unavailable_reason` when inductor cannot run on ``device``, ``ValueError``
+    when there are no layers to compile or ``cuda_graphs`` is asked for off CUDA.
     """
     reason = compile_unavailable_reason(device)
     if reason is not None:
         raise RuntimeError(f"compile=true: {reason}")
     if not layers:
         raise ValueError("compile=true: the model has no repeated decoder layers to compile")
+    if cuda_graphs and device.type != "cuda":
+        raise ValueError(f"cuda_graphs=true: CUDA graphs need a CUDA device, this engine runs on {device.type!r}")
     for layer in layers:
-        layer.compile(dynamic=True)
+        if cuda_graphs:
+            layer.forward = _graphed_when_training(layer.forward)
+        else:
+            layer.compile(dynamic=True)
     return len(layers)
+
+
+def _graphed_when_training(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` compiled twice: with CUDA graphs while gradients are on, without them otherwise."""
+    training = torch.compile(forward, dynamic=True, mode="reduce-overhead")
+    inference = torch.compile(forward, dynamic=True)
+
+    @functools.wraps(forward)
+    def dispatch(*args: Any, **kwargs: Any) -> Any:
+        return (training if torch.is_grad_enabled() else inference)(*args, **kwargs)
+
+    dispatch.cuda_graphs = True  # type: ignore[attr-defined]  # what the engine reports as ran
+    return dispatch

@@ -115,6 +115,12 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             front when inductor cannot run on ``device`` (no C++ compiler on a CPU).
         compile_head: score log-probs through the compiled loss head
             (:mod:`verity.engines.compiled_head`) in every pass; default: as ``compile_layers``.
+        cuda_graphs: with ``compile_layers`` on a CUDA device, replay the compiled layers'
+            training passes as CUDA graphs (one launch per layer instead of one per kernel;
+            see :mod:`verity.engines.compiled_layers`). Gradients then live in buffers that
+            are zeroed after each optimizer step instead of freed. Needs unsharded layers
+            (one process, or ``sharding="replicate"``) and no gradient checkpointing;
+            ``ValueError`` otherwise.
     """
 
     name = "fsdp2"  # what a run records as the engine that trained
@@ -136,6 +142,7 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         attn_implementation: str | None = None,
         compile_layers: bool = False,
         compile_head: bool | None = None,
+        cuda_graphs: bool = False,
     ) -> None:
         if sharding not in SHARDING_MODES:
             raise ValueError(f"sharding must be one of {list(SHARDING_MODES)}, got {sharding!r}")
@@ -150,6 +157,9 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         self.sharding = sharding
         self.micro_batch_tokens = micro_batch_tokens
         self.device = resolve_device(device)
+        self.cuda_graphs = bool(cuda_graphs)
+        if self.cuda_graphs:
+            _check_cuda_graphs(self.device, compile_layers, gradient_checkpointing, sharding)
         if mixed_precision is None:
             mixed_precision = self.device.type == "cuda"
         self.mixed_precision = bool(mixed_precision)
@@ -190,7 +200,9 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
                 )
         # layers compiled in place, before sharding: names and state_dict keys stay the model's
         self.compiled_layers = (
-            compile_decoder_layers(decoder_layers(module), self.device) if compile_layers else 0
+            compile_decoder_layers(decoder_layers(module), self.device, cuda_graphs=self.cuda_graphs)
+            if compile_layers
+            else 0
         )
         self.compiled_head = bool(compile_layers if compile_head is None else compile_head)
         if self.compiled_head and not compile_layers:
@@ -209,6 +221,10 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         if optim_config is not None:
             self.optimizer = build_optimizer(self._module.parameters(), optim_config)
             self.lr_scheduler = build_lr_scheduler(self.optimizer, optim_config, total_steps)
+            if self.cuda_graphs:  # the graphs' gradients accumulate into buffers outside their pool
+                for param in self._module.parameters():
+                    if param.requires_grad:
+                        param.grad = torch.zeros_like(param)
         else:
             self._module.requires_grad_(False)
         self.global_step = 0
@@ -467,7 +483,7 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         if finite:
             optimizer.step()
         self.lr_scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=not self.cuda_graphs)
         self.global_step += 1
         return {"grad_norm": grad_norm, "lr": lr, "step_skipped": 0.0 if finite else 1.0}
 
@@ -507,3 +523,23 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
     def value_train_step(self, batch: Any, loss_fn: ValueLossFn, micro_batch_size: int) -> dict[str, float]:
         """:meth:`forward_backward_values` then :meth:`optimizer_step` (a critic's optimizer step)."""
         return self._timed_step(lambda: self.forward_backward_values(batch, loss_fn, micro_batch_size))
+
+
+def _check_cuda_graphs(
+    device: torch.device, compile_layers: bool, gradient_checkpointing: bool, sharding: str
+) -> None:
+    """``ValueError`` naming what rules CUDA graphs out for this engine, if anything does."""
+    if not compile_layers:
+        raise ValueError("cuda_graphs=True replays the compiled layers: it needs compile_layers=True")
+    if gradient_checkpointing:
+        raise ValueError(
+            "cuda_graphs=True does not combine with gradient_checkpointing (the recomputed forward "
+            "would run inside the graphed backward); switch one off"
+        )
+    if sharding == "full" and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise ValueError(
+            "cuda_graphs=True needs unsharded layers: FSDP2 gathers each layer's weights into new "
+            "memory every pass, and a graph replays fixed addresses; use sharding='replicate'"
+        )
+    if device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs a CUDA device; this engine runs on {device.type!r}")

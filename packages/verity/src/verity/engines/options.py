@@ -37,11 +37,18 @@ class FSDP2Options:
     # torch.compile (inductor) each decoder layer: fused elementwise kernels, same weights and names.
     # The first pass pays the compile (tens of seconds); on CPU it needs a C++ compiler (docs/engines.md)
     compile: bool = False
+    # with compile=true on a CUDA device: replay each compiled layer's training forward and backward
+    # as CUDA graphs (one launch per layer, not per kernel). Unsharded layers only (one worker or
+    # sharding=replicate), no gradient checkpointing; a graph is recorded per micro-batch shape
+    cuda_graphs: bool = False
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that is out of range."""
-        if not isinstance(self.compile, bool):
-            raise ValueError(f"fsdp2.compile must be true or false, got {self.compile!r}")
+        for key in ("compile", "cuda_graphs"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"fsdp2.{key} must be true or false, got {getattr(self, key)!r}")
+        if self.cuda_graphs and not self.compile:
+            raise ValueError("fsdp2.cuda_graphs=true replays the compiled layers: set fsdp2.compile=true as well")
         if self.sharding not in ("full", "replicate"):
             raise ValueError(f"fsdp2.sharding must be 'full' or 'replicate', got {self.sharding!r}")
         if self.attn_implementation is not None and self.attn_implementation not in ATTN_IMPLEMENTATIONS:

@@ -140,6 +140,7 @@ def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
         "micro_batch_tokens": getattr(options, "micro_batch_tokens", 0),
         "attn_implementation": getattr(options, "attn_implementation", None),
         "compile_layers": bool(getattr(options, "compile", False)),
+        "cuda_graphs": bool(getattr(options, "cuda_graphs", False)),
     }
     if ctx.adapters:
         from verity.engines.fsdp2_lora import FSDP2LoRAEngine

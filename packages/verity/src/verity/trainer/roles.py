@@ -53,6 +53,8 @@ class RoleGroups:
                 out[f"{name}_compiled_layers"] = str(facts["train_compiled_layers"])
             if facts.get("train_compiled_head"):
                 out[f"{name}_compiled_head"] = "true"
+            if facts.get("train_cuda_graphs"):  # only runs that replayed CUDA graphs say so
+                out[f"{name}_cuda_graphs"] = "true"
             if facts.get("rollout_dtype"):
                 out["rollout_dtype"] = str(facts["rollout_dtype"])
             if facts.get("rollout_attention"):

@@ -173,6 +173,7 @@ class CriticWorker(Worker):
             "train_sharding": getattr(self.engine, "sharding", None),
             "train_compute_dtype": str(self.engine.compute_dtype).removeprefix("torch."),
             "train_compiled_layers": getattr(self.engine, "compiled_layers", 0),
+            "train_cuda_graphs": bool(getattr(self.engine, "cuda_graphs", False)),
         }
 
     @register(Dispatch.DP_SPLIT)
