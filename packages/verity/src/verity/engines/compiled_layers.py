@@ -27,8 +27,9 @@ pool: a layer's output feeds the next layer's graph without a copy. No-grad pass
 a new graph generation, which would free the previous layer's output before the next
 layer reads it. The engine keeps its gradients in buffers allocated outside the graphs'
 pool (zeroed, never set to None), so the replays' gradients accumulate into them.
-Every new micro-batch shape records a new graph (a few ms and its own activations in the
-shared pool): runs whose micro-batches vary in length pay a recording per length seen.
+Every new micro-batch shape records a new graph (a warm-up pass, a recording, and its own
+activations in the shared pool): runs whose micro-batches vary in length pay that per
+length seen.
 """
 
 from __future__ import annotations
