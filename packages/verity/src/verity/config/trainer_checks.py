@@ -60,7 +60,11 @@ def check_trainer(cfg: VerityConfig) -> None:
         device == "cpu" or (device == "auto" and not t.ray_address and _local_device_is_cpu())
     ):
         _check_cpu_rollout(cfg)
-        _check_cpu_training(cfg)
+        if graphed:
+            raise ConfigError(
+                f"{graphed[0]}.fsdp2.cuda_graphs=true needs a CUDA device, and this run's device is the CPU "
+                f"(trainer.device={t.device}); set it to false on a CPU"
+            )
 
 
 def _cuda_graph_sections(cfg: VerityConfig) -> list[str]:
@@ -103,14 +107,6 @@ def _check_cpu_rollout(cfg: VerityConfig) -> None:
         raise ConfigError(
             f"rollout.vllm.enable_sleep_mode=true on the CPU (trainer.device={cfg.trainer.device}): vLLM has "
             "no sleep mode on CPU; leave it null or false"
-        )
-
-
-def _check_cpu_training(cfg: VerityConfig) -> None:
-    for section in _cuda_graph_sections(cfg):
-        raise ConfigError(
-            f"{section}.fsdp2.cuda_graphs=true needs a CUDA device, and this run's device is the CPU "
-            f"(trainer.device={cfg.trainer.device}); set it to false on a CPU"
         )
 
 
