@@ -34,6 +34,10 @@ double it). MFU = those FLOPs per second over the device's dense bf16 peak (the 
 datasheet's, :mod:`verity.hardware.flops`), and also over the bf16 matmul rate measured
 at the start of the run (an 8192-cube product on random data).
 
+``--sdpa-backend cudnn|flash|efficient|math`` lets attention use that one SDPA kernel in every
+side (the default, ``auto``, is torch's choice: cuDNN's on an H200 with torch 2.11); the
+JSON's ``config`` records it. Compare backends across runs of one machine, one per process.
+
 Times are medians over ``--steps`` steps after ``--warmup`` steps, with the device
 synchronised around each; the JSON records the device, torch and transformers versions
 and every step's seconds.
@@ -42,6 +46,7 @@ and every step's seconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import gc
 import json
@@ -75,6 +80,7 @@ from bench_gpu_profile import maybe_profile, sync  # noqa: E402
 __all__ = [
     "MODELS",
     "QWEN25_05B",
+    "SDPA_BACKENDS",
     "SIDES",
     "TINY",
     "VOCAB_SMALL_BODY",
@@ -361,6 +367,29 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+SDPA_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")
+
+
+def sdpa_backend(name: str) -> contextlib.AbstractContextManager:
+    """Only SDPA kernel ``name`` while a side runs (``auto``: torch's own choice).
+
+    The compiled sides trace their layers inside it, so the kernel is fixed in their graphs;
+    one backend per process, since dynamo's cache does not key on it. A shape the kernel
+    cannot take fails the side ("No viable backend ...") rather than falling back.
+    """
+    if name == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }[name]
+    return sdpa_kernel([backend])
+
+
 def run(args: argparse.Namespace) -> dict:
     """Every requested side in turn (each failure recorded, the rest still run); the JSON written after each."""
     from verity.engines.compiled_head import use_kernels
@@ -396,7 +425,8 @@ def run(args: argparse.Namespace) -> dict:
     for name in args.sides:
         print(f"[bench_gpu] {name} ...", flush=True)
         try:
-            side = runners[name]()
+            with sdpa_backend(args.sdpa_backend):
+                side = runners[name]()
             if device.type == "cuda":
                 side["max_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         except Exception as err:  # one side's failure must not lose the others' figures
@@ -438,6 +468,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("auto", "inductor", "triton"),
         default="auto",
         help="what the compiled sides' loss head runs (verity.engines.compiled_head.use_kernels)",
+    )
+    p.add_argument(
+        "--sdpa-backend",
+        choices=SDPA_BACKENDS,
+        default="auto",
+        help="the only SDPA kernel every side may use (torch.nn.attention.sdpa_kernel); auto: torch's choice",
     )
     p.add_argument("--profile", type=Path, default=None, help="folder for one profiled step per update side")
     p.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, from {','.join(SIDES)}")

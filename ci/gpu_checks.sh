@@ -2,20 +2,25 @@
 # The checks of one session on a lent GPU, in one device call, packed for the trip back.
 #
 #   bash ci/gpu_checks.sh                       # on the GPU machine; OUT: the folder that comes back
-#   MICRO_ROWS="16 32 64" bash ci/gpu_checks.sh # the micro-batch sizes to bench (default: 32 64)
-#   SKIP=pytest,profile bash ci/gpu_checks.sh   # leave steps out (pytest, bench, profile)
+#   MICRO_ROWS="32 64" bash ci/gpu_checks.sh    # the micro-batch sizes to bench (default: 64)
+#   SDPA_BACKENDS="flash efficient" bash ...    # the CUDA-graph side again with only that SDPA kernel
+#   SKIP=pytest,profile bash ci/gpu_checks.sh   # leave steps out (pytest, head, bench, sdpa, profile)
 #   PATH=.nox/tests/bin:$PATH BENCH_ARGS="--model tiny --device cpu --rows 4 --prompt-len 8 --response-len 8" \
-#     SIDES=update-verity-compiled PROFILE_SIDES=update-verity-compiled SKIP=pytest MICRO_ROWS=2 \
-#     OUT=/tmp/g bash ci/gpu_checks.sh                                   # a dry run on a CPU (about a minute)
+#     SIDES=update-verity-compiled ONE_SIDE=update-verity-compiled SKIP=pytest,head SDPA_BACKENDS=math \
+#     MICRO_ROWS=2 PROFILE_MICRO_ROWS=2 OUT=/tmp/g bash ci/gpu_checks.sh   # a dry run on a CPU (about a minute)
 #
 # Steps, each under its own time limit, each line of $OUT/summary.txt saying its exit code and
-# seconds: the `gpu` tests (`tests/unit/test_engine_gpu.py`); `ci/bench_gpu.py` once per
-# micro-batch size with the compiled layers and the CUDA-graph side in the same process (so their
-# ratio is measured side by side); one profiled CUDA-graph step (kernel table, device gaps) with
-# inductor's performance hints logged. Everything lands in $OUT/gpu-checks/ and is packed into
-# $OUT/gpu-checks.tar.gz: the device tool brings back only a handful of files per call, and a
-# session on 2026-11-27 lost its profile to that limit. About 7-8 minutes on an H200 with the
-# defaults (the CUDA-graph side's first step compiles and records for about a minute).
+# seconds: the `gpu` tests (`tests/unit/test_engine_gpu.py`); the loss head's kernels side by side
+# (`ci/bench_gpu_head.py`: Triton at several blocks and warps, the previous Triton forward,
+# inductor's, plain PyTorch); `ci/bench_gpu.py` once per micro-batch size with the compiled layers
+# and the CUDA-graph side in the same process (so their ratio is measured side by side); the
+# CUDA-graph side once more per SDPA kernel in SDPA_BACKENDS (default: flash; torch's own choice
+# on an H200 is cuDNN's), at the first micro-batch size; one profiled CUDA-graph step (kernel
+# table, device gaps) with inductor's performance hints and its CUDA-graph logs (which operation
+# splits a graph, which inputs are copied into it). Everything lands in $OUT/gpu-checks/ and is
+# packed into $OUT/gpu-checks.tar.gz: the device tool brings back only a handful of files per
+# call, and a session on 2026-11-27 lost its profile to that limit. About 8 minutes on an H200
+# with the defaults (each CUDA-graph run's first step compiles and records for about a minute).
 # The packages the GPU image lacks come from ../shared/gpu/build-site.sh .gpu (carried as .gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +33,8 @@ fi
 export PYTHONPATH="$PWD/.gpu/site:$PWD/packages/verity/src${PYTHONPATH:+:$PYTHONPATH}"
 export MLFLOW_ALLOW_FILE_STORE=true PYTHONUNBUFFERED=1
 skip=",${SKIP:-},"
-sides="${SIDES:-update-verity-compiled,update-verity-cudagraphs}"
+sides="${SIDES:-update-verity-compiled,update-verity-cudagraphs}"  # the bench step's sides
+one_side="${ONE_SIDE:-update-verity-cudagraphs}"  # the side of the sdpa and profile steps
 read -r -a bench_args <<< "${BENCH_ARGS:-}"
 
 run_step() {  # name, seconds allowed, command...: its output to $out/name.log, a line to summary.txt
@@ -48,16 +54,29 @@ run_step() {  # name, seconds allowed, command...: its output to $out/name.log, 
 if [[ $skip != *,pytest,* ]]; then
   run_step pytest-gpu 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_engine_gpu.py
 fi
+if [[ $skip != *,head,* ]]; then
+  run_step head 120 python3 ci/bench_gpu_head.py --out "$out/head.json"
+fi
+read -r -a micro_rows <<< "${MICRO_ROWS:-64}"
 if [[ $skip != *,bench,* ]]; then
-  for rows in ${MICRO_ROWS:-32 64}; do
+  for rows in "${micro_rows[@]}"; do
     run_step "bench-micro$rows" 240 python3 ci/bench_gpu.py "${bench_args[@]}" --micro-rows "$rows" \
       --warmup 3 --steps 5 --sides "$sides" --out "$out/bench-micro$rows.json"
   done
 fi
+if [[ $skip != *,sdpa,* ]]; then
+  for backend in ${SDPA_BACKENDS:-flash}; do
+    run_step "sdpa-$backend-micro${micro_rows[0]}" 150 python3 ci/bench_gpu.py "${bench_args[@]}" \
+      --micro-rows "${micro_rows[0]}" --warmup 3 --steps 5 --sdpa-backend "$backend" \
+      --sides "$one_side" --out "$out/sdpa-$backend-micro${micro_rows[0]}.json"
+  done
+fi
 if [[ $skip != *,profile,* ]]; then
-  TORCH_LOGS=perf_hints run_step profile 180 python3 ci/bench_gpu.py "${bench_args[@]}" \
-    --micro-rows "${PROFILE_MICRO_ROWS:-16}" --warmup 3 --steps 1 --profile "$out/profile" \
-    --sides "${PROFILE_SIDES:-update-verity-cudagraphs}" --out "$out/profile.json"
+  logs=perf_hints,cudagraphs,cudagraph_static_inputs
+  TORCH_LOGS=$logs python3 -c "import torch" 2> /dev/null || logs=perf_hints  # an older torch lacks one
+  TORCH_LOGS=$logs run_step profile 180 python3 ci/bench_gpu.py "${bench_args[@]}" \
+    --micro-rows "${PROFILE_MICRO_ROWS:-${micro_rows[0]}}" --warmup 3 --steps 1 --profile "$out/profile" \
+    --sides "$one_side" --out "$out/profile.json"
   rm -f "$out"/profile/*.trace.json.gz  # tens of MiB each: over what comes back
 fi
 cp "$out/summary.txt" "$OUT/summary.txt" 2> /dev/null

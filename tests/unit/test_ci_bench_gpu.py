@@ -122,3 +122,16 @@ def test_device_gaps_are_the_holes_between_the_kernels():
     assert gaps["idle_ms"] == pytest.approx(0.009)
     assert gaps["gaps"][0] == (pytest.approx(0.012), pytest.approx(0.008), "b", "c")
     assert bench_gpu_profile.device_gaps([])["idle_ms"] == 0.0
+
+
+@pytest.mark.parametrize(("backend", "runs"), [("math", True), ("cudnn", False)])
+def test_the_sdpa_backend_is_pinned_not_a_preference(tmp_path, backend, runs):
+    """``math`` runs on a CPU; ``cudnn`` cannot, and the side fails rather than falling back to another kernel."""
+    out = tmp_path / "result.json"
+    argv = _tiny_argv(out, "--rows 2 --micro-rows 2 --prompt-len 4 --response-len 4 --warmup 1 --steps 1")
+    code = bench.main(argv + ["--sides", "update-verity", "--sdpa-backend", backend])
+    result = json.loads(out.read_text())
+    assert result["config"]["sdpa_backend"] == backend
+    assert code == (0 if runs else 1)
+    if not runs:
+        assert "No viable backend for scaled_dot_product_attention" in result["sides"]["update-verity"]["error"]

@@ -1,0 +1,39 @@
+"""ci/gpu_checks.sh, dry-run on a CPU with the tiny model: its steps, their summary lines and the one archive that comes back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_dry_run_packs_each_steps_output_into_one_archive(tmp_path):
+    env = dict(os.environ)
+    env.update(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",  # python3: this interpreter's
+        OUT=str(tmp_path / "out"),
+        BENCH_ARGS="--model tiny --device cpu --rows 2 --prompt-len 4 --response-len 4",
+        SIDES="update-verity",
+        ONE_SIDE="update-verity",
+        SKIP="pytest,head,profile",
+        SDPA_BACKENDS="math",
+        MICRO_ROWS="2",
+    )
+    proc = subprocess.run(
+        ["bash", str(ROOT / "ci" / "gpu_checks.sh")], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-checks.tar.gz", "summary.txt"]
+    steps = [line.split()[:2] for line in (out / "summary.txt").read_text().splitlines()]
+    assert steps == [["bench-micro2", "rc=0"], ["sdpa-math-micro2", "rc=0"]]
+    with tarfile.open(out / "gpu-checks.tar.gz") as tar:
+        names = set(tar.getnames())
+        sdpa = json.load(tar.extractfile("gpu-checks/sdpa-math-micro2.json"))
+    assert {"gpu-checks/machine.txt", "gpu-checks/bench-micro2.json", "gpu-checks/bench-micro2.log"} <= names
+    assert sdpa["config"]["sdpa_backend"] == "math" and "median_seconds" in sdpa["sides"]["update-verity"]
