@@ -24,7 +24,6 @@ copy's. Each side's log-probs are compared with ``triton``'s (``max_abs_diff_log
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import statistics
 import sys
@@ -35,6 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+# the sibling bench_gpu.py, also when this file is imported by path
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_gpu import environment  # noqa: E402
 
 __all__ = ["main", "parse_args", "run"]
 
@@ -220,14 +223,13 @@ def run(args: argparse.Namespace) -> dict:
     sides["torch"]["forward_and_backward_ms"] = (
         time_it(torch_backward) * 1e3 if "error" not in sides["torch"] else None
     )
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    env = environment(device)
+    if device.type == "cuda":
+        import triton
+
+        env["triton"] = triton.__version__
     result = {
-        "environment": {
-            "device": name,
-            "torch": torch.__version__,
-            "python": sys.version.split()[0],
-            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        },
+        "environment": env,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "logits": {"rows": args.rows, "vocab": args.vocab, "dtype": "bfloat16", "bytes": n_bytes},
         "copy_gb_per_s": copy_gbs,
