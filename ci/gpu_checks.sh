@@ -17,16 +17,19 @@
 # CUDA-graph side once more per SDPA kernel in SDPA_BACKENDS (default: flash; torch's own choice
 # on an H200 is cuDNN's), at the first micro-batch size; one profiled CUDA-graph step (kernel
 # table, device gaps) with inductor's performance hints and its CUDA-graph logs (which operation
-# splits a graph, which inputs are copied into it). Everything lands in $OUT/gpu-checks/ and is
-# packed into $OUT/gpu-checks.tar.gz: the device tool brings back only a handful of files per
-# call, and a session on 2026-11-27 lost its profile to that limit. About 8 minutes on an H200
-# with the defaults (each CUDA-graph run's first step compiles and records for about a minute).
+# splits a graph, which inputs are copied into it). Each step writes to a scratch gpu-checks/ that is
+# packed into $OUT/gpu-checks.tar.gz after every step: the device tool brings back only a
+# handful of files per call (a session on 2026-11-27 lost its profile to that limit) and stops a
+# call at 600 s, so each step's limit is cut to what is left of TOTAL_S (default 570 s) and a
+# step with under 30 s left is skipped, saying so. About 8 minutes on an H200 with the defaults
+# (each CUDA-graph run's first step compiles and records for about a minute).
 # The packages the GPU image lacks come from ../shared/gpu/build-site.sh .gpu (carried as .gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder whose files come back}"
-out="$OUT/gpu-checks"
-mkdir -p "$out"
+out="$(mktemp -d)/gpu-checks"  # the steps write here; $OUT holds only the archive and summary.txt
+mkdir -p "$out" "$OUT"
+deadline=$(( $(date +%s) + ${TOTAL_S:-570} ))  # the device tool stops a call at 600 s
 if [ -f .gpu/site.tar.xz ] && [ ! -d .gpu/site ]; then
   mkdir -p .gpu/site && tar -xJf .gpu/site.tar.xz -C .gpu/site
 fi
@@ -37,13 +40,26 @@ sides="${SIDES:-update-verity-compiled,update-verity-cudagraphs}"  # the bench s
 one_side="${ONE_SIDE:-update-verity-cudagraphs}"  # the side of the sdpa and profile steps
 read -r -a bench_args <<< "${BENCH_ARGS:-}"
 
+pack() {  # $OUT/gpu-checks.tar.gz and summary.txt as they stand: a call cut short still brings back what ran
+  cp "$out/summary.txt" "$OUT/summary.txt" 2> /dev/null
+  tar -czf "$OUT/gpu-checks.tar.gz" --exclude='*.trace.json.gz' -C "$(dirname "$out")" gpu-checks
+}
+
 run_step() {  # name, seconds allowed, command...: its output to $out/name.log, a line to summary.txt
-  local name=$1 limit=$2 start rc
+  local name=$1 limit=$2 start rc left
   shift 2
   start=$(date +%s)
+  left=$(( deadline - start ))
+  if (( left < 30 )); then
+    echo "$name skipped: ${left}s left of TOTAL_S" | tee -a "$out/summary.txt"
+    pack
+    return
+  fi
+  (( limit > left )) && limit=$left
   timeout "$limit" "$@" > "$out/$name.log" 2>&1
   rc=$?
   echo "$name rc=$rc $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"
+  pack
 }
 
 {
@@ -76,8 +92,7 @@ if [[ $skip != *,profile,* ]]; then
   TORCH_LOGS=$logs python3 -c "import torch" 2> /dev/null || logs=perf_hints  # an older torch lacks one
   TORCH_LOGS=$logs run_step profile 180 python3 ci/bench_gpu.py "${bench_args[@]}" \
     --micro-rows "${PROFILE_MICRO_ROWS:-${micro_rows[0]}}" --warmup 3 --steps 1 --profile "$out/profile" \
-    --sides "$one_side" --out "$out/profile.json"
-  rm -f "$out"/profile/*.trace.json.gz  # tens of MiB each: over what comes back
+    --sides "$one_side" --out "$out/profile.json"  # its traces (tens of MiB each) stay out of the archive
 fi
-cp "$out/summary.txt" "$OUT/summary.txt" 2> /dev/null
-tar -czf "$OUT/gpu-checks.tar.gz" -C "$OUT" gpu-checks && rm -rf "$out"
+pack
+rm -rf "$(dirname "$out")"

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_dry_run_packs_each_steps_output_into_one_archive(tmp_path):
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",  # python3: this interpreter's
@@ -23,11 +23,20 @@ def test_the_dry_run_packs_each_steps_output_into_one_archive(tmp_path):
         SKIP="pytest,head,profile",
         SDPA_BACKENDS="math",
         MICRO_ROWS="2",
+        **extra,
     )
+    return env
+
+
+def _run(env: dict[str, str]) -> None:
     proc = subprocess.run(
         ["bash", str(ROOT / "ci" / "gpu_checks.sh")], env=env, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_dry_run_packs_each_steps_output_into_one_archive(tmp_path):
+    _run(_env(tmp_path))
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == ["gpu-checks.tar.gz", "summary.txt"]
     steps = [line.split()[:2] for line in (out / "summary.txt").read_text().splitlines()]
@@ -37,3 +46,13 @@ def test_the_dry_run_packs_each_steps_output_into_one_archive(tmp_path):
         sdpa = json.load(tar.extractfile("gpu-checks/sdpa-math-micro2.json"))
     assert {"gpu-checks/machine.txt", "gpu-checks/bench-micro2.json", "gpu-checks/bench-micro2.log"} <= names
     assert sdpa["config"]["sdpa_backend"] == "math" and "median_seconds" in sdpa["sides"]["update-verity"]
+
+
+def test_steps_past_the_calls_time_are_skipped_and_say_so(tmp_path):
+    """TOTAL_S too short for any step: each is skipped with a line, and the archive still comes back."""
+    _run(_env(tmp_path, TOTAL_S="10"))
+    out = tmp_path / "out"
+    lines = (out / "summary.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["bench-micro2 skipped", "sdpa-math-micro2 skipped"]
+    with tarfile.open(out / "gpu-checks.tar.gz") as tar:
+        assert {"gpu-checks/machine.txt", "gpu-checks/summary.txt"} <= set(tar.getnames())
