@@ -16,6 +16,7 @@ import math
 import re
 import subprocess
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -195,10 +196,7 @@ def compile_kernel(kernel: object, signature: dict, block: int, warps: int, arch
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    n_args = len(signature) - 1
-    attrs = {
-        (i,): [["tt.divisibility", 16]] for i in range(n_args) if signature[list(signature)[i]] != "fp32"
-    }
+    attrs = {(i,): [["tt.divisibility", 16]] for i, kind in enumerate(signature.values()) if kind[0] in "*i"}
     source = ASTSource(fn=kernel, signature=signature, constexprs={"BLOCK": block}, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
 
@@ -208,12 +206,12 @@ def loop_instructions(cubin: bytes) -> list[str]:
     import triton
 
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    path = Path(sys.argv[2]).with_suffix(".cubin")
-    path.write_bytes(cubin)
-    sass = subprocess.run(
-        [str(cuobjdump), "-sass", str(path)], capture_output=True, text=True, check=True
-    ).stdout
-    path.unlink()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        sass = subprocess.run(
+            [str(cuobjdump), "-sass", str(path)], capture_output=True, text=True, check=True
+        ).stdout
     code = [
         (int(m.group(1), 16), m.group(2).strip())
         for line in sass.splitlines()
