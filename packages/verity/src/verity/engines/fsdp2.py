@@ -121,6 +121,10 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             are zeroed after each optimizer step instead of freed. Needs unsharded layers
             (one process, or ``sharding="replicate"``) and no gradient checkpointing;
             ``ValueError`` otherwise.
+        fuse_projections: with ``compile_layers``, compute the linears of a layer that read
+            one input (query, key, value; gate, up) as one product against their stacked
+            weights (:mod:`verity.engines.fused_projections`); ``ValueError`` without
+            ``compile_layers``.
     """
 
     name = "fsdp2"  # what a run records as the engine that trained
@@ -143,6 +147,7 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         compile_layers: bool = False,
         compile_head: bool | None = None,
         cuda_graphs: bool = False,
+        fuse_projections: bool = False,
     ) -> None:
         if sharding not in SHARDING_MODES:
             raise ValueError(f"sharding must be one of {list(SHARDING_MODES)}, got {sharding!r}")
@@ -198,9 +203,17 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
                     "gradient_checkpointing=True needs an HF model with activation_checkpointing_enable() "
                     "or gradient_checkpointing_enable()"
                 )
+        if fuse_projections and not compile_layers:
+            raise ValueError("fuse_projections=True is a pass of the compiled layers: it needs compile_layers=True")
+        self.fused_projections = _projection_pass() if fuse_projections else None
         # layers compiled in place, before sharding: names and state_dict keys stay the model's
         self.compiled_layers = (
-            compile_decoder_layers(decoder_layers(module), self.device, cuda_graphs=self.cuda_graphs)
+            compile_decoder_layers(
+                decoder_layers(module),
+                self.device,
+                cuda_graphs=self.cuda_graphs,
+                fuse_projections=self.fused_projections,
+            )
             if compile_layers
             else 0
         )
@@ -523,6 +536,12 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
     def value_train_step(self, batch: Any, loss_fn: ValueLossFn, micro_batch_size: int) -> dict[str, float]:
         """:meth:`forward_backward_values` then :meth:`optimizer_step` (a critic's optimizer step)."""
         return self._timed_step(lambda: self.forward_backward_values(batch, loss_fn, micro_batch_size))
+
+
+def _projection_pass():
+    from verity.engines.fused_projections import FuseSharedInputLinears  # imports inductor: only when asked
+
+    return FuseSharedInputLinears()
 
 
 def _check_cuda_graphs(
