@@ -42,7 +42,14 @@ VOCAB_SMALL_BODY = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
 }
-MODELS = {"qwen2.5-0.5b": QWEN25_05B, "qwen2.5-vocab-small-body": VOCAB_SMALL_BODY, "tiny": TINY}
+# Qwen2.5-0.5B's layers, 4 of them, over a 2,048-token vocabulary: the layers are most of a step (CPU-sized)
+LAYERS_SMALL_VOCAB = {**QWEN25_05B, "num_hidden_layers": 4, "vocab_size": 2048}
+MODELS = {
+    "qwen2.5-0.5b": QWEN25_05B,
+    "qwen2.5-vocab-small-body": VOCAB_SMALL_BODY,
+    "qwen2.5-layers-small-vocab": LAYERS_SMALL_VOCAB,
+    "tiny": TINY,
+}
 PAD_ID, EOS_ID = 0, 1
 
 

@@ -2,7 +2,8 @@
 # The checks of one session on a lent GPU, in one device call, packed for the trip back.
 #
 #   bash ci/gpu_checks.sh                       # on the GPU machine; OUT: the folder that comes back
-#   MICRO_ROWS="32 64" bash ci/gpu_checks.sh    # the micro-batch sizes to bench (default: 64)
+#   MICRO_ROWS="32 64" bash ci/gpu_checks.sh    # the micro-batch sizes to bench (default: 64 rows where the
+#                                               # GPU has >= 120 GiB, else 32: 64 took 99 GiB on an H200)
 #   SDPA_BACKENDS="flash efficient" bash ...    # the CUDA-graph side again with only that SDPA kernel
 #   SKIP=pytest,profile bash ci/gpu_checks.sh   # leave steps out (pytest, head, bench, sdpa, profile)
 #   PATH=.nox/tests/bin:$PATH BENCH_ARGS="--model tiny --device cpu --rows 4 --prompt-len 8 --response-len 8" \
@@ -10,19 +11,20 @@
 #     MICRO_ROWS=2 PROFILE_MICRO_ROWS=2 OUT=/tmp/g bash ci/gpu_checks.sh   # a dry run on a CPU (about a minute)
 #
 # Steps, each under its own time limit, each line of $OUT/summary.txt saying its exit code and
-# seconds: the `gpu` tests (`tests/unit/test_engine_gpu.py`); the loss head's kernels side by side
+# seconds, the update's MFU first: `ci/bench_gpu.py` once per micro-batch size with the CUDA-graph
+# side and the same with stacked projections (`fsdp2.fuse_projections`) in the same process (so
+# their ratio is measured side by side); the loss head's kernels side by side
 # (`ci/bench_gpu_head.py`: Triton at several blocks and warps, the previous Triton forward,
-# inductor's, plain PyTorch); `ci/bench_gpu.py` once per micro-batch size with the compiled layers
-# and the CUDA-graph side in the same process (so their ratio is measured side by side); the
-# CUDA-graph side once more per SDPA kernel in SDPA_BACKENDS (default: flash; torch's own choice
-# on an H200 is cuDNN's), at the first micro-batch size; one profiled CUDA-graph step (kernel
+# inductor's, plain PyTorch); the CUDA-graph side once more per SDPA kernel in SDPA_BACKENDS
+# (default: flash; torch's own choice on an H200 is cuDNN's), at the first micro-batch size; the
+# `gpu` tests (`tests/unit/test_engine_gpu.py`); one profiled CUDA-graph step (kernel
 # table, device gaps) with inductor's performance hints and its CUDA-graph logs (which operation
 # splits a graph, which inputs are copied into it). Each step writes to a scratch gpu-checks/ that is
 # packed into $OUT/gpu-checks.tar.gz after every step: the device tool brings back only a
 # handful of files per call (a session on 2026-11-27 lost its profile to that limit) and stops a
 # call at 600 s, so each step's limit is cut to what is left of TOTAL_S (default 570 s) and a
-# step with under 30 s left is skipped, saying so. About 8 minutes on an H200 with the defaults
-# (each CUDA-graph run's first step compiles and records for about a minute).
+# step with under 30 s left is skipped, saying so. About 9 minutes on an H200 with the defaults
+# (each CUDA-graph side's first step compiles and records for about a minute).
 # The packages the GPU image lacks come from ../shared/gpu/build-site.sh .gpu (carried as .gpu).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +38,7 @@ fi
 export PYTHONPATH="$PWD/.gpu/site:$PWD/packages/verity/src${PYTHONPATH:+:$PYTHONPATH}"
 export MLFLOW_ALLOW_FILE_STORE=true PYTHONUNBUFFERED=1
 skip=",${SKIP:-},"
-sides="${SIDES:-update-verity-compiled,update-verity-cudagraphs}"  # the bench step's sides
+sides="${SIDES:-update-verity-cudagraphs,update-verity-cudagraphs-fused}"  # the bench step's sides
 one_side="${ONE_SIDE:-update-verity-cudagraphs}"  # the side of the sdpa and profile steps
 read -r -a bench_args <<< "${BENCH_ARGS:-}"
 
@@ -67,18 +69,20 @@ run_step() {  # name, seconds allowed, command...: its output to $out/name.log, 
     --query-gpu=name,memory.total,driver_version,power.limit,clocks.max.sm --format=csv
   python3 -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__)"
 } > "$out/machine.txt" 2>&1
-if [[ $skip != *,pytest,* ]]; then
-  run_step pytest-gpu 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_engine_gpu.py
+if [ -z "${MICRO_ROWS:-}" ]; then  # 64-row micro-batches need ~100 GiB: an H200, not an H100
+  mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2> /dev/null | head -1)
+  MICRO_ROWS=$(( ${mib:-0} >= 122880 ? 64 : 32 ))
+  echo "micro-batch rows: $MICRO_ROWS (GPU memory: ${mib:-unknown} MiB)" >> "$out/machine.txt"
 fi
-if [[ $skip != *,head,* ]]; then
-  run_step head 120 python3 ci/bench_gpu_head.py --out "$out/head.json"
-fi
-read -r -a micro_rows <<< "${MICRO_ROWS:-64}"
+read -r -a micro_rows <<< "$MICRO_ROWS"
 if [[ $skip != *,bench,* ]]; then
   for rows in "${micro_rows[@]}"; do
-    run_step "bench-micro$rows" 240 python3 ci/bench_gpu.py "${bench_args[@]}" --micro-rows "$rows" \
+    run_step "bench-micro$rows" 300 python3 ci/bench_gpu.py "${bench_args[@]}" --micro-rows "$rows" \
       --warmup 3 --steps 5 --sides "$sides" --out "$out/bench-micro$rows.json"
   done
+fi
+if [[ $skip != *,head,* ]]; then
+  run_step head 90 python3 ci/bench_gpu_head.py --out "$out/head.json"
 fi
 if [[ $skip != *,sdpa,* ]]; then
   for backend in ${SDPA_BACKENDS:-flash}; do
@@ -86,6 +90,9 @@ if [[ $skip != *,sdpa,* ]]; then
       --micro-rows "${micro_rows[0]}" --warmup 3 --steps 5 --sdpa-backend "$backend" \
       --sides "$one_side" --out "$out/sdpa-$backend-micro${micro_rows[0]}.json"
   done
+fi
+if [[ $skip != *,pytest,* ]]; then
+  run_step pytest-gpu 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/test_engine_gpu.py
 fi
 if [[ $skip != *,profile,* ]]; then
   logs=perf_hints,cudagraphs,cudagraph_static_inputs

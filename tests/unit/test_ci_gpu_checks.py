@@ -9,6 +9,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -56,3 +58,19 @@ def test_steps_past_the_calls_time_are_skipped_and_say_so(tmp_path):
     assert [line.split(":")[0] for line in lines] == ["bench-micro2 skipped", "sdpa-math-micro2 skipped"]
     with tarfile.open(out / "gpu-checks.tar.gz") as tar:
         assert {"gpu-checks/machine.txt", "gpu-checks/summary.txt"} <= set(tar.getnames())
+
+
+@pytest.mark.parametrize(("mib", "rows"), [("81559", 32), ("143771", 64)])
+def test_the_micro_batch_follows_the_gpus_memory(tmp_path, mib, rows):
+    """Unset MICRO_ROWS: 64-row micro-batches (~100 GiB) on an H200's 141 GB, 32 on an H100's 80."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\necho {mib}\n")
+    fake.chmod(0o755)
+    env = _env(tmp_path, TOTAL_S="10")
+    del env["MICRO_ROWS"]
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    _run(env)
+    lines = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert [line.split(":")[0] for line in lines] == [f"bench-micro{rows} skipped", f"sdpa-math-micro{rows} skipped"]
