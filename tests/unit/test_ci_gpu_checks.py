@@ -74,3 +74,17 @@ def test_the_micro_batch_follows_the_gpus_memory(tmp_path, mib, rows):
     _run(env)
     lines = (tmp_path / "out" / "summary.txt").read_text().splitlines()
     assert [line.split(":")[0] for line in lines] == [f"bench-micro{rows} skipped", f"sdpa-math-micro{rows} skipped"]
+
+
+def test_the_default_sides_are_the_benchs():
+    """A misspelt default side would cost a GPU session its one call: each must be one bench_gpu runs."""
+    import re
+
+    from helpers.ci_scripts import load_ci_script
+
+    sides = load_ci_script("bench_gpu").SIDES
+    script = (ROOT / "ci" / "gpu_checks.sh").read_text()
+    defaults = re.findall(r'\$\{(?:SIDES|ONE_SIDE):-([^}]+)\}', script)
+    assert len(defaults) == 2
+    named = [side for default in defaults for side in default.split(",")]
+    assert "update-verity-cudagraphs-fused" in named and set(named) <= set(sides)
