@@ -140,6 +140,26 @@ def test_triton_and_inductor_loss_heads_agree_on_a_real_vocabulary():
     assert grad_t.abs().sum() > 0
 
 
+def _third_step_gradients(batch: dict, variants: list[dict]) -> tuple[list[FSDP2Engine], list[float]]:
+    """One compiled engine per variant (eager attention, lr 1e-9), two steps each, then a third
+    forward + backward: the engines, their gradients left in place, and the third losses."""
+    engines = [
+        FSDP2Engine(
+            tiny_qwen2(tie_word_embeddings=False),
+            OptimConfig(lr=1e-9),
+            device="cuda",
+            compile_layers=True,
+            attn_implementation="eager",
+            **variant,
+        )
+        for variant in variants
+    ]
+    for engine in engines:
+        for _ in range(2):
+            engine.train_step(batch, push_up_loss, 2)
+    return engines, [engine.forward_backward(batch, push_up_loss, 2)["loss"] for engine in engines]
+
+
 def test_cuda_graphs_give_the_compiled_layers_gradients():
     """Four micro-batches a step: warm-up, recording, then replays accumulating into the gradients.
 
@@ -150,22 +170,8 @@ def test_cuda_graphs_give_the_compiled_layers_gradients():
     different kernel choice would; the other gradients agreed within 1e-9.
     """
     batch = make_unpadded_batch(8, seed=1)
-    engines = [
-        FSDP2Engine(
-            tiny_qwen2(tie_word_embeddings=False),
-            OptimConfig(lr=1e-9),
-            device="cuda",
-            compile_layers=True,
-            cuda_graphs=graphs,
-            attn_implementation="eager",
-        )
-        for graphs in (False, True)
-    ]
+    engines, losses = _third_step_gradients(batch, [{"cuda_graphs": False}, {"cuda_graphs": True}])
     assert engines[1].cuda_graphs and not engines[0].cuda_graphs
-    for engine in engines:
-        for _ in range(2):
-            engine.train_step(batch, push_up_loss, 2)
-    losses = [engine.forward_backward(batch, push_up_loss, 2)["loss"] for engine in engines]
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
     for (name, plain), (_, graphed) in zip(
         engines[0].model.named_parameters(), engines[1].model.named_parameters(), strict=True
@@ -193,31 +199,27 @@ def test_stacked_projections_under_cuda_graphs_give_the_same_gradients():
     """``fuse_projections`` on CUDA, bf16, with the layers replayed as graphs: same loss and gradients.
 
     One stacked bf16 product instead of three (or two) rounds differently, so the tolerance
-    is bf16's; a wrong stacking order or a lost bias would be off by far more.
+    is bf16's; a wrong stacking order or a lost bias would be off by far more. The same
+    comparison on a CPU (compiled layers in bf16, no graphs) gave 2.7e-3 for the whole
+    gradient and at most 9e-3 for one parameter's.
     """
     batch = make_unpadded_batch(8, seed=1)
-    engines = [
-        FSDP2Engine(
-            tiny_qwen2(tie_word_embeddings=False),
-            OptimConfig(lr=1e-9),
-            device="cuda",
-            compile_layers=True,
-            cuda_graphs=True,
-            fuse_projections=fused,
-            attn_implementation="eager",
-        )
-        for fused in (False, True)
-    ]
-    for engine in engines:
-        for _ in range(2):
-            engine.train_step(batch, push_up_loss, 2)
-    losses = [engine.forward_backward(batch, push_up_loss, 2)["loss"] for engine in engines]
+    variants = [{"cuda_graphs": True}, {"cuda_graphs": True, "fuse_projections": True}]
+    engines, losses = _third_step_gradients(batch, variants)
+    assert engines[1].fused_projections is not None and engines[0].fused_projections is None
     assert losses[0] == pytest.approx(losses[1], rel=1e-2)
-    for (name, plain), (_, fused) in zip(
-        engines[0].model.named_parameters(), engines[1].model.named_parameters(), strict=True
-    ):
-        scale = plain.grad.abs().max().item()
-        assert (plain.grad - fused.grad).abs().max().item() <= 2e-2 * scale + 1e-6, name
+    pairs = [
+        (name, plain.grad.double(), fused.grad.double())
+        for (name, plain), (_, fused) in zip(
+            engines[0].model.named_parameters(), engines[1].model.named_parameters(), strict=True
+        )
+    ]
+    whole = [torch.cat([g.flatten() for _, g, _ in pairs]), torch.cat([g.flatten() for _, _, g in pairs])]
+    assert (whole[1] - whole[0]).norm() <= 1e-2 * whole[0].norm()
+    largest = max(plain.norm() for _, plain, _ in pairs)
+    for name, plain, fused in pairs:  # each gradient of some size: the small ones are mostly rounding
+        if plain.norm() > 1e-2 * largest:
+            assert (fused - plain).norm() <= 3e-2 * plain.norm(), name
     lp_plain, _ = engines[0].compute_logprobs(batch, 2)
     lp_fused, _ = engines[1].compute_logprobs(batch, 2)
     assert torch.allclose(lp_plain, lp_fused, atol=5e-2)
