@@ -93,6 +93,54 @@ def test_linears_that_cannot_be_stacked_are_left_alone():
     torch.testing.assert_close(got, want)
 
 
+def test_outputs_changed_in_place_are_not_stacked():
+    """Autograd refuses in-place changes to one of several views: such a linear stays on its own."""
+
+    class InPlace(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.c = nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 4)
+
+        def forward(self, x):
+            a = self.a(x)
+            a.mul_(2)
+            return a.sum(-1, keepdim=True) + self.b(x) * self.c(x)
+
+    torch._dynamo.reset()
+    sizes: list[list[int]] = []
+    model = InPlace()
+    x = torch.randn(3, 8, requires_grad=True)
+    want = model(x)
+    got = torch.compile(model, backend=_capture(sizes), fullgraph=True)(x)
+    assert sizes == [[2]]  # b and c; a is changed in place
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+
+
+def test_weights_read_late_in_the_graph_move_up_to_the_stacked_product():
+    """A traced graph reads each parameter (``get_attr``) just before its use: the pass moves them up."""
+
+    class Late(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w1, self.w2 = nn.Parameter(torch.randn(5, 8)), nn.Parameter(torch.randn(3, 8))
+
+        def forward(self, x):
+            y1 = F.linear(x, self.w1)
+            return torch.cat([y1, F.linear(x, self.w2)], dim=-1)
+
+    model = Late()
+    traced = torch.fx.symbolic_trace(model)
+    for node in traced.graph.nodes:  # a symbolic trace has no example values: give the parameters theirs
+        if node.op == "get_attr":
+            node.meta["example_value"] = getattr(model, node.target)
+    assert fuse_shared_input_linears(traced.graph) == [2]
+    traced.graph.lint()
+    traced.recompile()
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(traced(x), model(x))
+
+
 def loss(mb, logprobs, entropy, agg):
     return -(logprobs * mb["advantages"] * mb["response_mask"]).sum() / agg.global_tokens, {}
 
