@@ -71,8 +71,9 @@ run_step() {  # name, seconds allowed, command...: its output to $out/name.log, 
 } > "$out/machine.txt" 2>&1
 if [ -z "${MICRO_ROWS:-}" ]; then  # 64-row micro-batches need ~100 GiB: an H200, not an H100
   mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2> /dev/null | head -1)
-  MICRO_ROWS=$(( ${mib:-0} >= 122880 ? 64 : 32 ))
-  echo "micro-batch rows: $MICRO_ROWS (GPU memory: ${mib:-unknown} MiB)" >> "$out/machine.txt"
+  [[ $mib =~ ^[0-9]+$ ]] || mib=0  # no nvidia-smi, or "[N/A]": the smaller size
+  MICRO_ROWS=$(( mib >= 122880 ? 64 : 32 ))
+  echo "micro-batch rows: $MICRO_ROWS (GPU memory: $mib MiB, 0: unknown)" >> "$out/machine.txt"
 fi
 read -r -a micro_rows <<< "$MICRO_ROWS"
 if [[ $skip != *,bench,* ]]; then
