@@ -39,6 +39,10 @@ at the start of the run (an 8192-cube product on random data).
 side (the default, ``auto``, is torch's choice: cuDNN's on an H200 with torch 2.11); the
 JSON's ``config`` records it. Compare backends across runs of one machine, one per process.
 
+``--process-per-side`` runs each side in a fresh process (:mod:`bench_gpu_processes`) and merges
+their figures into one JSON with the same ratios: sides sharing a process share its device
+memory, and a CUDA-graph side's pools made the next side run out of memory on an H200.
+
 Times are medians over ``--steps`` steps after ``--warmup`` steps, with the device
 synchronised around each; the JSON records the device, torch and transformers versions
 and every step's seconds.
@@ -51,6 +55,7 @@ import contextlib
 import datetime as dt
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -76,6 +81,8 @@ from bench_gpu_model import (  # noqa: E402
     train_batch,
     training_flops_per_row,
 )
+from bench_gpu_processes import FLAG as PROCESS_PER_SIDE  # noqa: E402
+from bench_gpu_processes import run_each_side_apart  # noqa: E402
 from bench_gpu_profile import maybe_profile, sync  # noqa: E402
 
 __all__ = [
@@ -327,8 +334,14 @@ def summarise(
         "update_verity_compiled_vs_torch_compiled": ("update-verity-compiled", "update-torch-compiled"),
         "update_verity_cudagraphs_vs_compiled": ("update-verity-cudagraphs", "update-verity-compiled"),
         "update_verity_cudagraphs_vs_torch_compiled": ("update-verity-cudagraphs", "update-torch-compiled"),
-        "update_verity_compiled_fused_vs_compiled": ("update-verity-compiled-fused", "update-verity-compiled"),
-        "update_verity_cudagraphs_fused_vs_cudagraphs": ("update-verity-cudagraphs-fused", "update-verity-cudagraphs"),
+        "update_verity_compiled_fused_vs_compiled": (
+            "update-verity-compiled-fused",
+            "update-verity-compiled",
+        ),
+        "update_verity_cudagraphs_fused_vs_cudagraphs": (
+            "update-verity-cudagraphs-fused",
+            "update-verity-cudagraphs",
+        ),
         "update_verity_compiled_vs_eager_head": (
             "update-verity-compiled",
             "update-verity-compiled-eager-head",
@@ -343,7 +356,7 @@ def summarise(
 
 
 def environment(device: torch.device) -> dict:
-    """What ran: device name, torch, CUDA and transformers versions, date."""
+    """What ran: device name, torch, CUDA and transformers versions, date, this process's id."""
     import transformers
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -354,13 +367,14 @@ def environment(device: torch.device) -> dict:
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "pid": os.getpid(),
     }
 
 
 def format_table(result: dict) -> str:
     """A short text table of the sides."""
     lines = [
-        f"device: {result['environment']['device']}  model: {result['config']['model']}",
+        f"device: {(result['environment'] or {}).get('device', 'unknown')}  model: {result['config']['model']}",
         f"{'side':34} {'s (median)':>11} {'tokens/s':>12} {'MFU(sheet)':>11} {'MFU(meas.)':>11}",
     ]
     for name, side in result["sides"].items():
@@ -423,7 +437,9 @@ def run(args: argparse.Namespace) -> dict:
         "update-verity": lambda: update_verity(args, device, compiled=False),
         "update-verity-compiled": lambda: update_verity(args, device, compiled=True),
         "update-verity-cudagraphs": lambda: update_verity(args, device, compiled=True, cuda_graphs=True),
-        "update-verity-compiled-fused": lambda: update_verity(args, device, compiled=True, fuse_projections=True),
+        "update-verity-compiled-fused": lambda: update_verity(
+            args, device, compiled=True, fuse_projections=True
+        ),
         "update-verity-cudagraphs-fused": lambda: update_verity(
             args, device, compiled=True, cuda_graphs=True, fuse_projections=True
         ),
@@ -493,6 +509,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--profile", type=Path, default=None, help="folder for one profiled step per update side")
     p.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, from {','.join(SIDES)}")
+    p.add_argument(
+        PROCESS_PER_SIDE,
+        action="store_true",
+        help="each side in a fresh process, so no side runs in memory an earlier one holds (bench_gpu_processes)",
+    )
     args = p.parse_args(argv)
     args.sides = [s for s in args.sides.split(",") if s]
     unknown = sorted(set(args.sides) - set(SIDES))
@@ -517,8 +538,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    result = run(args)
+    if args.process_per_side:
+        result = run_each_side_apart(args, argv, Path(__file__).resolve(), summarise)
+    else:
+        result = run(args)
     print(format_table(result), flush=True)
     return 1 if any("error" in side for side in result["sides"].values()) else 0
 

@@ -12,8 +12,10 @@
 #
 # Steps, each under its own time limit, each line of $OUT/summary.txt saying its exit code and
 # seconds, the update's MFU first: `ci/bench_gpu.py` once per micro-batch size with the CUDA-graph
-# side and the same with stacked projections (`fsdp2.fuse_projections`) in the same process (so
-# their ratio is measured side by side); the loss head's kernels side by side
+# side and the same with stacked projections (`fsdp2.fuse_projections`) one after the other, each
+# in a fresh process (`--process-per-side`: in one process the second side ran out of memory
+# beside the first one's CUDA-graph pools on 2026-11-27), their ratio in one JSON; the loss
+# head's kernels side by side
 # (`ci/bench_gpu_head.py`: Triton at several blocks and warps, the previous Triton forward,
 # inductor's, plain PyTorch); the CUDA-graph side once more per SDPA kernel in SDPA_BACKENDS
 # (default: flash; torch's own choice on an H200 is cuDNN's), at the first micro-batch size; the
@@ -79,7 +81,7 @@ read -r -a micro_rows <<< "$MICRO_ROWS"
 if [[ $skip != *,bench,* ]]; then
   for rows in "${micro_rows[@]}"; do
     run_step "bench-micro$rows" 300 python3 ci/bench_gpu.py "${bench_args[@]}" --micro-rows "$rows" \
-      --warmup 3 --steps 5 --sides "$sides" --out "$out/bench-micro$rows.json"
+      --warmup 3 --steps 5 --sides "$sides" --process-per-side --out "$out/bench-micro$rows.json"
   done
 fi
 if [[ $skip != *,head,* ]]; then

@@ -135,3 +135,44 @@ def test_the_sdpa_backend_is_pinned_not_a_preference(tmp_path, backend, runs):
     assert code == (0 if runs else 1)
     if not runs:
         assert "No viable backend for scaled_dot_product_attention" in result["sides"]["update-verity"]["error"]
+
+
+def test_process_per_side_runs_each_side_in_its_own_process_and_keeps_the_ratios(tmp_path, capsys):
+    import os
+
+    out = tmp_path / "result.json"
+    argv = _tiny_argv(out, "--rows 2 --micro-rows 2 --prompt-len 4 --response-len 4 --warmup 1 --steps 1")
+    code = bench.main(argv + ["--sides", "update-verity,update-torch", "--process-per-side"])
+    assert code == 0
+    result = json.loads(out.read_text())
+    sides = result["sides"]
+    assert list(sides) == ["update-verity", "update-torch"]
+    pids = {sides["update-verity"]["pid"], sides["update-torch"]["pid"]}
+    assert len(pids) == 2 and os.getpid() not in pids
+    assert sides["update-verity"]["engine_tokens"] == 2 * 8
+    assert result["summary"]["update_verity_vs_torch"] == pytest.approx(
+        sides["update-verity"]["tokens_per_s"] / sides["update-torch"]["tokens_per_s"]
+    )
+    assert result["config"]["process_per_side"] is True and result["environment"]["device"] == "cpu"
+    assert set(result["measured_matmul_flops_per_side"]) == {"update-verity", "update-torch"}
+    assert "update_verity_vs_torch" in capsys.readouterr().out
+
+
+def test_process_per_side_records_a_side_whose_process_died_and_exits_nonzero(tmp_path, monkeypatch):
+    import subprocess
+
+    calls = []
+
+    def killed(cmd, check):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, -9)
+
+    monkeypatch.setattr(bench.run_each_side_apart.__globals__["subprocess"], "run", killed)
+    out = tmp_path / "r.json"
+    code = bench.main(_tiny_argv(out, "--sides update-torch,generate-hf --process-per-side"))
+    assert code == 1
+    sides = json.loads(out.read_text())["sides"]
+    assert "exited with -9 before writing its result" in sides["update-torch"]["error"]
+    assert "exited with -9" in sides["generate-hf"]["error"]
+    assert [c[len(c) - 1 - c[::-1].index("--sides") + 1] for c in calls] == ["update-torch", "generate-hf"]
+    assert all("--process-per-side" not in c for c in calls)

@@ -46,6 +46,8 @@ def test_the_dry_run_packs_each_steps_output_into_one_archive(tmp_path):
     with tarfile.open(out / "gpu-checks.tar.gz") as tar:
         names = set(tar.getnames())
         sdpa = json.load(tar.extractfile("gpu-checks/sdpa-math-micro2.json"))
+        bench = json.load(tar.extractfile("gpu-checks/bench-micro2.json"))
+    assert bench["config"]["process_per_side"] is True  # each bench side in a fresh process
     assert {"gpu-checks/machine.txt", "gpu-checks/bench-micro2.json", "gpu-checks/bench-micro2.log"} <= names
     assert sdpa["config"]["sdpa_backend"] == "math" and "median_seconds" in sdpa["sides"]["update-verity"]
 
