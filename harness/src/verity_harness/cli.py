@@ -21,6 +21,7 @@ from verity_harness.recipes import DEFAULT_CONFIG, RecipeNotFoundError, list_rec
 from verity_harness.runner import DEFAULT_OUTPUT_ROOT, DEFAULT_RESULTS_DIR
 
 DEFAULT_LEADERBOARD_DIR = Path("leaderboards")
+DEFAULT_BENCH_DIR = Path("ci/reports")  # where GPU sessions commit ci/bench_gpu.py's JSON
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,6 +68,13 @@ def _parser() -> argparse.ArgumentParser:
         help="MLflow store(s) of harness runs (default: outputs/harness/mlflow.db when it exists)",
     )
     board.add_argument("--no-mlflow", action="store_true", help="only the committed result files")
+    board.add_argument(
+        "--bench-dir",
+        type=Path,
+        action="append",
+        default=None,
+        help="folder(s) searched for ci/bench_gpu.py results for bench.html (default: ci/reports when it exists)",
+    )
     board.add_argument(
         "--screenshot", action="store_true", help="save <out>/screenshot.png of index.html (Chromium)"
     )
@@ -147,7 +155,12 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
         )
         return 2
     uris = [] if args.no_mlflow else (args.tracking_uri or _default_store())
-    paths = build_leaderboard(args.results_dir, args.out, uris)
+    bench_dirs = args.bench_dir if args.bench_dir is not None else [p for p in [DEFAULT_BENCH_DIR] if p.is_dir()]
+    missing = [d for d in bench_dirs if not d.is_dir()]
+    if missing:
+        print(f"verity-harness leaderboard: --bench-dir {missing[0]}: no such folder", file=sys.stderr)
+        return 2
+    paths = build_leaderboard(args.results_dir, args.out, uris, bench_dirs=bench_dirs)
     for path in paths:
         print(f"wrote {path}")
     if args.screenshot:

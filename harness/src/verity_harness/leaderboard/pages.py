@@ -9,6 +9,9 @@ nothing fetched). Tables carry ids the browser test reads:
   throughput, MFU, date, commit;
 - ``table#history-<recipe>`` (recipe pages): every run, newest first;
 - ``figure.plot`` holds one inline ``<svg class="plot">``.
+
+With bench results (:mod:`verity_harness.leaderboard.bench`) there is also ``bench.html``,
+linked from the index (``a#bench-link``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from verity_harness.leaderboard.bench import bench_page
 from verity_harness.leaderboard.collect import by_recipe, latest_per_key, sort_time
 from verity_harness.leaderboard.plots import curves_svg, throughput_svg
 from verity_harness.machine import device_text
@@ -170,8 +174,10 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def index_page(runs: Sequence[Mapping[str, Any]], generated: str, sources: str = DEFAULT_SOURCES) -> str:
-    """The overview: one section per recipe with its latest runs and plots."""
+def index_page(
+    runs: Sequence[Mapping[str, Any]], generated: str, sources: str = DEFAULT_SOURCES, bench_link: bool = False
+) -> str:
+    """The overview: one section per recipe with its latest runs and plots (``bench_link``: a link to ``bench.html``)."""
     grouped = by_recipe(runs)
     intro = (
         "<h1>verity leaderboards</h1>"
@@ -182,6 +188,12 @@ def index_page(runs: Sequence[Mapping[str, Any]], generated: str, sources: str =
         "one among the k), for recipes that evaluate that way. MFU is shown where the device's peak "
         "FLOP/s is known.</p>"
     )
+    if bench_link:
+        intro += (
+            '<p><a id="bench-link" href="bench.html">Hardware bench</a>: the actor update\'s MFU and '
+            "generation tokens/s of a Qwen2.5-0.5B-shaped model on accelerators, verity beside plain "
+            "PyTorch and HF <code>generate</code>.</p>"
+        )
     sections = "".join(recipe_section(name, rs, link=True) for name, rs in grouped.items())
     if not grouped:
         sections = '<p id="empty">No runs yet: run <code>verity-harness run RECIPE</code>.</p>'
@@ -203,17 +215,27 @@ def recipe_page(
 
 
 def write_pages(
-    runs: Sequence[Mapping[str, Any]], out_dir: Path, generated: str, sources: str = DEFAULT_SOURCES
+    runs: Sequence[Mapping[str, Any]],
+    out_dir: Path,
+    generated: str,
+    sources: str = DEFAULT_SOURCES,
+    bench: Sequence[Mapping[str, Any]] = (),
+    bench_sources: str = "",
 ) -> list[Path]:
-    """Write ``index.html`` and one page per recipe into ``out_dir``; return the paths.
+    """Write ``index.html``, one page per recipe and, with ``bench`` rows, ``bench.html`` into ``out_dir``.
 
-    ``sources``: the footer's words for where the runs came from (HTML).
+    ``sources``, ``bench_sources``: the footers' words for where the runs came from (HTML).
+    Returns the paths written, the index first.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "index.html"]
-    written[0].write_text(index_page(runs, generated, sources), encoding="utf-8")
+    written[0].write_text(index_page(runs, generated, sources, bench_link=bool(bench)), encoding="utf-8")
     for recipe, recipe_runs in by_recipe(runs).items():
         path = out_dir / f"{recipe}.html"
         path.write_text(recipe_page(recipe, recipe_runs, generated, sources), encoding="utf-8")
+        written.append(path)
+    if bench:
+        path = out_dir / "bench.html"
+        path.write_text(bench_page(bench, generated, bench_sources, _page), encoding="utf-8")
         written.append(path)
     return written
