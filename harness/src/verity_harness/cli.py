@@ -155,7 +155,10 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
         )
         return 2
     uris = [] if args.no_mlflow else (args.tracking_uri or _default_store())
-    bench_dirs = args.bench_dir if args.bench_dir is not None else [p for p in [DEFAULT_BENCH_DIR] if p.is_dir()]
+    if args.bench_dir is not None:
+        bench_dirs = args.bench_dir
+    else:
+        bench_dirs = [DEFAULT_BENCH_DIR] if DEFAULT_BENCH_DIR.is_dir() else []
     missing = [d for d in bench_dirs if not d.is_dir()]
     if missing:
         print(f"verity-harness leaderboard: --bench-dir {missing[0]}: no such folder", file=sys.stderr)

@@ -5,7 +5,7 @@ Qwen2.5-0.5B-shaped model on one device, verity's engine beside a plain PyTorch 
 ``generate`` on the same work, and writes one JSON per run; the GPU sessions commit theirs
 under ``ci/reports/``. This module finds those JSONs (any ``*.json`` under the folders given
 whose shape is bench_gpu's: ``environment.device``, ``config.model``, ``sides``), turns each
-side of each run into one row, and writes the page:
+side of each run into one row, and composes the page (:mod:`.pages` writes it):
 
 - ``table#bench-update``: the newest run per (device, model, side, batch shape, micro-batch
   rows, SDPA kernel, the compiled loss head's kernels, precision) of the update sides: s/step (median), the number of timed
@@ -64,6 +64,13 @@ def bench_rows(data: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
     rows = []
     for side, figures in data["sides"].items():
         figures = figures if isinstance(figures, dict) else {"error": f"not a side's figures: {figures!r}"}
+        generate = side.startswith("generate")  # generation sides have their own batch options
+        shape = (
+            ("gen_rows", "gen_prompt_len", "gen_new_tokens")
+            if generate
+            else ("rows", "prompt_len", "response_len")
+        )
+        n_rows, prompt_len, response_len = (config.get(k) for k in shape)
         rows.append(
             {
                 "device": env["device"],
@@ -71,17 +78,11 @@ def bench_rows(data: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
                 "date": env.get("date", ""),
                 "model": config["model"],
                 "side": side,
-                "kind": "generate" if side.startswith("generate") else "update",
-                "rows": config.get("gen_rows") if side.startswith("generate") else config.get("rows"),
-                "prompt_len": config.get("gen_prompt_len")
-                if side.startswith("generate")
-                else config.get("prompt_len"),
-                "response_len": (
-                    config.get("gen_new_tokens")
-                    if side.startswith("generate")
-                    else config.get("response_len")
-                ),
-                "micro_rows": None if side.startswith("generate") else config.get("micro_rows"),
+                "kind": "generate" if generate else "update",
+                "rows": n_rows,
+                "prompt_len": prompt_len,
+                "response_len": response_len,
+                "micro_rows": None if generate else config.get("micro_rows"),
                 "sdpa": config.get("sdpa_backend", "auto"),
                 "head_kernels": config.get("compiled_head_kernels"),  # absent: the run predates the option
                 "bf16": config.get("bf16", True),
@@ -226,11 +227,11 @@ INTRO = (
 )
 
 
-def bench_page(rows: Sequence[Mapping[str, Any]], generated: str, sources: str, page: Any) -> str:
-    """The whole page; ``page``: the leaderboard's page wrapper (title, body, generated, sources) -> HTML."""
+def bench_body(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The page's body (HTML): the intro, the latest update and generation tables, the history."""
     latest = latest_bench_rows(rows)
     history = sorted(rows, key=lambda r: (str(r["date"]), str(r["source"]), str(r["side"])), reverse=True)
-    body = (
+    return (
         INTRO
         + "<h2>actor update</h2>"
         + bench_table(
@@ -249,4 +250,3 @@ def bench_page(rows: Sequence[Mapping[str, Any]], generated: str, sources: str, 
         + "<h2>history</h2>"
         + bench_table(history, HISTORY_COLUMNS, "bench-history", "every side of every run, newest first")
     )
-    return page("verity hardware bench", body, generated, sources)

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from verity_harness.leaderboard.bench import bench_page
+from verity_harness.leaderboard.bench import bench_body
 from verity_harness.leaderboard.collect import by_recipe, latest_per_key, sort_time
 from verity_harness.leaderboard.plots import curves_svg, throughput_svg
 from verity_harness.machine import device_text
@@ -175,7 +175,10 @@ def _count(n: int, noun: str) -> str:
 
 
 def index_page(
-    runs: Sequence[Mapping[str, Any]], generated: str, sources: str = DEFAULT_SOURCES, bench_link: bool = False
+    runs: Sequence[Mapping[str, Any]],
+    generated: str,
+    sources: str = DEFAULT_SOURCES,
+    bench_link: bool = False,
 ) -> str:
     """The overview: one section per recipe with its latest runs and plots (``bench_link``: a link to ``bench.html``)."""
     grouped = by_recipe(runs)
@@ -236,6 +239,8 @@ def write_pages(
         written.append(path)
     if bench:
         path = out_dir / "bench.html"
-        path.write_text(bench_page(bench, generated, bench_sources, _page), encoding="utf-8")
+        path.write_text(
+            _page("verity hardware bench", bench_body(bench), generated, bench_sources), encoding="utf-8"
+        )
         written.append(path)
     return written
