@@ -167,7 +167,7 @@ def test_process_per_side_records_a_side_whose_process_died_and_exits_nonzero(tm
         calls.append(cmd)
         return subprocess.CompletedProcess(cmd, -9)
 
-    monkeypatch.setattr(bench.run_each_side_apart.__globals__["subprocess"], "run", killed)
+    monkeypatch.setattr(subprocess, "run", killed)  # the module bench_gpu_processes calls
     out = tmp_path / "r.json"
     code = bench.main(_tiny_argv(out, "--sides update-torch,generate-hf --process-per-side"))
     assert code == 1
