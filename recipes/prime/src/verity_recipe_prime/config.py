@@ -61,6 +61,7 @@ class PRMConfig:
     micro_batch_size: int = 64  # rows per forward/backward inside a worker
     placement: str = "colocated"  # colocated: in the actor's processes | separate: its own worker group
     n_workers: int | None = None  # workers of a separate PRM group; None: trainer.n_workers
+    nnodes: int | None = None  # nodes a separate PRM group spans (n_workers / nnodes each); None: fewest that fit
 
     def validate(self) -> None:
         if not self.beta > 0:
@@ -79,6 +80,10 @@ class PRMConfig:
                 f"n_workers = {self.n_workers} applies only to placement=separate; a colocated PRM "
                 "runs in the actor's trainer.n_workers processes"
             )
+        if self.nnodes is not None and self.placement != "separate":
+            raise ValueError(f"nnodes = {self.nnodes} applies only to placement=separate (its own worker group)")
+        if self.nnodes is not None and (self.nnodes < 1 or (self.n_workers or self.nnodes) % self.nnodes):
+            raise ValueError(f"nnodes = {self.nnodes}: the PRM group's n_workers must divide over its nodes")
         try:
             self.optim.validate()
         except ValueError as err:

@@ -39,10 +39,14 @@ _BOOKKEEPING_PREFIXES = (
 
 
 def checkpoint_root(cfg: VerityConfig) -> Path:
-    """The run's checkpoint folder: ``trainer.checkpoint.dir`` or ``<trainer.output_dir>/checkpoints``."""
+    """The run's checkpoint folder: ``trainer.checkpoint.dir`` or ``<trainer.output_dir>/checkpoints``.
+
+    Absolute (a relative key is resolved against the driver's working folder): workers on other
+    nodes write into it and their working folder is not the driver's.
+    """
     t = cfg.trainer
     base = t.checkpoint.dir if t.checkpoint.dir else str(Path(t.output_dir) / "checkpoints")
-    return Path(base).expanduser()
+    return Path(base).expanduser().absolute()
 
 
 def resolve_resume(cfg: VerityConfig) -> Path | None:

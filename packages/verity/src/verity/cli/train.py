@@ -7,7 +7,8 @@ The configuration is validated (unknown keys, batch arithmetic, missing files)
 before any worker starts; a bad one exits with code 2 and names the key.
 
 Exit codes: 0 done; 2 bad config, data or reward function (found before any worker
-starts), or the output folder is in use by another run; 1 a worker died, a stage timed
+starts), the output folder is in use by another run, or the Ray cluster cannot hold the
+run's worker pools (the placement plan names what was asked and what each node has free); 1 a worker died, a stage timed
 out or too many reward samples failed (the message names the role, rank and cause, and
 the last complete checkpoint); 143 stopped by SIGTERM, 130 by Ctrl-C, after saving a
 checkpoint at the end of the step (the command that resumes is printed); a second Ctrl-C
@@ -61,7 +62,7 @@ def execute(cfg: Any, prog: str, argv: list[str] | None = None) -> tuple[int, di
     """
     from verity.checkpoint.resume import last_checkpoint_hint
     from verity.checkpoint.signals import TrainingStopped
-    from verity.controller import WorkerError
+    from verity.controller import ResourceUnavailableError, WorkerError
     from verity.data.verl_dataset import MalformedDatasetError, PromptTooLongError
     from verity.rewards.failures import RewardFailureError
     from verity.rewards.preflight import RewardSetupError
@@ -77,6 +78,7 @@ def execute(cfg: Any, prog: str, argv: list[str] | None = None) -> tuple[int, di
         PromptTooLongError,
         OutputDirBusyError,
         RewardSetupError,
+        ResourceUnavailableError,
     ) as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 2, None

@@ -135,6 +135,13 @@ def _role_parts(cfg: Any) -> list[IdlePart]:
                 "set trainer.mode=async for a rollout worker group of its own",
             )
         )
+        parts.append(
+            IdlePart(
+                "rollout.nnodes",
+                f"trainer.mode={cfg.trainer.mode}: the rollout runs in the actor's workers, on the actor's nodes",
+                "set trainer.mode=async for a rollout worker group of its own",
+            )
+        )
     if cfg.model.path != "embedded":
         for key in ("embedded_sft_steps", "embedded_cache_dir"):
             parts.append(

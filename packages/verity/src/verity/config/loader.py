@@ -46,6 +46,7 @@ def load_config(overrides: Sequence[str] = (), config_file: str | os.PathLike | 
     :func:`validate_config` checks values. Raises :class:`ConfigError` naming the
     offending key(s) for each failure.
     """
+    from verity.config.cluster_checks import apply_cluster_shape
     from verity.config.keys import check_keys, non_bool_values
     from verity.config.sections import schema_class
     from verity.plugins import PluginError, load_plugins
@@ -80,7 +81,9 @@ def load_config(overrides: Sequence[str] = (), config_file: str | os.PathLike | 
         GlobalHydra.instance().clear()
     cfg = OmegaConf.to_object(raw)
     assert isinstance(cfg, VerityConfig)
-    applied = apply_embedded_defaults(cfg, _explicit_keys(file_data, overrides))
+    explicit = _explicit_keys(file_data, overrides)
+    applied = apply_embedded_defaults(cfg, explicit)
+    apply_cluster_shape(cfg, explicit)
     if applied:
         logger.info(
             "model.path=embedded: unset keys take the embedded default's settings: %s",

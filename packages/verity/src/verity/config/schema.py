@@ -67,6 +67,7 @@ class RolloutConfig:
     # float32 training weights gets each weight sync rounded to bf16 (docs/rollout-engines.md, "Serving dtype")
     dtype: str | None = None
     n_workers: int = 1  # trainer.mode=async: Ray workers of the rollout's own worker group
+    nnodes: int | None = None  # trainer.mode=async: nodes that group spans (n_workers / nnodes each); None: fewest that fit
     # the vllm and sglang engines' own settings, read when rollout.engine names them
     # (docs/rollout-engines.md)
     vllm: VLLMOptions = field(default_factory=VLLMOptions)
@@ -119,6 +120,7 @@ class CriticConfig:
     fsdp2: FSDP2Options = field(default_factory=FSDP2Options)
     placement: str = "colocated"  # colocated: in the actor's processes | separate: its own worker group
     n_workers: int | None = None  # workers of a separate critic group; None: trainer.n_workers
+    nnodes: int | None = None  # nodes a separate critic group spans (n_workers / nnodes each); None: fewest that fit
     optim: OptimConfig = field(default_factory=_critic_optim)
     ppo_mini_batch_size: int = 32  # prompts per optimizer step
     ppo_epochs: int = 1  # passes over each RL step's batch
@@ -171,6 +173,7 @@ class RewardModelConfig:
     micro_batch_size: int = 16  # rows per forward pass
     placement: str = "colocated"  # colocated: in the actor's processes | separate: its own worker group
     n_workers: int | None = None  # workers of a separate reward-model group; None: trainer.n_workers
+    nnodes: int | None = None  # nodes a separate reward-model group spans; None: fewest that fit
 
 
 @dataclass
@@ -184,7 +187,11 @@ class CheckpointConfig:
 @dataclass
 class TrainerConfig:
     total_steps: int = 60  # RL steps (each: train_batch_size prompts x rollout.n samples)
-    n_workers: int = 2  # actor data-parallel workers (Ray actors)
+    n_workers: int = 2  # actor workers (Ray actors) in all nodes together; = nnodes x n_workers_per_node
+    # nodes the actor's pool spans (ranks node by node: rank r on node r // n_workers_per_node); None: 1 on
+    # a private cluster, the fewest nodes that hold n_workers on a joined one (docs/multi-node.md)
+    nnodes: int | None = None
+    n_workers_per_node: int | None = None  # None: n_workers / nnodes
     device: str = "auto"  # auto | cpu | cuda | rocm | npu | gpu (cuda or rocm, whichever is here)
     seed: int = 0  # seeds data order, sampling and initialisation: same seed, same machine, same run
     output_dir: str = "outputs/run"  # summary, metrics, curves, checkpoints and the MLflow store go here
@@ -193,7 +200,10 @@ class TrainerConfig:
     tracking_uri: str | None = None  # None: sqlite store in output_dir
     val_before_train: bool = True  # evaluate the starting model on the held-out set
     val_every: int = 0  # steps; 0: only before and after
-    ray_address: str | None = None  # None: a private local Ray cluster
+    ray_address: str | None = None  # None: a private local Ray cluster | auto | host:port | ray://host:10001
+    # seconds to wait for the cluster to hold the run's pools (nodes still joining) before stopping with
+    # what was asked and what the cluster has
+    placement_timeout_s: float = 60.0
     cpus_per_worker: float = 1.0  # CPUs reserved per worker (Ray) and torch threads per worker
     progress: bool = True  # print a progress line
     # auto: continue from the newest complete checkpoint (fresh start if none) | off | a checkpoint path

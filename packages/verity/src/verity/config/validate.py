@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from verity.config.cluster_checks import validate_cluster_shape
 from verity.config.errors import ConfigError
 from verity.config.idle_settings import check_idle_settings
 from verity.config.model_checks import check_model_folders, reject_placeholders
@@ -123,6 +124,7 @@ def validate_config(cfg: VerityConfig) -> None:
         )
     _validate_skip_zero_advantage(cfg)
     _validate_off_policy(cfg)
+    validate_cluster_shape(cfg)
     _validate_engines(cfg)
     _validate_lora(cfg)
     if r.temperature < 0:
@@ -403,7 +405,9 @@ def _validate_lora(cfg: VerityConfig) -> None:
             "train LoRA adapters; use actor.engine=fsdp2, or actor.lora.rank=0 to train every weight"
         )
     if not peft_available():
-        raise ConfigError(f"actor.lora.rank={lora.rank} needs the peft package, which is not installed: pip install peft")
+        raise ConfigError(
+            f"actor.lora.rank={lora.rank} needs the peft package, which is not installed: pip install peft"
+        )
 
 
 def _validate_megatron(cfg: VerityConfig, has_critic: bool) -> None:

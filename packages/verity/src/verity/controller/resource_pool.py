@@ -2,8 +2,13 @@
 
 ``ResourcePool([4, 4], resource="GPU")`` reserves two placement groups of four bundles,
 each bundle one GPU plus ``cpus_per_bundle`` CPUs; each placement group is packed onto
-one node (``STRICT_PACK``; Ray chooses the node). Slot ``i`` (rank ``i`` of a group built
-on the pool) is bundle ``i - offset`` of the placement group it falls in.
+one node (``STRICT_PACK``). Slot ``i`` (rank ``i`` of a group built on the pool) is bundle
+``i - offset`` of the placement group it falls in, so ranks are ordered node by node.
+
+Where each placement group goes is Ray's choice unless ``node_ids`` names a node for each:
+then every bundle carries Ray's ``ray.io/node-id`` label selector and lands exactly there.
+A run passes the nodes of its :class:`~verity.controller.placement.PlacementPlan`
+(:meth:`ResourcePool.from_plan`), so what is reserved is what was planned and printed.
 
 Creating a pool first checks the request against the cluster's total resources and
 fails at once when it can never fit; otherwise it waits up to ``timeout_s`` for the
@@ -18,16 +23,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from verity.controller.errors import ResourceUnavailableError
+from verity.controller.placement import PoolPlacement
+from verity.controller.placement import format_resources as _fmt
 
 __all__ = ["ResourcePool"]
 
 STRATEGIES = ("STRICT_PACK", "PACK", "SPREAD", "STRICT_SPREAD")
+#: the label every Ray node carries with its own id (placement-group bundles select on it)
+NODE_ID_LABEL = "ray.io/node-id"
 _pool_ids = itertools.count()
-
-
-def _fmt(resources: dict[str, float]) -> str:
-    shown = {k: (int(v) if float(v).is_integer() else round(v, 3)) for k, v in sorted(resources.items())}
-    return "{" + ", ".join(f"{k}: {v}" for k, v in shown.items()) + "}"
 
 
 def _cluster_nodes() -> list[dict[str, float]]:
@@ -55,6 +59,8 @@ class ResourcePool:
         strategy: Ray placement strategy of each placement group (default ``STRICT_PACK``:
             all bundles of an entry on one node).
         timeout_s: seconds to wait for the reservation before raising.
+        node_ids: the Ray node id each placement group must land on (one per entry of
+            ``bundles_per_node``); ``None``: Ray chooses.
     """
 
     def __init__(
@@ -65,6 +71,7 @@ class ResourcePool:
         name: str | None = None,
         strategy: str = "STRICT_PACK",
         timeout_s: float = 60.0,
+        node_ids: Sequence[str] | None = None,
     ) -> None:
         import ray
         from ray.util.placement_group import placement_group
@@ -88,6 +95,10 @@ class ResourcePool:
             raise ValueError(
                 f"ResourcePool {self.name!r}: strategy must be one of {STRATEGIES}, got {strategy!r}"
             )
+        if node_ids is not None and len(node_ids) != len(counts):
+            raise ValueError(
+                f"ResourcePool {self.name!r}: node_ids names {len(node_ids)} node(s) for {len(counts)} placement groups"
+            )
         if not ray.is_initialized():
             raise RuntimeError(
                 f"ResourcePool {self.name!r}: Ray is not running; call verity.controller.init_ray() first"
@@ -101,11 +112,22 @@ class ResourcePool:
         if resource != "CPU":
             bundle[resource] = 1.0
         self.bundle = bundle
+        self.node_ids = list(node_ids) if node_ids is not None else None
         self._check_feasible()
 
-        self.placement_groups = [
-            placement_group([dict(bundle) for _ in range(n)], strategy=strategy) for n in counts
-        ]
+        if self.node_ids is None:
+            self.placement_groups = [
+                placement_group([dict(bundle) for _ in range(n)], strategy=strategy) for n in counts
+            ]
+        else:
+            self.placement_groups = [
+                placement_group(
+                    [dict(bundle) for _ in range(n)],
+                    strategy=strategy,
+                    bundle_label_selector=[{NODE_ID_LABEL: node}] * n,
+                )
+                for n, node in zip(counts, self.node_ids, strict=True)
+            ]
         try:
             ray.get([pg.ready() for pg in self.placement_groups], timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -115,9 +137,28 @@ class ResourcePool:
                 f"{self._relevant(ray.cluster_resources())} in total and "
                 f"{self._relevant(ray.available_resources())} free now "
                 "(other pools or groups hold the rest?)"
+                + (f"; its placement groups are pinned to nodes {self.node_ids}" if self.node_ids else "")
             ) from None
         self.slots = [(pg, i) for pg, n in zip(self.placement_groups, counts, strict=True) for i in range(n)]
         self.slot_node_ids = self._node_ids()
+
+    @classmethod
+    def from_plan(
+        cls,
+        placed: PoolPlacement,
+        resource: str = "CPU",
+        cpus_per_bundle: float = 1.0,
+        timeout_s: float = 60.0,
+    ) -> ResourcePool:
+        """The pool of one planned :class:`~verity.controller.placement.PoolPlacement`: a placement group per node, pinned."""
+        return cls(
+            [placed.per_node] * len(placed.nodes),
+            resource=resource,
+            cpus_per_bundle=cpus_per_bundle,
+            name=placed.name,
+            timeout_s=timeout_s,
+            node_ids=[node.node_id for node in placed.nodes],
+        )
 
     # ------------------------------------------------------------------ info
     @property
@@ -164,7 +205,7 @@ class ResourcePool:
                 f"{self._request_text()}, but the whole cluster has only {_fmt({k: totals.get(k, 0.0) for k in self.bundle})} "
                 f"({len(nodes)} node(s))"
             )
-        if self.strategy == "STRICT_PACK":
+        if self.strategy == "STRICT_PACK" and self.node_ids is None:
             largest = max(self.bundles_per_node)
             fits = [
                 node

@@ -207,6 +207,7 @@ register_role(
         RolloutWorker,
         enabled=lambda cfg: cfg.trainer.mode == "async",
         placement=lambda cfg: ("separate", cfg.rollout.n_workers),
+        section="rollout",  # rollout.nnodes
         handle=AsyncRollout,
         trained=True,  # checkpointed: the batch in flight
         order=5,

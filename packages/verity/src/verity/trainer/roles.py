@@ -1,13 +1,16 @@
 """Start the worker groups of a run's roles (:mod:`verity.workers.registry`) and collect what runs.
 
-    groups = start_roles(cfg, inputs, backend)     # pools + groups, every role's init_model() called
+    plan = plan_run(cfg, backend)                  # verity.trainer.placement: role -> node -> ranks
+    groups = start_roles(cfg, inputs, backend, plan)   # pools + groups, every role's init_model() called
     groups.handles["actor"].generate(batch)
     groups.ran                                      # {"actor": {"train_engine": "fsdp2", ...}, ...}
     groups.close()                                  # kill the workers, free the pools
 
 Colocated roles share one worker group on the actor's pool (``trainer.n_workers``
-slots); each ``separate`` role gets a pool and group of its own. Roles start in
-registry order (the actor first: it forms the process group the colocated roles join).
+slots over ``trainer.nnodes`` nodes); each ``separate`` role gets a pool and group of its
+own. Every pool is reserved where the placement plan put it, one placement group per node.
+Roles start in registry order (the actor first: it forms the process group the colocated
+roles join).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from verity.controller.placement import PlacementPlan, PoolPlacement
 from verity.trainer import async_rollout as _async_rollout  # noqa: F401 (registers the async rollout role)
+from verity.trainer.placement import ACTOR_POOL, plan_run
 from verity.workers.registry import RoleDef, RoleInputs, enabled_roles, role_placement
 
 
@@ -25,6 +30,7 @@ class RoleGroups:
     """The running roles: handles by name, their facts (rank 0's), the pools to free."""
 
     roles: list[RoleDef]
+    plan: PlacementPlan = field(default_factory=PlacementPlan)
     handles: dict[str, Any] = field(default_factory=dict)
     facts: dict[str, dict[str, Any]] = field(default_factory=dict)
     pools: list[Any] = field(default_factory=list)
@@ -67,7 +73,24 @@ class RoleGroups:
                 out.setdefault("device_name", str(facts["device_name"]))
             if facts.get("rollout_wrappers"):
                 out["rollout_wrappers"] = "+".join(str(w) for w in facts["rollout_wrappers"])
+        out.update(self.placement())
         return out
+
+    def placement(self) -> dict[str, str]:
+        """Where every pool's ranks ran, from the reserved placement groups (``{"placement.actor": "ip/node:0-1", ...}``)."""
+        record: dict[str, str] = {}
+        if not self.pools:
+            return record
+        for pool in self.pools:
+            spans = []
+            for node_id in dict.fromkeys(pool.slot_node_ids):
+                ranks = [r for r, n in enumerate(pool.slot_node_ids) if n == node_id]
+                node = next((n for n in self.plan.nodes if n.node_id == node_id), None)
+                label = node.label if node is not None else node_id[:8]
+                spans.append(f"{label}:{ranks[0]}" + (f"-{ranks[-1]}" if len(ranks) > 1 else ""))
+            record[f"placement.{pool.name}"] = ",".join(spans)
+        record["nodes"] = str(len({n for pool in self.pools for n in pool.slot_node_ids}))
+        return record
 
     def close(self) -> None:
         """Kill every worker and free every pool (safe to call twice)."""
@@ -90,11 +113,16 @@ def cpus_needed(cfg: Any) -> float:
     return total
 
 
-def _pool(cfg: Any, backend: Any, n_workers: int, name: str) -> Any:
+def _pool(cfg: Any, backend: Any, placed: PoolPlacement) -> Any:
+    """The reservation of one planned pool: a placement group on each of its nodes."""
     from verity.controller import ResourcePool
 
-    resource = {} if backend.ray_resource == "CPU" else {"resource": backend.ray_resource}
-    return ResourcePool([n_workers], cpus_per_bundle=cfg.trainer.cpus_per_worker, name=name, **resource)
+    return ResourcePool.from_plan(
+        placed,
+        resource=backend.ray_resource,
+        cpus_per_bundle=cfg.trainer.cpus_per_worker,
+        timeout_s=cfg.trainer.placement_timeout_s,
+    )
 
 
 def _handle(role: RoleDef, cfg: Any, group: Any) -> Any:
@@ -102,16 +130,17 @@ def _handle(role: RoleDef, cfg: Any, group: Any) -> Any:
     return role.handle(cfg, group) if role.handle is not None else group
 
 
-def start_roles(cfg: Any, inputs: RoleInputs, backend: Any) -> RoleGroups:
-    """Reserve pools, start every enabled role's worker group, call each role's ``init_model``."""
+def start_roles(cfg: Any, inputs: RoleInputs, backend: Any, plan: PlacementPlan | None = None) -> RoleGroups:
+    """Reserve the pools of ``plan`` (default: :func:`plan_run`), start every enabled role's worker group,
+    call each role's ``init_model``."""
     from verity.controller import WorkerGroup, colocate, role
 
     roles = enabled_roles(cfg)
-    out = RoleGroups(roles)
+    out = RoleGroups(roles, plan if plan is not None else plan_run(cfg, backend))
     try:
         colocated = [r for r in roles if role_placement(r, cfg)[0] == "colocated"]
         separate = [r for r in roles if role_placement(r, cfg)[0] == "separate"]
-        pool = _pool(cfg, backend, cfg.trainer.n_workers, "actor")
+        pool = _pool(cfg, backend, out.plan.pool(ACTOR_POOL))
         out.pools.append(pool)
         if len(colocated) == 1:
             only = colocated[0]
@@ -124,8 +153,7 @@ def start_roles(cfg: Any, inputs: RoleInputs, backend: Any) -> RoleGroups:
             out.handles.update({name: _handle(by_name[name], cfg, getattr(group, name)) for name in specs})
         out.groups.append(group)
         for r in separate:
-            _, n_workers = role_placement(r, cfg)
-            own_pool = _pool(cfg, backend, n_workers, r.name)
+            own_pool = _pool(cfg, backend, out.plan.pool(r.name))
             out.pools.append(own_pool)
             own = WorkerGroup(own_pool, r.worker, *r.args(cfg, inputs), name=r.name)
             out.groups.append(own)

@@ -5,7 +5,8 @@
 Order of work: validate and resolve inputs (model folder, data files) -> plan the
 stages (built-in + plug-in planners; printed and logged) -> start Ray (a private local
 cluster unless ``trainer.ray_address``) -> start every enabled role's worker group
-(:mod:`verity.trainer.roles`) -> score, train, evaluate -> write ``summary.json``
+(:mod:`verity.trainer.roles`, placed node by node as :mod:`verity.trainer.placement` plans, the
+plan printed; a plan over other nodes first checks that they see the output folder) -> score, train, evaluate -> write ``summary.json``
 (with ``ran``: the engines the workers report running), ``metrics.jsonl`` and
 ``curves.png`` into ``trainer.output_dir``.
 Nothing is downloaded: ``model.path=embedded`` builds (or reuses) the tiny model.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,9 +133,11 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
     from verity.tracking import ProgressLine, config_hash
     from verity.trainer.loop import RLTrainer
     from verity.trainer.outputs import write_run_outputs
+    from verity.trainer.placement import plan_run
     from verity.trainer.recovery import attach_recovery, open_tracker, plan_resume
     from verity.trainer.roles import RoleGroups, cpus_needed, start_roles
     from verity.trainer.run_dir import run_name
+    from verity.trainer.shared_storage import check_shared_output_dir
     from verity.trainer.stage_plan import build_stage_plan
     from verity.workers.registry import RoleInputs
 
@@ -220,7 +224,13 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
     status = "FAILED"
     stop = GracefulStop().install()  # after init_ray, which installs its own SIGTERM handler
     try:
-        groups = start_roles(cfg, RoleInputs(inputs.model_path, inputs.tokenizer_path), backend)
+        placement = plan_run(cfg, backend)
+        print(f"verity: placement on {len(placement.nodes)} node(s):", flush=True)
+        print(textwrap.indent(placement.describe(), "  "), flush=True)
+        away = [node for node in placement.nodes if not node.is_driver]
+        if away:  # workers on other nodes write checkpoints: they must see this run's folder
+            check_shared_output_dir(out_dir, away, timeout_s=cfg.trainer.placement_timeout_s)
+        groups = start_roles(cfg, RoleInputs(inputs.model_path, inputs.tokenizer_path), backend, placement)
         ran = groups.ran()
         tracker.log_params(
             {

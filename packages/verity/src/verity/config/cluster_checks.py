@@ -1,0 +1,110 @@
+"""The run's cluster shape: ``trainer.nnodes`` x ``trainer.n_workers_per_node`` = ``trainer.n_workers``,
+and each separate role's ``nnodes``; derived where the user left a key unset, checked before Ray starts.
+
+Only what the config alone can tell is checked here (sizes, divisibility, a multi-node shape without a
+cluster to join). Whether the cluster holds the shape is the placement plan's question
+(:mod:`verity.trainer.placement`), answered after Ray is joined and before any worker starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verity.config.errors import ConfigError
+
+__all__ = ["apply_cluster_shape", "model_parallel_size", "validate_cluster_shape"]
+
+
+def apply_cluster_shape(cfg: Any, explicit: set[str]) -> None:
+    """Derive ``trainer.n_workers`` (the total) from ``nnodes x n_workers_per_node`` when the user set both
+    and left ``n_workers`` unset; a given ``n_workers`` is checked against them in :func:`validate_cluster_shape`."""
+    t = cfg.trainer
+    both = t.nnodes is not None and t.n_workers_per_node is not None
+    if both and "trainer.n_workers" not in explicit and t.nnodes >= 1 and t.n_workers_per_node >= 1:
+        t.n_workers = t.nnodes * t.n_workers_per_node
+
+
+def model_parallel_size(cfg: Any) -> int:
+    """Consecutive actor ranks that form one model-parallel group (Megatron's TP x PP; 1 for FSDP2)."""
+    if cfg.actor.engine != "megatron":
+        return 1
+    options = cfg.actor.megatron
+    return int(options.tensor_parallel_size) * int(options.pipeline_parallel_size)
+
+
+def validate_cluster_shape(cfg: Any) -> None:
+    """``trainer.nnodes`` / ``n_workers_per_node`` / ``placement_timeout_s`` and every role's ``nnodes``."""
+    t = cfg.trainer
+    for key in ("nnodes", "n_workers_per_node"):
+        value = getattr(t, key)
+        if value is not None and value < 1:
+            raise ConfigError(
+                f"trainer.{key} must be >= 1 (or null: chosen from trainer.n_workers), got {value}"
+            )
+    if (
+        t.nnodes is not None
+        and t.n_workers_per_node is not None
+        and t.nnodes * t.n_workers_per_node != t.n_workers
+    ):
+        raise ConfigError(
+            f"trainer.n_workers = {t.n_workers} is the total over all nodes, but trainer.nnodes x "
+            f"trainer.n_workers_per_node = {t.nnodes} x {t.n_workers_per_node} = {t.nnodes * t.n_workers_per_node}; "
+            "leave trainer.n_workers unset (it is derived) or make the three agree"
+        )
+    for key in ("nnodes", "n_workers_per_node"):
+        value = getattr(t, key)
+        if value is not None and t.n_workers % value:
+            raise ConfigError(
+                f"trainer.n_workers = {t.n_workers} does not divide over trainer.{key} = {value}"
+            )
+    if not t.placement_timeout_s > 0:
+        raise ConfigError(f"trainer.placement_timeout_s must be > 0 seconds, got {t.placement_timeout_s}")
+    group = model_parallel_size(cfg)
+    per_node = actor_workers_per_node(cfg)
+    # a total that is not a multiple of the group is the megatron checks' to name (validate.py)
+    if group > 1 and per_node is not None and per_node % group and not t.n_workers % group:
+        raise ConfigError(
+            f"{per_node} actor workers per node is not a multiple of actor.megatron.tensor_parallel_size x "
+            f"pipeline_parallel_size = {group}: a model-parallel group must stay inside one node"
+        )
+    sections = {"critic": cfg.critic, "reward_model": cfg.reward_model}
+    for name, section in sections.items():
+        validate_role_nnodes(name, section.placement, section.n_workers or t.n_workers, section.nnodes)
+    async_mode = t.mode == "async"
+    if cfg.rollout.nnodes is not None:
+        validate_role_nnodes(
+            "rollout", "separate" if async_mode else "colocated", cfg.rollout.n_workers, cfg.rollout.nnodes
+        )
+    asked = {"trainer": t.nnodes, "rollout": cfg.rollout.nnodes, **{k: s.nnodes for k, s in sections.items()}}
+    multi_node = [f"{key}.nnodes={value}" for key, value in asked.items() if (value or 1) > 1]
+    if multi_node and t.ray_address is None:
+        raise ConfigError(
+            f"{', '.join(multi_node)} spans several nodes, which needs a Ray cluster to join: set "
+            "trainer.ray_address (auto on a node of the cluster; docs/multi-node.md); without it verity starts "
+            "a private cluster of this machine alone"
+        )
+
+
+def actor_workers_per_node(cfg: Any) -> int | None:
+    """Actor workers on each node when the config fixes it (``None``: the placement plan chooses)."""
+    t = cfg.trainer
+    if t.n_workers_per_node is not None:
+        return t.n_workers_per_node
+    if t.nnodes is not None:
+        return t.n_workers // t.nnodes
+    return t.n_workers if t.ray_address is None else None
+
+
+def validate_role_nnodes(section: str, placement: str, n_workers: int, nnodes: int | None) -> None:
+    """A role section's ``nnodes``: only with ``placement=separate``, dividing its ``n_workers``."""
+    if nnodes is None:
+        return
+    if placement != "separate":
+        raise ConfigError(
+            f"{section}.nnodes = {nnodes} applies only to placement=separate; a colocated role runs in the "
+            "actor's processes, on the actor's nodes (trainer.nnodes)"
+        )
+    if nnodes < 1 or n_workers % nnodes:
+        raise ConfigError(
+            f"{section}.nnodes = {nnodes}: the group's {n_workers} workers must divide over its nodes (nnodes >= 1)"
+        )
