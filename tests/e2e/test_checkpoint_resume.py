@@ -17,16 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.dense_reward import write_digit_reward
 
 pytestmark = pytest.mark.slow
 
 STEPS = 4
 RUN_TIMEOUT_S = 400
-DIGIT_REWARD = '''
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    """Share of digit characters in the response: dense, so every sample moves the policy."""
-    return sum(ch.isdigit() for ch in solution_str) / max(1, len(solution_str))
-'''
 
 
 def run_args(paths: dict[str, str], out: Path, *extra: str) -> list[str]:
@@ -127,9 +123,7 @@ def assert_same_run(out: Path, reference: Path) -> None:
 
 @pytest.fixture(scope="module")
 def paths(tiny_model_and_task, tmp_path_factory) -> dict[str, str]:
-    reward = tmp_path_factory.mktemp("reward") / "digits.py"
-    reward.write_text(DIGIT_REWARD)
-    return {**tiny_model_and_task, "reward": str(reward)}
+    return {**tiny_model_and_task, "reward": write_digit_reward(tmp_path_factory.mktemp("reward"))}
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.dense_reward import write_digit_reward
 from helpers.sim_cluster import simulated_cluster
 from verity.config import load_config
 
@@ -36,7 +37,8 @@ def _nodes_of(placement: str) -> list[str]:
 def test_grpo_on_two_nodes_matches_one_node(two_nodes, tiny_grpo_overrides, tmp_path, capsys):
     from verity.trainer.run import run_training
 
-    joined = [f"trainer.ray_address={two_nodes.address}", "trainer.cpus_per_worker=1"]
+    reward = write_digit_reward(tmp_path)  # dense: every step moves the weights
+    joined = [f"trainer.ray_address={two_nodes.address}", "trainer.cpus_per_worker=1", f"reward.custom_path={reward}"]
     spread = run_training(
         load_config(
             tiny_grpo_overrides(
@@ -57,6 +59,7 @@ def test_grpo_on_two_nodes_matches_one_node(two_nodes, tiny_grpo_overrides, tmp_
     assert packed_nodes[0] == spread_nodes[0]  # rank 0 on the driver's node both times
 
     # gloo sums the same two gradients in the same order wherever the ranks run: equal, not close
+    assert all(row["actor/grad_norm"] > 0 for row in _rows(tmp_path / "spread"))
     for a, b in zip(_rows(tmp_path / "spread"), _rows(tmp_path / "packed"), strict=True):
         for key in STEP_KEYS:
             assert a[key] == b[key], (key, a[key], b[key])

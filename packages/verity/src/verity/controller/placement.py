@@ -44,6 +44,7 @@ __all__ = [
     "PoolPlacement",
     "PoolRequest",
     "cluster_nodes",
+    "describe_node",
     "describe_nodes",
     "format_resources",
     "never_fits",
@@ -286,6 +287,21 @@ def never_fits(request: PoolRequest, nodes: Sequence[NodeInfo]) -> bool:
     """Whether no node of this kind, even idle, holds one node's share of ``request`` (more such nodes would not help)."""
     smallest = request.n_workers // request.nnodes if request.nnodes is not None else request.group_size
     return all(_capacity(node.resources, request.bundle) < smallest for node in nodes)
+
+
+def describe_node(node_id: str) -> str:
+    """``node 10.0.0.2/ab12cd34`` for a node of the connected cluster, noting when it is no longer alive."""
+    import ray
+
+    try:
+        found = next((n for n in ray.nodes() if n.get("NodeID") == node_id), None)
+    except Exception:  # Ray itself is going down: say what is known
+        found = None
+    if found is None:
+        return f"node {node_id[:8]}"
+    label = f"node {found.get('NodeManagerAddress', '?')}/{node_id[:8]}"
+    alive = found.get("Alive", found.get("alive", True))
+    return label if alive else f"{label} (that node left the cluster)"
 
 
 def describe_nodes(nodes: Sequence[NodeInfo]) -> list[dict[str, Any]]:

@@ -60,6 +60,7 @@ def explain_failure(
     ping: Callable[[int], Any],
     world_size: int,
     grace_s: float = DEFAULT_GRACE_S,
+    node_of: Callable[[int], str] | None = None,
 ) -> WorkerError:
     """The error to raise for a group call whose rank ``rank`` failed with ``error``.
 
@@ -71,6 +72,7 @@ def explain_failure(
         ping: ``ping(rank)`` submits a liveness check on that rank and returns its ref.
         world_size: ranks in the group (every one is checked, not only the called ones).
         grace_s: seconds to wait for the liveness answers.
+        node_of: ``node_of(rank)`` names the node a rank ran on (said of each dead rank).
     """
     import ray
     from ray.exceptions import RayActorError, RayTaskError
@@ -110,7 +112,8 @@ def explain_failure(
     silent = sorted(pings[ref] for ref in unanswered if pings[ref] not in dead)
     if dead:
         first = min(dead)
-        names = ", ".join(f"rank {r} died ({_short(e)})" for r, e in sorted(dead.items()))
+        on = (lambda r: f" on {node_of(r)}") if node_of is not None else (lambda r: "")
+        names = ", ".join(f"rank {r} died{on(r)} ({_short(e)})" for r, e in sorted(dead.items()))
         message = f"{label}: the worker process of {names}"
         consequences = {r: e for r, e in errors.items() if r not in dead}
         if consequences:

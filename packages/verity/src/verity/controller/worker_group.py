@@ -40,6 +40,7 @@ from verity.controller.dispatch import (
 )
 from verity.controller.errors import ControllerError, WorkerTimeoutError
 from verity.controller.host import SINGLE_ROLE, ColocatedRoles, RoleSpec, WorkerHost
+from verity.controller.placement import describe_node
 from verity.controller.rank_failures import explain_failure
 from verity.controller.request_echo import (
     FROM_REQUEST,
@@ -429,8 +430,13 @@ class WorkerGroup:
                     rank_of=rank_of,
                     ping=self._ping,
                     world_size=len(self._hosts),
+                    node_of=self._node_of,
                 ) from err
         return found
+
+    def _node_of(self, rank: int) -> str:
+        """``node 10.0.0.2/ab12cd34``, with ``(that node left the cluster)`` when Ray lost the node itself."""
+        return describe_node(self.pool.slot_node_ids[rank])
 
     def _ping(self, rank: int) -> Any:
         """A liveness check of ``rank`` on its diagnostics concurrency group (answers while a method runs)."""
