@@ -16,7 +16,8 @@ import pytest
 
 pytest.importorskip("megatron.core", reason="the megatron extra is not installed")
 
-from test_checkpoint_resume import DIGIT_REWARD, assert_same_metrics, latest, rows, train  # noqa: E402
+from helpers.dense_reward import DIGIT_REWARD  # noqa: E402
+from test_checkpoint_resume import assert_same_metrics, latest, rows, train  # noqa: E402
 
 pytestmark = pytest.mark.slow
 STEPS = 2

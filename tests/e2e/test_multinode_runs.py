@@ -156,3 +156,31 @@ def test_shapes_the_cluster_cannot_hold_are_refused_in_one_sentence(
     assert code == 2
     assert "waited 2 s for nodes to join (trainer.placement_timeout_s)" in err
     assert "Traceback" not in err
+
+
+def test_megatron_tensor_parallel_groups_stay_inside_a_node(two_nodes, tiny_grpo_overrides, tmp_path):
+    pytest.importorskip("megatron.core", reason="the megatron extra is not installed")
+    from verity.trainer.run import run_training
+
+    summary = run_training(
+        load_config(
+            tiny_grpo_overrides(
+                str(tmp_path / "megatron"),
+                f"trainer.ray_address={two_nodes.address}",
+                "trainer.cpus_per_worker=1",
+                "trainer.n_workers=4",
+                "trainer.nnodes=2",
+                "trainer.n_workers_per_node=2",
+                "trainer.total_steps=2",
+                "actor.engine=megatron",
+                "actor.megatron.tensor_parallel_size=2",  # TP=2 x DP=2 over 4 ranks
+            )
+        )
+    )
+    ran = summary["ran"]
+    spans = ran["placement.actor"].split(",")
+    assert [span.rsplit(":", 1)[1] for span in spans] == ["0-1", "2-3"]  # ranks node by node
+    assert len({span.rsplit(":", 1)[0] for span in spans}) == 2
+    # each rank all-gathered its TP group's NODE_RANKs: one node per group (rank 0's answer)
+    assert ran["actor"] == "megatron" and ran["actor_model_parallel_nodes"] == "1"
+    assert len(_rows(tmp_path / "megatron")) == 2

@@ -51,6 +51,8 @@ class RoleGroups:
                 out["rollout"] = str(facts["rollout_engine"])
             if facts.get("train_sharding"):
                 out[f"{name}_sharding"] = str(facts["train_sharding"])
+            if facts.get("train_model_parallel_nodes"):
+                out[f"{name}_model_parallel_nodes"] = str(facts["train_model_parallel_nodes"])
             if facts.get("train_compute_dtype"):
                 out[f"{name}_compute_dtype"] = str(facts["train_compute_dtype"])
             if facts.get("train_attention"):

@@ -146,6 +146,8 @@ class ActorRolloutRefWorker(Worker):
             "n_trainable_params": _trainable_parameters(self.actor, n_params),
             "train_engine": self.actor.name,
             "train_sharding": getattr(self.actor, "sharding", None),  # fsdp2: full | replicate
+            # megatron: nodes one model-parallel group spans (1: its collectives stay inside a node)
+            "train_model_parallel_nodes": getattr(self.actor, "model_parallel_nodes", None),
             "train_compute_dtype": str(self.actor.compute_dtype).removeprefix("torch."),
             "train_attention": attention_implementation(self.actor.model),
             "train_compiled_layers": getattr(self.actor, "compiled_layers", 0),

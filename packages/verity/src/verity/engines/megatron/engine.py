@@ -54,6 +54,7 @@ from verity.engines.megatron.parallel import (
     gather_vocab_parallel,
     global_grad_norm,
     initialize_layout,
+    model_parallel_nodes,
     sum_tied_embedding_gradients,
 )
 from verity.engines.megatron.schedule import run_micro_batches
@@ -121,6 +122,7 @@ class MegatronEngine(TrainingEngine):
             if dist.is_available() and dist.is_initialized():
                 self.options.data_parallel_size(dist.get_world_size())
             self.layout = initialize_layout(tp, pp)
+            self.model_parallel_nodes = model_parallel_nodes(self.layout)
             if self.device.type == "cuda":
                 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 

@@ -93,6 +93,21 @@ def initialize_layout(tp: int, pp: int) -> ParallelLayout:
     )
 
 
+def model_parallel_nodes(layout: ParallelLayout) -> int:
+    """Distinct nodes this rank's model-parallel group (TP x PP) spans, from each rank's ``NODE_RANK``.
+
+    1 means the group's collectives stay on one node's fast links; more means every layer's
+    tensor-parallel all-reduce crosses the network, which the placement plan exists to avoid.
+    """
+    import os
+
+    mine = os.environ.get("NODE_RANK", "0")
+    size = dist.get_world_size(layout.mp_group)
+    seen: list[str | None] = [None] * size
+    dist.all_gather_object(seen, mine, group=layout.mp_group)
+    return len(set(seen))
+
+
 def comm_device(device: torch.device) -> torch.device:
     """Where small collective tensors live: the compute device under nccl, CPU under gloo."""
     return device if dist.get_backend() == "nccl" else torch.device("cpu")
