@@ -38,7 +38,11 @@ def test_grpo_on_two_nodes_matches_one_node(two_nodes, tiny_grpo_overrides, tmp_
     from verity.trainer.run import run_training
 
     reward = write_digit_reward(tmp_path)  # dense: every step moves the weights
-    joined = [f"trainer.ray_address={two_nodes.address}", "trainer.cpus_per_worker=1", f"reward.custom_path={reward}"]
+    joined = [
+        f"trainer.ray_address={two_nodes.address}",
+        "trainer.cpus_per_worker=1",
+        f"reward.custom_path={reward}",
+    ]
     spread = run_training(
         load_config(
             tiny_grpo_overrides(
@@ -184,3 +188,31 @@ def test_megatron_tensor_parallel_groups_stay_inside_a_node(two_nodes, tiny_grpo
     # each rank all-gathered its TP group's NODE_RANKs: one node per group (rank 0's answer)
     assert ran["actor"] == "megatron" and ran["actor_model_parallel_nodes"] == "1"
     assert len(_rows(tmp_path / "megatron")) == 2
+
+
+def test_verity_train_joins_the_cluster_in_ray_address_and_chooses_the_shape(
+    two_nodes, tiny_grpo_overrides, tmp_path
+):
+    # what `ray job submit -- verity train ...` does: the entrypoint runs with RAY_ADDRESS set, no address key
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "job"
+    args = tiny_grpo_overrides(
+        str(out), "trainer.cpus_per_worker=2", "trainer.total_steps=1", "trainer.val_before_train=false"
+    )
+    env = {**os.environ, "RAY_ADDRESS": two_nodes.address}
+    done = subprocess.run(
+        [sys.executable, "-m", "verity.cli.main", "train", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"joining the Ray cluster at RAY_ADDRESS={two_nodes.address}" in done.stdout
+    # 2 workers of 2 CPUs: no node holds both, so the plan chose 2 nodes x 1 and printed it
+    assert "verity: placement on 2 node(s):" in done.stdout
+    ran = json.loads((out / "summary.json").read_text())["ran"]
+    assert ran["nodes"] == "2" and len(_nodes_of(ran["placement.actor"])) == 2

@@ -82,3 +82,14 @@ def test_megatron_groups_stay_inside_a_node():
 def test_placement_timeout_must_be_positive():
     with pytest.raises(ConfigError, match=r"trainer.placement_timeout_s must be > 0"):
         load_config(["trainer.placement_timeout_s=0"])
+
+
+def test_ray_address_from_the_environment_is_the_cluster_to_join(monkeypatch):
+    from verity.config.cluster_checks import cluster_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert cluster_address(load_config([])) is None  # a private cluster
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # as `ray job submit` sets it for its entrypoint
+    cfg = load_config(["trainer.nnodes=2"])  # several nodes: fine, there is a cluster to join
+    assert cluster_address(cfg) == "10.0.0.1:6379"
+    assert cluster_address(load_config(["trainer.ray_address=auto"])) == "auto"  # the key wins

@@ -34,6 +34,7 @@ _BOOKKEEPING_PREFIXES = (
     "trainer.total_steps",
     "trainer.val_every",
     "trainer.ray_address",
+    "trainer.placement_timeout_s",
     "trainer.run_name",
 )
 

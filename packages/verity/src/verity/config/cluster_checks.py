@@ -8,11 +8,21 @@ cluster to join). Whether the cluster holds the shape is the placement plan's qu
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from verity.config.errors import ConfigError
 
-__all__ = ["apply_cluster_shape", "model_parallel_size", "validate_cluster_shape"]
+__all__ = ["apply_cluster_shape", "cluster_address", "model_parallel_size", "validate_cluster_shape"]
+
+#: the variable Ray reads when ``ray.init()`` gets no address; ``ray job submit`` sets it for its entrypoint
+RAY_ADDRESS_VARIABLE = "RAY_ADDRESS"
+
+
+def cluster_address(cfg: Any) -> str | None:
+    """The Ray cluster the run joins: ``trainer.ray_address``, else ``$RAY_ADDRESS`` (set by ``ray job submit``
+    for its entrypoint, and by users who point their shell at a cluster), else ``None``: a private cluster."""
+    return cfg.trainer.ray_address or os.environ.get(RAY_ADDRESS_VARIABLE) or None
 
 
 def apply_cluster_shape(cfg: Any, explicit: set[str]) -> None:
@@ -77,10 +87,10 @@ def validate_cluster_shape(cfg: Any) -> None:
         )
     asked = {"trainer": t.nnodes, "rollout": cfg.rollout.nnodes, **{k: s.nnodes for k, s in sections.items()}}
     multi_node = [f"{key}.nnodes={value}" for key, value in asked.items() if (value or 1) > 1]
-    if multi_node and t.ray_address is None:
+    if multi_node and cluster_address(cfg) is None:
         raise ConfigError(
             f"{', '.join(multi_node)} spans several nodes, which needs a Ray cluster to join: set "
-            "trainer.ray_address (auto on a node of the cluster; docs/multi-node.md); without it verity starts "
+            "trainer.ray_address (auto on a node of the cluster; docs/multi-node.md) or RAY_ADDRESS; without either verity starts "
             "a private cluster of this machine alone"
         )
 
@@ -92,7 +102,7 @@ def actor_workers_per_node(cfg: Any) -> int | None:
         return t.n_workers_per_node
     if t.nnodes is not None:
         return t.n_workers // t.nnodes
-    return t.n_workers if t.ray_address is None else None
+    return t.n_workers if cluster_address(cfg) is None else None
 
 
 def validate_role_nnodes(section: str, placement: str, n_workers: int, nnodes: int | None) -> None:

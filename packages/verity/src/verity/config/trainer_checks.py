@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from verity.config.cluster_checks import cluster_address
 from verity.config.derived import needs_critic
 from verity.config.errors import ConfigError
 from verity.config.schema import VerityConfig
@@ -57,7 +58,7 @@ def check_trainer(cfg: VerityConfig) -> None:
         or bool(graphed)
     )
     if needs_accelerator and (
-        device == "cpu" or (device == "auto" and not t.ray_address and _local_device_is_cpu())
+        device == "cpu" or (device == "auto" and not cluster_address(cfg) and _local_device_is_cpu())
     ):
         _check_cpu_rollout(cfg)
         if graphed:

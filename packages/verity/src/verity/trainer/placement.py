@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from verity.config.cluster_checks import model_parallel_size
+from verity.config.cluster_checks import cluster_address, model_parallel_size
 from verity.config.errors import ConfigError
 from verity.controller.placement import (
     PlacementError,
@@ -106,10 +106,11 @@ def pool_requests(cfg: Any, backend: Any) -> list[PoolRequest]:
 def plan_run(cfg: Any, backend: Any, joined: bool | None = None) -> PlacementPlan:
     """Plan every pool on the running Ray cluster; on a joined cluster wait up to ``trainer.placement_timeout_s`` for nodes.
 
-    ``joined``: whether the cluster is one the run joined (default: ``trainer.ray_address`` is set).
+    ``joined``: whether the cluster is one the run joined (default: it has an address to join,
+    :func:`~verity.config.cluster_checks.cluster_address`).
     """
     requests = pool_requests(cfg, backend)
-    joined = cfg.trainer.ray_address is not None if joined is None else joined
+    joined = cluster_address(cfg) is not None if joined is None else joined
     timeout_s = float(cfg.trainer.placement_timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:

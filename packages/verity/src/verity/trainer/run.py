@@ -4,7 +4,7 @@
 
 Order of work: validate and resolve inputs (model folder, data files) -> plan the
 stages (built-in + plug-in planners; printed and logged) -> start Ray (a private local
-cluster unless ``trainer.ray_address``) -> start every enabled role's worker group
+cluster unless ``trainer.ray_address`` or ``$RAY_ADDRESS`` names one to join) -> start every enabled role's worker group
 (:mod:`verity.trainer.roles`, placed node by node as :mod:`verity.trainer.placement` plans, the
 plan printed; a plan over other nodes first checks that they see the output folder) -> score, train, evaluate -> write ``summary.json``
 (with ``ran``: the engines the workers report running), ``metrics.jsonl`` and
@@ -119,6 +119,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
 
     from verity.algorithms.kl_control import build_kl_controller
     from verity.checkpoint.signals import GracefulStop, TrainingStopped
+    from verity.config.cluster_checks import cluster_address
     from verity.config.derived import columns_held_on_driver
     from verity.controller import init_ray, shutdown_ray
     from verity.controller.request_echo import HELD_ON_DRIVER
@@ -212,14 +213,10 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
     plan_text = build_stage_plan(cfg).describe()
     print(f"verity: stages {plan_text}", flush=True)
     tracker.log_params({"trainer.stage_plan": plan_text})
-    init_ray(
-        cfg.trainer.ray_address,
-        **(
-            {"num_cpus": max(2, os.cpu_count() or 2, cpus_needed(cfg))}
-            if cfg.trainer.ray_address is None
-            else {}
-        ),
-    )
+    address = cluster_address(cfg)
+    if address is not None and cfg.trainer.ray_address is None:
+        print(f"verity: joining the Ray cluster at RAY_ADDRESS={address} (trainer.ray_address is unset)", flush=True)
+    init_ray(address, **({"num_cpus": max(2, os.cpu_count() or 2, cpus_needed(cfg))} if address is None else {}))
     groups: RoleGroups | None = None
     status = "FAILED"
     stop = GracefulStop().install()  # after init_ray, which installs its own SIGTERM handler
@@ -297,5 +294,5 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
         rewards.close()
         if groups is not None:
             groups.close()
-        if cfg.trainer.ray_address is None:
+        if address is None:
             shutdown_ray()
