@@ -17,7 +17,6 @@ downloaded. Every row is a distinct random prompt of ``--prompt-len`` tokens fol
 | ``update-verity`` | ``FSDP2Engine.train_step`` (one process, bf16 autocast over float32 master weights, SDPA, fused AdamW), a GRPO policy-gradient loss |
 | ``update-verity-compiled`` | the same with ``compile_layers=True``: each decoder layer through inductor, and the loss head (:mod:`verity.engines.compiled_head`) |
 | ``update-verity-cudagraphs`` | ``update-verity-compiled`` with ``cuda_graphs=True``: each layer's training forward and backward replayed as CUDA graphs (:mod:`verity.engines.compiled_layers`) |
-| ``update-verity-compiled-fused``, ``update-verity-cudagraphs-fused`` | those two with ``fuse_projections=True``: query/key/value and gate/up each one product against stacked weights (:mod:`verity.engines.fused_projections`) |
 | ``update-verity-compiled-eager-head`` | compiled layers, the eager chunked loss head (:mod:`verity.engines.fused_logprobs`): what the compiled head adds |
 | ``update-verity-autograd-head`` | ``update-verity`` with the loss head through autograd (``entropy_requires_grad=True``: a float32 ``[N, V]`` log-softmax kept for the backward, the entropy in the graph; the head every step ran before :mod:`verity.engines.fused_logprobs`, then with ``logsumexp``) |
 | ``update-torch`` | a plain PyTorch loop on the same work: bf16 autocast, ``logits_to_keep``, log-softmax, the same loss, backward, clip, fused AdamW |
@@ -104,8 +103,6 @@ SIDES = (
     "update-verity",
     "update-verity-compiled",
     "update-verity-cudagraphs",
-    "update-verity-compiled-fused",
-    "update-verity-cudagraphs-fused",
     "update-verity-compiled-eager-head",
     "update-verity-autograd-head",
     "update-torch",
@@ -158,7 +155,6 @@ def update_verity(
     autograd_head: bool = False,
     compiled_head: bool | None = None,
     cuda_graphs: bool = False,
-    fuse_projections: bool = False,
 ) -> dict:
     """``FSDP2Engine.train_step`` seconds on the bench batch; the engine's own ``ran`` facts.
 
@@ -167,8 +163,6 @@ def update_verity(
     ``compiled_head``: the engine's ``compile_head`` (default: as ``compiled``).
     ``cuda_graphs``: the engine's ``cuda_graphs``; the side then also records inductor's
     CUDA-graph counters (graphs recorded, skips), so a silent fallback shows.
-    ``fuse_projections``: the engine's; the side records the sizes of the groups the pass
-    stacked in this process (empty when inductor's caches served the graphs).
     """
     from torch._dynamo.utils import counters
     from verity.engines import FSDP2Engine, OptimConfig
@@ -183,7 +177,6 @@ def update_verity(
         compile_layers=compiled,
         compile_head=compiled_head,
         cuda_graphs=cuda_graphs,
-        fuse_projections=fuse_projections,
     )
     counters.clear()
     batch = train_batch(MODELS[args.model], args.rows, args.prompt_len, args.response_len, seed=1)
@@ -196,7 +189,6 @@ def update_verity(
         "update-verity"
         + ("-compiled" if compiled and not cuda_graphs else "")
         + ("-cudagraphs" if cuda_graphs else "")
-        + ("-fused" if fuse_projections else "")
         + ("-eager-head" if compiled and not engine.compiled_head else "")
         + ("-autograd-head" if autograd_head else "")
     )
@@ -212,8 +204,6 @@ def update_verity(
     out["compiled_head"] = engine.compiled_head
     out["mixed_precision"] = engine.mixed_precision
     out["cuda_graphs"] = engine.cuda_graphs
-    fused = engine.fused_projections
-    out["fused_projection_groups"] = None if fused is None else list(fused.fused_groups)
     out["inductor_counters"] = {k: v for k, v in counters["inductor"].items() if "cudagraph" in k}
     out["unique_graphs"] = counters["stats"].get("unique_graphs", 0)
     return out
@@ -334,14 +324,6 @@ def summarise(
         "update_verity_compiled_vs_torch_compiled": ("update-verity-compiled", "update-torch-compiled"),
         "update_verity_cudagraphs_vs_compiled": ("update-verity-cudagraphs", "update-verity-compiled"),
         "update_verity_cudagraphs_vs_torch_compiled": ("update-verity-cudagraphs", "update-torch-compiled"),
-        "update_verity_compiled_fused_vs_compiled": (
-            "update-verity-compiled-fused",
-            "update-verity-compiled",
-        ),
-        "update_verity_cudagraphs_fused_vs_cudagraphs": (
-            "update-verity-cudagraphs-fused",
-            "update-verity-cudagraphs",
-        ),
         "update_verity_compiled_vs_eager_head": (
             "update-verity-compiled",
             "update-verity-compiled-eager-head",
@@ -437,12 +419,6 @@ def run(args: argparse.Namespace) -> dict:
         "update-verity": lambda: update_verity(args, device, compiled=False),
         "update-verity-compiled": lambda: update_verity(args, device, compiled=True),
         "update-verity-cudagraphs": lambda: update_verity(args, device, compiled=True, cuda_graphs=True),
-        "update-verity-compiled-fused": lambda: update_verity(
-            args, device, compiled=True, fuse_projections=True
-        ),
-        "update-verity-cudagraphs-fused": lambda: update_verity(
-            args, device, compiled=True, cuda_graphs=True, fuse_projections=True
-        ),
         "update-verity-compiled-eager-head": lambda: update_verity(
             args, device, compiled=True, compiled_head=False
         ),

@@ -12,9 +12,9 @@
 #
 # Steps, each under its own time limit, each line of $OUT/summary.txt saying its exit code and
 # seconds, the update's MFU first: `ci/bench_gpu.py` once per micro-batch size with the CUDA-graph
-# side and the same with stacked projections (`fsdp2.fuse_projections`) one after the other, each
-# in a fresh process (`--process-per-side`: in one process the second side ran out of memory
-# beside the first one's CUDA-graph pools on 2026-11-27), their ratio in one JSON; the loss
+# side and the compiled side without graphs one after the other, each in a fresh process
+# (`--process-per-side`: in one process a second side can run out of memory beside the first
+# one's CUDA-graph pools), their ratio in one JSON; the loss
 # head's kernels side by side
 # (`ci/bench_gpu_head.py`: Triton at several blocks and warps, the previous Triton forward,
 # inductor's, plain PyTorch); the CUDA-graph side once more per SDPA kernel in SDPA_BACKENDS
@@ -40,7 +40,7 @@ fi
 export PYTHONPATH="$PWD/.gpu/site:$PWD/packages/verity/src${PYTHONPATH:+:$PYTHONPATH}"
 export MLFLOW_ALLOW_FILE_STORE=true PYTHONUNBUFFERED=1
 skip=",${SKIP:-},"
-sides="${SIDES:-update-verity-cudagraphs,update-verity-cudagraphs-fused}"  # the bench step's sides
+sides="${SIDES:-update-verity-cudagraphs,update-verity-compiled}"  # the bench step's sides
 one_side="${ONE_SIDE:-update-verity-cudagraphs}"  # the side of the sdpa and profile steps
 read -r -a bench_args <<< "${BENCH_ARGS:-}"
 

@@ -89,4 +89,4 @@ def test_the_default_sides_are_the_benchs():
     defaults = re.findall(r'\$\{(?:SIDES|ONE_SIDE):-([^}]+)\}', script)
     assert len(defaults) == 2
     named = [side for default in defaults for side in default.split(",")]
-    assert "update-verity-cudagraphs-fused" in named and set(named) <= set(sides)
+    assert "update-verity-cudagraphs" in named and set(named) <= set(sides)

@@ -193,33 +193,3 @@ def test_cuda_graphs_learn():
     )
     losses = [engine.train_step(batch, push_up_loss, 2)["loss"] for _ in range(6)]
     assert losses[-1] < losses[0] and all(map(math.isfinite, losses)), losses
-
-
-def test_stacked_projections_under_cuda_graphs_give_the_same_gradients():
-    """``fuse_projections`` on CUDA, bf16, with the layers replayed as graphs: same loss and gradients.
-
-    One stacked bf16 product instead of three (or two) rounds differently, so the tolerance
-    is bf16's; a wrong stacking order or a lost bias would be off by far more. The same
-    comparison on a CPU (compiled layers in bf16, no graphs) gave 2.7e-3 for the whole
-    gradient and at most 9e-3 for one parameter's.
-    """
-    batch = make_unpadded_batch(8, seed=1)
-    variants = [{"cuda_graphs": True}, {"cuda_graphs": True, "fuse_projections": True}]
-    engines, losses = _third_step_gradients(batch, variants)
-    assert engines[1].fused_projections is not None and engines[0].fused_projections is None
-    assert losses[0] == pytest.approx(losses[1], rel=1e-2)
-    pairs = [
-        (name, plain.grad.double(), fused.grad.double())
-        for (name, plain), (_, fused) in zip(
-            engines[0].model.named_parameters(), engines[1].model.named_parameters(), strict=True
-        )
-    ]
-    whole = [torch.cat([g.flatten() for _, g, _ in pairs]), torch.cat([g.flatten() for _, _, g in pairs])]
-    assert (whole[1] - whole[0]).norm() <= 1e-2 * whole[0].norm()
-    largest = max(plain.norm() for _, plain, _ in pairs)
-    for name, plain, fused in pairs:  # each gradient of some size: the small ones are mostly rounding
-        if plain.norm() > 1e-2 * largest:
-            assert (fused - plain).norm() <= 3e-2 * plain.norm(), name
-    lp_plain, _ = engines[0].compute_logprobs(batch, 2)
-    lp_fused, _ = engines[1].compute_logprobs(batch, 2)
-    assert torch.allclose(lp_plain, lp_fused, atol=5e-2)

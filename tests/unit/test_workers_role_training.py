@@ -137,9 +137,7 @@ def test_ran_says_when_the_loss_head_was_compiled():
     assert ran["actor_compiled_layers"] == "24" and ran["actor_compiled_head"] == "true"
     assert "actor_cuda_graphs" not in ran
     graphed = RoleGroups(roles=[], facts={"actor": {**compiled, "train_cuda_graphs": True}}).ran()
-    assert graphed["actor_cuda_graphs"] == "true" and "actor_fused_projections" not in graphed
-    fused = RoleGroups(roles=[], facts={"actor": {**compiled, "train_fused_projections": True}}).ran()
-    assert fused["actor_fused_projections"] == "true"
+    assert graphed["actor_cuda_graphs"] == "true"
     eager = {"train_engine": "fsdp2", "train_compiled_layers": 0, "train_compiled_head": False}
     eager_ran = RoleGroups(roles=[], facts={"actor": eager}).ran()
     assert "actor_compiled_layers" not in eager_ran and "actor_compiled_head" not in eager_ran

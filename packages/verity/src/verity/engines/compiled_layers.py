@@ -30,27 +30,19 @@ pool (zeroed, never set to None), so the replays' gradients accumulate into them
 Every new micro-batch shape records a new graph (a warm-up pass, a recording, and its own
 activations in the shared pool): runs whose micro-batches vary in length pay that per
 length seen.
-
-**Stacked projections** (``fuse_projections=True``): inductor also runs
-:class:`~verity.engines.fused_projections.FuseSharedInputLinears` on each layer's graph, so
-the linears that read one input (query, key and value; gate and up) run as one product
-against their stacked weights (see that module).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-if TYPE_CHECKING:
-    from verity.engines.fused_projections import FuseSharedInputLinears
-
-__all__ = ["check_cuda_graphs", "compile_decoder_layers", "compile_unavailable_reason", "projection_pass"]
+__all__ = ["check_cuda_graphs", "compile_decoder_layers", "compile_unavailable_reason"]
 
 
 def compile_unavailable_reason(device: torch.device) -> str | None:
@@ -84,15 +76,12 @@ def compile_decoder_layers(
     device: torch.device,
     *,
     cuda_graphs: bool = False,
-    fuse_projections: FuseSharedInputLinears | None = None,
 ) -> int:
     """Compile each of ``layers`` in place with inductor (``dynamic=True``); returns how many.
 
     ``cuda_graphs``: training passes through CUDA graphs (``mode="reduce-overhead"``), no-grad
     passes through a plain compiled function (see the module doc); the caller must keep
-    gradients in buffers outside the graphs' pool. ``fuse_projections``: a
-    :class:`~verity.engines.fused_projections.FuseSharedInputLinears` that inductor runs on
-    every layer graph before autograd (it counts what it stacked). Raises ``RuntimeError`` with
+    gradients in buffers outside the graphs' pool. Raises ``RuntimeError`` with
     :func:`compile_unavailable_reason` when inductor cannot run on ``device``, ``ValueError``
     when there are no layers to compile or ``cuda_graphs`` is asked for off CUDA.
     """
@@ -103,29 +92,18 @@ def compile_decoder_layers(
         raise ValueError("compile=true: the model has no repeated decoder layers to compile")
     if cuda_graphs and device.type != "cuda":
         raise ValueError(f"cuda_graphs=true: CUDA graphs need a CUDA device, this engine runs on {device.type!r}")
-    passes = {} if fuse_projections is None else {"pre_grad_custom_pass": fuse_projections}
     for layer in layers:
         if cuda_graphs:
-            layer.forward = _graphed_when_training(layer.forward, passes)
+            layer.forward = _graphed_when_training(layer.forward)
         else:
-            layer.compile(dynamic=True, options=passes or None)
+            layer.compile(dynamic=True)
     return len(layers)
 
 
-def _graphed_when_training(
-    forward: Callable[..., Any], passes: dict[str, Any] | None = None
-) -> Callable[..., Any]:
-    """``forward`` compiled twice: with CUDA graphs while gradients are on, without them otherwise.
-
-    ``passes``: inductor options naming graph passes (``pre_grad_custom_pass``) for both.
-    """
-    passes = passes or {}
-    if passes:  # torch.compile takes a mode or options, not both: reduce-overhead's options, spelled out
-        graphed = {**torch._inductor.list_mode_options("reduce-overhead"), **passes}
-        training = torch.compile(forward, dynamic=True, options=graphed)
-    else:
-        training = torch.compile(forward, dynamic=True, mode="reduce-overhead")
-    inference = torch.compile(forward, dynamic=True, options=passes or None)
+def _graphed_when_training(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` compiled twice: with CUDA graphs while gradients are on, without them otherwise."""
+    training = torch.compile(forward, dynamic=True, mode="reduce-overhead")
+    inference = torch.compile(forward, dynamic=True)
 
     @functools.wraps(forward)
     def dispatch(*args: Any, **kwargs: Any) -> Any:
@@ -133,20 +111,6 @@ def _graphed_when_training(
 
     dispatch.cuda_graphs = True  # type: ignore[attr-defined]  # what the engine reports as ran
     return dispatch
-
-
-def projection_pass(fuse_projections: bool, compile_layers: bool) -> FuseSharedInputLinears | None:
-    """The stacked-projections pass an engine hands :func:`compile_decoder_layers`, or None when off.
-
-    ``ValueError`` when asked for without ``compile_layers`` (it is a pass of the compiled graphs).
-    """
-    if not fuse_projections:
-        return None
-    if not compile_layers:
-        raise ValueError("fuse_projections=True is a pass of the compiled layers: it needs compile_layers=True")
-    from verity.engines.fused_projections import FuseSharedInputLinears  # imports inductor: only when asked
-
-    return FuseSharedInputLinears()
 
 
 def check_cuda_graphs(

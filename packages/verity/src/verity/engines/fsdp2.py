@@ -40,7 +40,6 @@ from verity.engines.compiled_layers import (
     check_cuda_graphs,
     compile_decoder_layers,
     compile_unavailable_reason,
-    projection_pass,
 )
 from verity.engines.device import resolve_device
 from verity.engines.fsdp2_scoring import FSDP2ScoringMixin
@@ -115,10 +114,6 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             are zeroed after each optimizer step instead of freed. Needs unsharded layers
             (one process, or ``sharding="replicate"``) and no gradient checkpointing;
             ``ValueError`` otherwise.
-        fuse_projections: with ``compile_layers``, compute the linears of a layer that read
-            one input (query, key, value; gate, up) as one product against their stacked
-            weights (:mod:`verity.engines.fused_projections`); ``ValueError`` without
-            ``compile_layers``.
     """
 
     name = "fsdp2"  # what a run records as the engine that trained
@@ -141,7 +136,6 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         compile_layers: bool = False,
         compile_head: bool | None = None,
         cuda_graphs: bool = False,
-        fuse_projections: bool = False,
     ) -> None:
         if sharding not in SHARDING_MODES:
             raise ValueError(f"sharding must be one of {list(SHARDING_MODES)}, got {sharding!r}")
@@ -185,14 +179,12 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             module.config.use_cache = False
         if gradient_checkpointing:
             enable_activation_checkpointing(module)
-        self.fused_projections = projection_pass(fuse_projections, compile_layers)
         # layers compiled in place, before sharding: names and state_dict keys stay the model's
         self.compiled_layers = (
             compile_decoder_layers(
                 decoder_layers(module),
                 self.device,
                 cuda_graphs=self.cuda_graphs,
-                fuse_projections=self.fused_projections,
             )
             if compile_layers
             else 0

@@ -41,22 +41,14 @@ class FSDP2Options:
     # as CUDA graphs (one launch per layer, not per kernel). Unsharded layers only (one worker or
     # sharding=replicate), no gradient checkpointing; a graph is recorded per micro-batch shape
     cuda_graphs: bool = False
-    # with compile=true: the linears of a layer that read one input (query, key, value; gate, up)
-    # run as one matmul against their stacked weights; same parameters, names and checkpoints.
-    # Slower on the CPUs measured (docs/engines.md, "Stacked projections")
-    fuse_projections: bool = False
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that is out of range."""
-        for key in ("compile", "cuda_graphs", "fuse_projections"):
+        for key in ("compile", "cuda_graphs"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"fsdp2.{key} must be true or false, got {getattr(self, key)!r}")
         if self.cuda_graphs and not self.compile:
             raise ValueError("fsdp2.cuda_graphs=true replays the compiled layers: set fsdp2.compile=true as well")
-        if self.fuse_projections and not self.compile:
-            raise ValueError(
-                "fsdp2.fuse_projections=true is a pass of the compiled layers: set fsdp2.compile=true as well"
-            )
         if self.sharding not in ("full", "replicate"):
             raise ValueError(f"fsdp2.sharding must be 'full' or 'replicate', got {self.sharding!r}")
         if self.attn_implementation is not None and self.attn_implementation not in ATTN_IMPLEMENTATIONS:

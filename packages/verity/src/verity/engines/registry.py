@@ -141,7 +141,6 @@ def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
         "attn_implementation": getattr(options, "attn_implementation", None),
         "compile_layers": bool(getattr(options, "compile", False)),
         "cuda_graphs": bool(getattr(options, "cuda_graphs", False)),
-        "fuse_projections": bool(getattr(options, "fuse_projections", False)),
     }
     if ctx.adapters:
         from verity.engines.fsdp2_lora import FSDP2LoRAEngine

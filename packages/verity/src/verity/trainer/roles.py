@@ -63,8 +63,6 @@ class RoleGroups:
                 out[f"{name}_compiled_head"] = "true"
             if facts.get("train_cuda_graphs"):  # only runs that replayed CUDA graphs say so
                 out[f"{name}_cuda_graphs"] = "true"
-            if facts.get("train_fused_projections"):
-                out[f"{name}_fused_projections"] = "true"
             if facts.get("rollout_dtype"):
                 out["rollout_dtype"] = str(facts["rollout_dtype"])
             if facts.get("rollout_attention"):

@@ -73,8 +73,8 @@ class ActorRolloutRefWorker(Worker):
         are the built engines' own names, not the config's strings, ``train_compute_dtype``
         and ``rollout_dtype`` the dtypes they compute in, ``train_compiled_layers`` how many
         decoder layers the engine compiled, ``train_cuda_graphs`` whether it replays them as
-        CUDA graphs, ``train_fused_projections`` whether their graphs stack the projections
-        that share an input; ``rollout_wrappers``
+        CUDA graphs, ``train_model_parallel_nodes`` the nodes a Megatron model-parallel group
+        spans; ``rollout_wrappers``
         what wraps the rollout engine (``["agent"]`` with the agent loop) — plus ``device``,
         ``device_name`` (the runtime's name for it: a GPU's model, or the CPU's) and ``n_params``.
         """
@@ -153,7 +153,6 @@ class ActorRolloutRefWorker(Worker):
             "train_compiled_layers": getattr(self.actor, "compiled_layers", 0),
             "train_compiled_head": bool(getattr(self.actor, "compiled_head", False)),
             "train_cuda_graphs": bool(getattr(self.actor, "cuda_graphs", False)),
-            "train_fused_projections": getattr(self.actor, "fused_projections", None) is not None,
             "rollout_engine": self.rollout.name,
             "rollout_dtype": self.rollout.serving_dtype,
             "rollout_attention": self.rollout.serving_attention,

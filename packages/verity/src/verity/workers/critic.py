@@ -174,7 +174,6 @@ class CriticWorker(Worker):
             "train_compute_dtype": str(self.engine.compute_dtype).removeprefix("torch."),
             "train_compiled_layers": getattr(self.engine, "compiled_layers", 0),
             "train_cuda_graphs": bool(getattr(self.engine, "cuda_graphs", False)),
-            "train_fused_projections": getattr(self.engine, "fused_projections", None) is not None,
         }
 
     @register(Dispatch.DP_SPLIT)
