@@ -213,8 +213,6 @@ class TrainerConfig:
     # sync: generate, then train, in turn | async: the rollout group generates step t+1's batch while
     # the actor trains on step t's (one-step off-policy, docs/async.md)
     mode: str = "sync"
-    # async: how many updates old a trained sample may be (only 1 is implemented)
-    max_staleness: int = 1
     # generated rows' prompt-aligned tensors (input_ids, attention_mask, position_ids, prompts) stay on
     # the worker that made them; the driver holds handles (verity.batch.resident) | false: all on the driver
     resident_rows: bool = True

@@ -42,17 +42,12 @@ def _validate_skip_zero_advantage(cfg: VerityConfig) -> None:
 
 
 def _validate_off_policy(cfg: VerityConfig) -> None:
-    """``trainer.mode``, ``trainer.max_staleness``, ``rollout.n_workers`` and ``actor.off_policy.is_cap``."""
+    """``trainer.mode``, ``rollout.n_workers`` and ``actor.off_policy.is_cap``."""
     t, cap = cfg.trainer, cfg.actor.off_policy.is_cap
     if t.mode not in TRAINER_MODES:
         raise ConfigError(
             f"trainer.mode must be one of {'|'.join(TRAINER_MODES)} (sync: generate then train in turn; "
             f"async: generate the next batch while training on this one), got {t.mode!r}"
-        )
-    if t.max_staleness != 1:
-        raise ConfigError(
-            f"trainer.max_staleness must be 1 (trainer.mode=async trains each batch exactly one update after "
-            f"the policy that generated it; k > 1 is not implemented), got {t.max_staleness}"
         )
     if t.mode == "async":
         from verity.config.derived import needs_baseline

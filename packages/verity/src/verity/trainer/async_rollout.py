@@ -11,7 +11,7 @@ At step :math:`t` (1-based) the stage plan does::
                   group loads them once B_{t+1} is done (a Ray actor runs one call at a time)
 
 so every batch after the first is trained one update after the policy that generated
-it (staleness 1: ``trainer.max_staleness``, the only value implemented). Each row
+it (staleness 1, by construction: one batch in flight). Each row
 carries ``policy_version`` (the updates its generating weights had), and the step logs
 ``async/staleness_mean`` / ``async/staleness_max`` (the trainer's version before the
 update minus the rows' versions), ``async/weight_sync_seconds`` (publish on the actor's
