@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 
 import pytest
 import ray
 import ray.cloudpickle
 import torch
+from helpers.sim_cluster import simulated_cluster
 from verity.controller import (
     Dispatch,
     ResourcePool,
     ResourceUnavailableError,
     Worker,
     WorkerGroup,
-    init_ray,
     register,
 )
 
@@ -46,34 +44,8 @@ class NodeWorker(Worker):
 
 @pytest.fixture(scope="module")
 def two_nodes():
-    from ray.cluster_utils import Cluster
-
-    if ray.is_initialized():
-        ray.shutdown()
-    temp_dir = tempfile.mkdtemp(prefix="vr-mn-", dir="/tmp")
-    # Cluster records its address under $RAY_TMPDIR/ray; keep that private too.
-    os.makedirs(os.path.join(temp_dir, "ray"))
-    saved_tmpdir = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = temp_dir
-    cluster = None
-    try:
-        cluster = Cluster(
-            initialize_head=True,
-            head_node_args={"num_cpus": 2, "temp_dir": temp_dir, "include_dashboard": False},
-        )
-        cluster.add_node(num_cpus=2)
-        cluster.wait_for_nodes()
-        init_ray(address=cluster.address)
+    with simulated_cluster(head={"num_cpus": 2}, nodes=[{"num_cpus": 2}]) as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
-        if saved_tmpdir is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = saved_tmpdir
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_one_group_spans_both_nodes(two_nodes):
