@@ -188,3 +188,112 @@ def test_a_cpu_device_line_names_its_matmul_isa() -> None:
     assert "AMD EPYC | memory 1.0 GiB | peak bf16 unknown | matmul_isa avx512_bf16" in text
     text = diagnose.render_text({**report, "hardware": {"devices": [{**cpu, "matmul_isa": None}]}})
     assert "| matmul_isa unknown" in text
+
+
+# ---- verity diagnose --ray with a run config: does its layout fit the cluster? (no Ray here)
+
+GPU_NODE = {"CPU": 2.0, "GPU": 8.0}
+NODE_ROWS = [
+    {
+        "node": "10.0.0.1/aaaaaaaa",
+        "node_id": "a" * 56,
+        "ip": "10.0.0.1",
+        "driver": True,
+        "resources": {"CPU": 1.0},
+    },
+    {
+        "node": "10.0.0.2/bbbbbbbb",
+        "node_id": "b" * 56,
+        "ip": "10.0.0.2",
+        "driver": False,
+        "resources": GPU_NODE,
+    },
+    {
+        "node": "10.0.0.3/cccccccc",
+        "node_id": "c" * 56,
+        "ip": "10.0.0.3",
+        "driver": False,
+        "resources": GPU_NODE,
+    },
+]
+
+
+def test_a_layout_is_planned_on_the_listed_nodes():
+    from verity.controller.placement import PoolRequest
+
+    one = {"CPU": 1.0, "GPU": 1.0}
+    fits = diagnose.check_placement([PoolRequest("actor", 4, one, nnodes=2)], NODE_ROWS)
+    assert fits["fits"] is True and fits["nodes_used"] == 2
+    assert fits["record"] == {
+        "placement.actor": "10.0.0.2/bbbbbbbb:0-1,10.0.0.3/cccccccc:2-3",
+        "nodes": "2",
+    }
+    # more nodes joining would help: the run's bounded wait is named
+    later = diagnose.check_placement([PoolRequest("actor", 6, one, nnodes=3)], NODE_ROWS, 90)
+    assert later["fits"] is False
+    assert later["error"].startswith("the 'actor' pool asked for 6 workers of {CPU: 1, GPU: 1} on 3 node(s)")
+    assert later["error"].endswith("trainer.placement_timeout_s = 90 s for more nodes to join")
+    # no node could ever hold one node's share: said so
+    never = diagnose.check_placement([PoolRequest("actor", 8, one, nnodes=2)], NODE_ROWS)
+    assert never["error"].endswith("no node of this cluster, even idle, holds one node's share of actor")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a device this machine lacks")
+def test_a_device_this_machine_lacks_still_asks_for_its_resource():
+    backend, note = diagnose.layout_backend("cuda")
+    assert (backend.name, backend.ray_resource) == ("cuda", "GPU")
+    assert "not available on this machine" in note
+    assert diagnose.layout_backend("gpu")[0].ray_resource == "GPU"
+    assert diagnose.layout_backend("npu")[0].ray_resource == "NPU"
+    backend, note = diagnose.layout_backend("auto")
+    assert backend.name == "cpu" and "trainer.device=auto resolved on this machine" in note
+    assert diagnose.layout_backend("cpu")[1] is None
+
+
+def test_a_run_config_is_checked_only_with_ray(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        diagnose.main(["trainer.n_workers=2"])
+    assert stopped.value.code == 2
+    assert "add --ray" in capsys.readouterr().err
+
+
+def test_a_layout_without_a_cluster_or_with_a_bad_config_exits_2(monkeypatch, capsys):
+    monkeypatch.setattr(diagnose, "start_local_ray", lambda: {"ok": True})
+    assert diagnose.main(["--ray", "--json", "trainer.device=cpu"]) == 2
+    placement = json.loads(capsys.readouterr().out)["placement"]
+    assert placement["requests"] == [
+        "actor (actor): 2 workers of {CPU: 1} on the fewest nodes that hold them"
+    ]
+    assert placement["fits"] is False and placement["error"].startswith("no Ray cluster to check against")
+    # the config's own checks answer first, as verity train's would
+    assert diagnose.main(["--ray", "--json", "trainer.n_workers_per_node=3"]) == 2
+    placement = json.loads(capsys.readouterr().out)["placement"]
+    assert placement["fits"] is False and "trainer.n_workers_per_node" in placement["error"]
+
+
+def test_a_failed_join_and_a_plan_render_as_text():
+    from verity.controller.placement import PoolRequest
+
+    question = diagnose.LayoutQuestion(
+        "run.yaml", ["trainer.nnodes=2"], "10.0.0.1:6379", [PoolRequest("actor", 4, {"CPU": 1.0}, 2)]
+    )
+    failed = diagnose.collect_placement(
+        question, {"cluster_join": {"ok": False, "error": "ConnectionError: no"}}
+    )
+    assert failed["error"] == "could not join the cluster at 10.0.0.1:6379: ConnectionError: no"
+    ray_info = {"cluster_join": {"ok": True, "nodes": 3, "node_list": NODE_ROWS}}
+    placement = diagnose.collect_placement(question, ray_info)
+    assert placement["fits"] is True
+    report = {"versions": {}, "hardware": {}, "distributed": {}, "ray": ray_info, "env": {}}
+    text = diagnose.render_text({**report, "placement": placement})
+    assert (
+        "== ray nodes ==\n  10.0.0.1/aaaaaaaa  {CPU: 1}  (this driver)\n  10.0.0.2/bbbbbbbb  {CPU: 2, GPU: 8}\n"
+        in text
+    )
+    assert "node_list" not in text
+    section = text.split("== placement ==\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert section[-2:] == [
+        "    actor  node 10.0.0.2/bbbbbbbb  ranks 0-1  {CPU: 1} each",
+        "    actor  node 10.0.0.3/cccccccc  ranks 2-3  {CPU: 1} each",
+    ]
+    assert section[0].split() == ["config", "run.yaml"]
