@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from verity.cli import diagnose
+from verity.cli import diagnose, diagnose_ray
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +39,7 @@ def gpu_cluster():
 @pytest.fixture
 def no_local_start(monkeypatch):
     """The local Ray start is the test above's; here only the joined cluster matters."""
-    monkeypatch.setattr(diagnose, "start_local_ray", lambda: {"ok": True, "skipped": "by the test"})
+    monkeypatch.setattr(diagnose_ray, "start_local_ray", lambda: {"ok": True, "skipped": "by the test"})
 
 
 def test_joined_cluster_lists_its_nodes_and_resources(gpu_cluster, no_local_start, monkeypatch, capsys):

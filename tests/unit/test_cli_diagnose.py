@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import verity
-from verity.cli import diagnose
+from verity.cli import diagnose, diagnose_ray
 
 
 @pytest.fixture(autouse=True)
@@ -88,29 +88,29 @@ def test_ray_address_reachability_is_a_tcp_check(monkeypatch):
         server.listen()
         port = server.getsockname()[1]
         monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
-        info = diagnose.collect_ray(start_local=False)
+        info = diagnose_ray.collect_ray(start_local=False)
         assert info["cluster_reachable"] is True
         assert info["ray_address"] == f"127.0.0.1:{port}"
     # the listener is closed now: nothing answers on that port
-    info = diagnose.collect_ray(start_local=False)
+    info = diagnose_ray.collect_ray(start_local=False)
     assert info["cluster_reachable"] is False
 
 
 def test_ray_address_forms_are_parsed(tmp_path, monkeypatch):
-    assert diagnose._ray_address_host_port("ray://head.example:10001") == ("head.example", 10001)
-    assert diagnose._ray_address_host_port("10.0.0.5:6379") == ("10.0.0.5", 6379)
-    assert diagnose._ray_address_host_port("nonsense") is None
+    assert diagnose_ray._ray_address_host_port("ray://head.example:10001") == ("head.example", 10001)
+    assert diagnose_ray._ray_address_host_port("10.0.0.5:6379") == ("10.0.0.5", 6379)
+    assert diagnose_ray._ray_address_host_port("nonsense") is None
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
-    assert diagnose._ray_address_host_port("auto") is None
+    assert diagnose_ray._ray_address_host_port("auto") is None
     (tmp_path / "ray").mkdir()
     (tmp_path / "ray" / "ray_current_cluster").write_text("10.1.2.3:6380\n")
-    assert diagnose._ray_address_host_port("auto") == ("10.1.2.3", 6380)
+    assert diagnose_ray._ray_address_host_port("auto") == ("10.1.2.3", 6380)
 
 
 def test_ray_flag_starts_locally_and_joins_the_cluster(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")
     calls = []
-    info = diagnose.collect_ray(
+    info = diagnose_ray.collect_ray(
         start_local=True,
         local_starter=lambda: calls.append("local") or {"ok": True},
         cluster_joiner=lambda address: calls.append(address) or {"ok": False},
@@ -222,32 +222,32 @@ def test_a_layout_is_planned_on_the_listed_nodes():
     from verity.controller.placement import PoolRequest
 
     one = {"CPU": 1.0, "GPU": 1.0}
-    fits = diagnose.check_placement([PoolRequest("actor", 4, one, nnodes=2)], NODE_ROWS)
+    fits = diagnose_ray.check_placement([PoolRequest("actor", 4, one, nnodes=2)], NODE_ROWS)
     assert fits["fits"] is True and fits["nodes_used"] == 2
     assert fits["record"] == {
         "placement.actor": "10.0.0.2/bbbbbbbb:0-1,10.0.0.3/cccccccc:2-3",
         "nodes": "2",
     }
     # more nodes joining would help: the run's bounded wait is named
-    later = diagnose.check_placement([PoolRequest("actor", 6, one, nnodes=3)], NODE_ROWS, 90)
+    later = diagnose_ray.check_placement([PoolRequest("actor", 6, one, nnodes=3)], NODE_ROWS, 90)
     assert later["fits"] is False
     assert later["error"].startswith("the 'actor' pool asked for 6 workers of {CPU: 1, GPU: 1} on 3 node(s)")
     assert later["error"].endswith("trainer.placement_timeout_s = 90 s for more nodes to join")
     # no node could ever hold one node's share: said so
-    never = diagnose.check_placement([PoolRequest("actor", 8, one, nnodes=2)], NODE_ROWS)
+    never = diagnose_ray.check_placement([PoolRequest("actor", 8, one, nnodes=2)], NODE_ROWS)
     assert never["error"].endswith("no node of this cluster, even idle, holds one node's share of actor")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a device this machine lacks")
 def test_a_device_this_machine_lacks_still_asks_for_its_resource():
-    backend, note = diagnose.layout_backend("cuda")
+    backend, note = diagnose_ray.layout_backend("cuda")
     assert (backend.name, backend.ray_resource) == ("cuda", "GPU")
     assert "not available on this machine" in note
-    assert diagnose.layout_backend("gpu")[0].ray_resource == "GPU"
-    assert diagnose.layout_backend("npu")[0].ray_resource == "NPU"
-    backend, note = diagnose.layout_backend("auto")
+    assert diagnose_ray.layout_backend("gpu")[0].ray_resource == "GPU"
+    assert diagnose_ray.layout_backend("npu")[0].ray_resource == "NPU"
+    backend, note = diagnose_ray.layout_backend("auto")
     assert backend.name == "cpu" and "trainer.device=auto resolved on this machine" in note
-    assert diagnose.layout_backend("cpu")[1] is None
+    assert diagnose_ray.layout_backend("cpu")[1] is None
 
 
 def test_a_run_config_is_checked_only_with_ray(capsys):
@@ -258,7 +258,7 @@ def test_a_run_config_is_checked_only_with_ray(capsys):
 
 
 def test_a_layout_without_a_cluster_or_with_a_bad_config_exits_2(monkeypatch, capsys):
-    monkeypatch.setattr(diagnose, "start_local_ray", lambda: {"ok": True})
+    monkeypatch.setattr(diagnose_ray, "start_local_ray", lambda: {"ok": True})
     assert diagnose.main(["--ray", "--json", "trainer.device=cpu"]) == 2
     placement = json.loads(capsys.readouterr().out)["placement"]
     assert placement["requests"] == [
@@ -274,15 +274,15 @@ def test_a_layout_without_a_cluster_or_with_a_bad_config_exits_2(monkeypatch, ca
 def test_a_failed_join_and_a_plan_render_as_text():
     from verity.controller.placement import PoolRequest
 
-    question = diagnose.LayoutQuestion(
+    question = diagnose_ray.LayoutQuestion(
         "run.yaml", ["trainer.nnodes=2"], "10.0.0.1:6379", [PoolRequest("actor", 4, {"CPU": 1.0}, 2)]
     )
-    failed = diagnose.collect_placement(
+    failed = diagnose_ray.collect_placement(
         question, {"cluster_join": {"ok": False, "error": "ConnectionError: no"}}
     )
     assert failed["error"] == "could not join the cluster at 10.0.0.1:6379: ConnectionError: no"
     ray_info = {"cluster_join": {"ok": True, "nodes": 3, "node_list": NODE_ROWS}}
-    placement = diagnose.collect_placement(question, ray_info)
+    placement = diagnose_ray.collect_placement(question, ray_info)
     assert placement["fits"] is True
     report = {"versions": {}, "hardware": {}, "distributed": {}, "ray": ray_info, "env": {}}
     text = diagnose.render_text({**report, "placement": placement})
