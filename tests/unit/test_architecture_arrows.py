@@ -26,6 +26,8 @@ ROOMS = [
     "hardware",
     "plugins",
     "registry",
+    "optional_packages",
+    "errors",
 ]
 SRC = Path(verity.__file__).parent
 

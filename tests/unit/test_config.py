@@ -131,3 +131,16 @@ def test_a_bool_key_in_a_config_file_must_hold_a_bool(tmp_path) -> None:
     path.write_text("defaults:\n  - verity\n  - _self_\ndata:\n  shuffle: false\ncritic:\n  enabled: null\n")
     cfg = load_config(["trainer.progress=off"], config_file=path)
     assert (cfg.data.shuffle, cfg.critic.enabled, cfg.trainer.progress) == (False, None, False)
+
+
+def test_a_single_data_file_is_a_list_of_one(tmp_path) -> None:
+    train, val = tmp_path / "train.parquet", tmp_path / "my val.parquet"
+    train.write_text("")
+    val.write_text("")
+    cfg = load_config([f"data.train_files={train}", f"data.val_files='{val}'"])
+    assert cfg.data.train_files == [str(train)] and cfg.data.val_files == [str(val)]
+    assert load_config([f"data.train_files=[{train},{train}]"]).data.train_files == [str(train)] * 2
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"defaults: [verity, _self_]\ndata: {{train_files: {train}}}\n")
+    with pytest.raises(ConfigError, match=r"data.train_files: a list is expected, .* train_files: \[/"):
+        load_config([], config_file=path)

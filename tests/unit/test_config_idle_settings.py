@@ -236,6 +236,8 @@ def test_sglang_on_a_machine_without_an_accelerator_is_refused_with_device_auto(
     # on a Ray cluster the workers find their own device: not judged from the driver's machine
     load_config(["rollout.engine=sglang", "trainer.ray_address=auto"])
     monkeypatch.setattr(checks, "_local_device_is_cpu", lambda: False)
+    # as on a GPU machine with SGLang installed (without it: tests/unit/test_optional_packages.py)
+    monkeypatch.setattr("verity.optional_packages.is_installed", lambda module: True)
     load_config(["rollout.engine=sglang"])
 
 

@@ -130,3 +130,96 @@ def test_export_onto_an_existing_file_is_refused(inputs, capsys):
     assert export_cli.main([str(inputs / "out"), str(inputs / "a_file")]) == 2
     err = capsys.readouterr().err
     assert "a_file: exists and is not a folder" in err
+
+
+def test_zero_training_steps_are_refused_pointing_to_verity_eval(inputs, capsys):
+    from verity.config import ConfigError, load_config
+
+    with pytest.raises(
+        ConfigError, match=r"trainer.total_steps must be >= 1 .*got 0; .*use verity eval MODEL"
+    ):
+        load_config(["trainer.total_steps=0"])
+    code = train_cli.main(train(inputs, "trainer.total_steps=0"))
+    err = capsys.readouterr().err
+    assert code == 2 and "verity train: trainer.total_steps must be >= 1" in err, err[-2000:]
+
+
+def _fail_with(monkeypatch, error: BaseException) -> None:
+    def failing_run(cfg):
+        raise error
+
+    monkeypatch.setattr("verity.trainer.run.run_training", failing_run)
+
+
+def test_the_resume_hint_is_printed_only_when_a_checkpoint_exists(inputs, tmp_path, capsys, monkeypatch):
+    from verity.checkpoint import layout
+    from verity.checkpoint.state import TrainerState
+    from verity.controller import WorkerMethodError
+
+    error = WorkerMethodError(
+        "actor.generate failed on rank 0: ...", group="g", role="actor", method="m", rank=0
+    )
+    _fail_with(monkeypatch, error)
+    out = tmp_path / "out"
+    args = [*train(inputs), f"trainer.output_dir={out}"]
+    args.remove(f"trainer.output_dir={inputs / 'out'}")
+    assert train_cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert "WorkerMethodError: actor.generate failed on rank 0" in err
+    assert "checkpoint" not in err, err  # nothing to resume: no hint about checkpoints
+    tmp = out / "checkpoints" / "step_2.tmp"
+    tmp.mkdir(parents=True)
+    TrainerState(
+        step=2, total_steps=4, dataloader={}, kl_coef=None, run_id=None, tracking_uri=None,
+        config_hash="h", config={},
+    ).write(tmp)  # fmt: skip
+    layout.commit(tmp, out / "checkpoints" / "step_2")
+    assert train_cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert (
+        f"last complete checkpoint: {out / 'checkpoints' / 'step_2'}; continue with trainer.resume=auto"
+        in err
+    )
+
+
+def test_a_plugin_error_raised_on_purpose_is_one_sentence_with_its_exit_code(inputs, capsys, monkeypatch):
+    from verity.controller import WorkerMethodError
+    from verity.errors import RunError
+    from verity_recipe_dapo.dynamic_sampling import DynamicSamplingExhausted
+
+    sentence = "dynamic sampling, step 3: after 2 generation rounds ... Raise dapo.dynamic_sampling.max_num_gen_batches"
+    _fail_with(monkeypatch, DynamicSamplingExhausted(sentence))
+    assert train_cli.main(train(inputs)) == 1
+    err = capsys.readouterr().err
+    assert (
+        err == f"verity train: {sentence}\n"
+    )  # no traceback, no class name, no checkpoint hint (none exists)
+
+    _fail_with(monkeypatch, RunError("mine.threshold=3 is above every score of the data", exit_code=2))
+    assert train_cli.main(train(inputs)) == 2
+    assert capsys.readouterr().err == "verity train: mine.threshold=3 is above every score of the data\n"
+
+    # raised in a worker (a plug-in role's method): the same sentence, not the worker's traceback
+    cause = RunError("prm: the reward model folder holds no value head", exit_code=2)
+    _fail_with(monkeypatch, WorkerMethodError("...", group="g", role="prm", method="m", rank=0, cause=cause))
+    assert train_cli.main(train(inputs)) == 2
+    assert capsys.readouterr().err == "verity train: prm: the reward model folder holds no value head\n"
+
+
+def test_an_error_raised_in_a_guarded_stage_reaches_the_caller_unwrapped():
+    from verity.errors import RunError
+    from verity.trainer.stage_guard import StageGuard
+
+    error = RunError("stop here")
+    with pytest.raises(RunError) as caught, StageGuard(timeout_s=60).stage("dynamic_sampling", step=1):
+        raise error
+    assert caught.value is error
+
+
+def test_a_run_rejected_before_training_leaves_no_output_folder(inputs, tmp_path, capsys):
+    out = tmp_path / "fresh" / "out"
+    args = [*train(inputs, train_file="mystery.parquet"), f"trainer.output_dir={out}"]
+    args.remove(f"trainer.output_dir={inputs / 'out'}")
+    assert train_cli.main(args) == 2  # refused inside the run (its data_source has no reward function)
+    assert "'my/dataset': 1 rows of data.train_files" in capsys.readouterr().err
+    assert not (tmp_path / "fresh").exists()  # neither the lock nor the folders the run made

@@ -75,3 +75,22 @@ def test_yaml_errors_name_the_place_and_type_errors_the_key(tmp_path) -> None:
         ConfigError, match="'abc' of type 'str' could not be converted to Integer full_key: trainer"
     ):
         load_config([], config_file=bad)
+
+
+def test_a_run_that_fails_before_training_removes_its_lock_and_the_folder_it_made(tmp_path) -> None:
+    out = tmp_path / "new" / "run"
+    with pytest.raises(ValueError), claim_output_dir(out):
+        assert (out / LOCK_FILE).is_file()
+        raise ValueError("rejected before training")
+    assert not (tmp_path / "new").exists()  # the lock, and both folders the claim made
+    kept = tmp_path / "kept"
+    (kept / "notes").mkdir(parents=True)
+    with pytest.raises(ValueError), claim_output_dir(kept):
+        raise ValueError("rejected before training")
+    assert sorted(p.name for p in kept.iterdir()) == ["notes"]  # a folder that was there stays, lock gone
+    with pytest.raises(ValueError), claim_output_dir(kept) as claim:
+        claim.training_started = True
+        raise ValueError("failed while training")
+    assert (kept / LOCK_FILE).is_file()  # a run that trained keeps its folder as it is
+    with claim_output_dir(kept):  # and the folder can be claimed again
+        pass

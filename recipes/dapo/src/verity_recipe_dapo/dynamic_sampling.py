@@ -44,6 +44,7 @@ from verity.batch.resident import resident_prompt_width
 from verity.batch.schema import declared_keys
 from verity.config.derived import scores_on_workers
 from verity.controller.wire import REPEATED_ROWS
+from verity.errors import RunError
 from verity.rewards.on_workers import ask_ranks_to_score
 from verity.rollout.prompts import position_ids_from_mask
 from verity.trainer.stages import Stage, StageFn, StepContext, sampling_for_training
@@ -57,8 +58,11 @@ ROUND_SEED_BASE = 500_000_000
 """Seeds of extra rounds start here, far from the built-in per-step seeds ``seed * 1_000_003 + step``."""
 
 
-class DynamicSamplingExhausted(RuntimeError):
-    """``max_num_gen_batches`` rounds did not find ``train_batch_size`` prompt groups with a signal."""
+class DynamicSamplingExhausted(RunError):
+    """``max_num_gen_batches`` rounds did not find ``train_batch_size`` prompt groups with a signal.
+
+    A :class:`~verity.errors.RunError`: ``verity train`` prints its sentence and exits 1, no traceback.
+    """
 
 
 def round_seed(seed: int, step: int, round_index: int) -> int:

@@ -149,10 +149,13 @@ def warn_on_config_change(saved: dict[str, Any], current: dict[str, Any], checkp
     return changes
 
 
-def last_checkpoint_hint(cfg: VerityConfig) -> str:
-    """One line for failure messages: the newest complete checkpoint and how to resume from it."""
-    root = checkpoint_root(cfg)
-    latest = find_latest(root)
+def last_checkpoint_hint(cfg: VerityConfig) -> str | None:
+    """One line for failure messages: the newest complete checkpoint and how to resume from it.
+
+    None when there is none: a run that failed before its first checkpoint has nothing to
+    resume, and a hint about checkpoints would only distract from the error.
+    """
+    latest = find_latest(checkpoint_root(cfg))
     if latest is None:
-        return f"no complete checkpoint in {root} (trainer.checkpoint.every=N saves one every N steps)"
+        return None
     return f"last complete checkpoint: {latest}; continue with trainer.resume=auto"

@@ -10,9 +10,11 @@ Exit codes: 0 done; 2 bad config, data or reward function (found before any work
 starts), the output folder is in use by another run, or the Ray cluster cannot hold the
 run's worker pools (the placement plan names what was asked and what each node has free); 1 a worker died, a stage timed
 out or too many reward samples failed (the message names the role, rank and cause, and
-the last complete checkpoint); 143 stopped by SIGTERM, 130 by Ctrl-C, after saving a
-checkpoint at the end of the step (the command that resumes is printed); a second Ctrl-C
-stops at once (exit 130). The whole list, message by message: docs/failures.md.
+the last complete checkpoint, when there is one); 143 stopped by SIGTERM, 130 by Ctrl-C, after
+saving a checkpoint at the end of the step (the command that resumes is printed); a second Ctrl-C
+stops at once (exit 130). A :class:`verity.errors.RunError` (raised on purpose, e.g. by a
+plug-in) prints its sentence and exits with its ``exit_code``. The whole list, message by
+message: docs/failures.md.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def execute(cfg: Any, prog: str, argv: list[str] | None = None) -> tuple[int, di
     from verity.checkpoint.signals import TrainingStopped
     from verity.controller import ResourceUnavailableError, WorkerError
     from verity.data.verl_dataset import MalformedDatasetError, PromptTooLongError
+    from verity.errors import RunError
     from verity.rewards.failures import RewardFailureError
     from verity.rewards.preflight import RewardSetupError
     from verity.trainer.run import run_training
@@ -86,10 +89,22 @@ def execute(cfg: Any, prog: str, argv: list[str] | None = None) -> tuple[int, di
         print(f"{prog}: {err}", file=sys.stderr)
         print(f"{prog}: resume with: {resume_command(list(argv or []), prog)}", file=sys.stderr)
         return err.exit_code, None
-    except (WorkerError, StageTimeoutError, RewardFailureError) as err:
-        print(f"{prog}: {type(err).__name__}: {err}", file=sys.stderr)
-        print(f"{prog}: {last_checkpoint_hint(cfg)}", file=sys.stderr)
-        return 1, None
+    except RunError as err:  # raised on purpose (a plug-in's or the runtime's): its sentence, its exit code
+        return _stopped(prog, str(err), err.exit_code, last_checkpoint_hint(cfg)), None
+    except WorkerError as err:
+        if isinstance(err.cause, RunError):  # raised on purpose in a worker: its sentence, not a traceback
+            return _stopped(prog, str(err.cause), err.cause.exit_code, last_checkpoint_hint(cfg)), None
+        return _stopped(prog, f"{type(err).__name__}: {err}", 1, last_checkpoint_hint(cfg)), None
+    except (StageTimeoutError, RewardFailureError) as err:
+        return _stopped(prog, f"{type(err).__name__}: {err}", 1, last_checkpoint_hint(cfg)), None
+
+
+def _stopped(prog: str, message: str, code: int, checkpoint_hint: str | None) -> int:
+    """Print why the run stopped, and the checkpoint to continue from when there is one; return ``code``."""
+    print(f"{prog}: {message}", file=sys.stderr)
+    if checkpoint_hint is not None:  # no hint before the first checkpoint: nothing to resume
+        print(f"{prog}: {checkpoint_hint}", file=sys.stderr)
+    return code
 
 
 def resumed_line(summary: dict[str, Any], cfg: Any) -> str | None:

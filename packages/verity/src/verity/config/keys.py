@@ -6,6 +6,11 @@ drops without a word. Before composing, :func:`check_keys` walks the schema
 (dataclasses, resolved type hints) and checks every key of the config file and of
 the overrides against it: ``+`` on a key that exists is accepted (it is an ordinary
 override), every unknown key is listed with its closest known name.
+
+A list key given one value (``data.train_files=train.parquet``) takes it as a list of one
+(:func:`one_value_lists`); OmegaConf would say ``str is not a ListConfig``. In a config
+file, where the file itself is composed, such a value is named with the bracket form
+(:func:`one_values_for_lists`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,16 @@ import typing
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["UnknownKey", "bool_keys", "check_keys", "non_bool_values", "schema_keys"]
+__all__ = [
+    "UnknownKey",
+    "bool_keys",
+    "check_keys",
+    "list_keys",
+    "non_bool_values",
+    "one_value_lists",
+    "one_values_for_lists",
+    "schema_keys",
+]
 
 _FREE = "*"  # marks a mapping-typed field: any key below it is allowed
 _BOOL_WORDS = ("true", "false", "yes", "no", "on", "off")
@@ -199,3 +213,62 @@ def non_bool_values(cls: type, file_data: Mapping[str, Any] | None, overrides: S
         if not parsed.is_delete() and bad(key, parsed.value()):
             problems.append(f"{key} must be {expected(key)}, got {parsed.value()!r} (override {text!r})")
     return problems
+
+
+def _is_list_type(tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or str(origin) == "<class 'types.UnionType'>":
+        return any(_is_list_type(a) for a in typing.get_args(tp) if a is not type(None))
+    return tp is list or origin is list
+
+
+def list_keys(cls: type, prefix: str = "") -> set[str]:
+    """Every dotted key of the dataclass ``cls`` that holds a list (``data.train_files``, ...)."""
+    hints = typing.get_type_hints(cls)
+    keys: set[str] = set()
+    for f in dataclasses.fields(cls):
+        tp = hints.get(f.name, Any)
+        sub = _dataclass_of(tp)
+        if sub is not None:
+            keys |= list_keys(sub, f"{prefix}{f.name}.")
+        elif _is_list_type(tp):
+            keys.add(f"{prefix}{f.name}")
+    return keys
+
+
+def _one_value(value: Any) -> bool:
+    """A string or a number: what a list key may take as a list of one (not a bool, null, list or sweep)."""
+    return isinstance(value, str | int | float) and not isinstance(value, bool)
+
+
+def one_value_lists(cls: type, overrides: Sequence[str]) -> list[str]:
+    """The overrides, with one value given to a list key written as a list of one.
+
+    ``data.train_files=train.parquet`` becomes ``data.train_files=[train.parquet]`` (the value's
+    text is kept as typed, quotes included); lists, sweeps, ``null`` and deletions are left as they are.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    keys = list_keys(cls)
+    parser = OverridesParser.create()
+    out: list[str] = []
+    for text in overrides:
+        parsed = parser.parse_overrides([text])[0]
+        key = parsed.key_or_group.lstrip("+~")
+        value = None if parsed.is_delete() else parsed.value()
+        if key in keys and _one_value(value) and "=" in text:
+            left, right = text.split("=", 1)
+            text = f"{left}=[{right.strip()}]"
+        out.append(text)
+    return out
+
+
+def one_values_for_lists(cls: type, file_data: Mapping[str, Any] | None) -> list[str]:
+    """One sentence per list key a config file gives one value, showing the bracket form."""
+    keys = list_keys(cls)
+    return [
+        f"{key}: a list is expected, got the single value {value!r}; write it as a list of one: "
+        f"{key.rsplit('.', 1)[-1]}: [{value}]"
+        for key, value in _nested_items({k: v for k, v in (file_data or {}).items() if k != "defaults"})
+        if key in keys and _one_value(value)
+    ]

@@ -47,7 +47,7 @@ def load_config(overrides: Sequence[str] = (), config_file: str | os.PathLike | 
     offending key(s) for each failure.
     """
     from verity.config.cluster_checks import apply_cluster_shape
-    from verity.config.keys import check_keys, non_bool_values
+    from verity.config.keys import check_keys, non_bool_values, one_value_lists, one_values_for_lists
     from verity.config.sections import schema_class
     from verity.plugins import PluginError, load_plugins
 
@@ -65,6 +65,10 @@ def load_config(overrides: Sequence[str] = (), config_file: str | os.PathLike | 
     not_bool = non_bool_values(schema, file_data, overrides)
     if not_bool:
         raise ConfigError("; ".join(not_bool))
+    one_value = one_values_for_lists(schema, file_data)
+    if one_value:
+        raise ConfigError(f"config file {str(path)!r}: " + "; ".join(one_value))
+    overrides = one_value_lists(schema, overrides)  # data.train_files=train.parquet: a list of one
     _register_schema(schema)
     GlobalHydra.instance().clear()
     try:

