@@ -10,9 +10,10 @@
 Steps:
 
 1. ``verity-harness run <recipe> --config <c>`` for each recipe folder and each of its
-   CPU configs (``cpu`` and every ``cpu-<variant>``, e.g. ``cpu-vllm``, ``cpu-megatron``),
-   one after the other in its own process (each checks its expected file). A row is named
-   ``<recipe>`` for the ``cpu`` config and ``<recipe>/<config>`` for the others;
+   CPU configs (``cpu`` and every ``cpu-<variant>``, e.g. ``cpu-vllm``, ``cpu-megatron``;
+   ``cpu-2node`` on the 2-node Ray cluster the harness simulates on this machine), one after
+   the other in its own process (each checks its expected file). A row is named ``<recipe>``
+   for the ``cpu`` config and ``<recipe>/<config>`` for the others;
 2. ``ci/bench.py`` (generation, training and weight-sync ratios against baselines
    measured in the same process), then ``ci/bench_trl.py`` (verity's GRPO step beside TRL's
    ``GRPOTrainer`` on the same work: ``trl s/step / verity s/step`` per shape, its ratios merged

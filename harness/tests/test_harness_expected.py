@@ -147,3 +147,59 @@ def test_a_promise_for_one_engine_fails_a_run_of_another(tmp_path: Path) -> None
         parse_expected(
             {**VALID, "configs": {"cpu": {"engine": "x", "metrics": VALID["configs"]["cpu"]["metrics"]}}}
         )
+
+
+def test_a_promise_for_some_nodes_fails_a_run_on_another_number() -> None:
+    data = {**VALID, "configs": {"cpu-2node": {"nodes": 2, "metrics": VALID["configs"]["cpu"]["metrics"]}}}
+    expectations = parse_expected(data).configs["cpu-2node"]
+    assert expectations.nodes == 2
+    passed = expectations.check_nodes(2)
+    assert passed is not None and passed.passed
+    assert (passed.metric, passed.value, passed.target) == ("nodes", 2, 2)
+    wrong = expectations.check_nodes(1)
+    assert wrong is not None and not wrong.passed and "for a run on 2 nodes; the run used 1" in wrong.reason
+    missing = expectations.check_nodes(None)
+    assert missing is not None and not missing.passed and "did not report" in missing.reason
+    assert parse_expected(VALID).configs["cpu"].check_nodes(3) is None  # no promise: any number
+    for bad in (0, "two", True, 1.5):
+        with pytest.raises(ValueError, match=r"configs.cpu-2node.nodes: expected a whole number"):
+            parse_expected({**data, "configs": {"cpu-2node": {**data["configs"]["cpu-2node"], "nodes": bad}}})
+
+
+def test_targets_carried_over_from_another_config_must_be_its_own() -> None:
+    import copy
+
+    data = copy.deepcopy(VALID)
+    metrics = copy.deepcopy(VALID["configs"]["cpu"]["metrics"])
+    data["configs"]["cpu-2node"] = {"source": "config:cpu", "metrics": metrics}
+    assert parse_expected(data).configs["cpu-2node"].source == "config:cpu"
+    drifted = copy.deepcopy(data)
+    drifted["configs"]["cpu-2node"]["metrics"]["accuracy_after"]["target"] = 0.81
+    with pytest.raises(ValueError, match=r"cpu-2node.metrics: the targets carried over from config 'cpu'"):
+        parse_expected(drifted)
+    for source, message in (
+        ("config:gpu", "names no other config of this file"),
+        ("config:cpu-2node", "names no other config of this file"),
+        ("config", "must be one of measured, published or config:<name>"),
+    ):
+        named = copy.deepcopy(data)
+        named["configs"]["cpu-2node"]["source"] = source
+        with pytest.raises(ValueError, match=message):
+            parse_expected(named)
+
+
+def test_grpo_cpu_2node_promises_the_cpu_targets_on_two_nodes(result_factory) -> None:
+    from verity_harness.recipes import find_recipe
+    from verity_harness.runner import attach_checks
+
+    grpo = find_recipe("grpo", Path(__file__).resolve().parents[2])
+    expected = load_expected(grpo.expected_dir / "cpu-hf.yaml").configs
+    two = expected["cpu-2node"]
+    assert two.nodes == 2 and two.source == "config:cpu" and expected["cpu"].nodes is None
+    assert two.expectations == expected["cpu"].expectations
+    scores = {"accuracy_before": 0.525, "accuracy_after": 0.93, "accuracy_gain": 0.405}
+    for nodes, passed in ((2, True), (1, False), (None, False)):
+        result = result_factory(config="cpu-2node", nodes=nodes, simulated_nodes=2, scores=scores)
+        checks = attach_checks(result, grpo, ["cpu"])
+        assert [c.metric for c in checks][-1] == "nodes"
+        assert result["passed"] is passed and result["expected_source"] == "config:cpu"

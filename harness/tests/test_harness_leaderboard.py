@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from verity_harness.leaderboard import build_leaderboard, collect_runs, latest_per_key
+from verity_harness.leaderboard.pages import LATEST_COLUMNS
 from verity_harness.results import write_result
 
 
@@ -171,3 +172,27 @@ def test_the_footer_names_the_sources_read_and_a_missing_results_folder_is_refus
     assert f"and the MLflow runs in <code>{uri}</code>" in page
     code = main(["leaderboard", "--results-dir", str(tmp_path / "nope"), "--out", str(tmp_path / "b3"), "--no-mlflow"])
     assert code == 2 and "--results-dir" in capsys.readouterr().err and not (tmp_path / "b3").exists()
+
+
+def test_rows_show_the_nodes_that_ran_and_whether_they_were_simulated(tmp_path: Path, result_factory) -> None:
+    write_result(tmp_path, result_factory())  # a result from before runs recorded their nodes
+    placement = "192.0.2.2/ab12cd34:0,192.0.2.2/ef56ab78:1"
+    write_result(
+        tmp_path,
+        result_factory(config="cpu-2node", nodes=2, simulated_nodes=2, ran={"placement.actor": placement}),
+    )
+    write_result(tmp_path, result_factory(config="cpu-lora", nodes=1, simulated_nodes=None))
+    page = build_leaderboard(tmp_path, tmp_path / "board", generated="test")[0].read_text()
+    table = re.search(r'<table id="latest-grpo">.*?</table>', page, re.S).group(0)
+    head = re.search(r"<thead>.*?</thead>", table, re.S).group(0)
+    assert head.index("train engine") < head.index(">nodes<") < head.index("held-out acc.")
+    column = [title for title, _, _ in LATEST_COLUMNS].index("nodes")
+    nodes = {}  # config -> its nodes cell
+    for row in re.findall(r'<tr class="run">(.*?)</tr>', table, re.S):
+        cells = re.findall(r"<td[^>]*>.*?</td>", row)
+        nodes[re.sub(r"<[^>]+>", "", cells[0])] = cells[column]
+    assert nodes == {
+        "cpu": '<td class="none">–</td>',  # unknown: a dash, never a guess
+        "cpu-2node": f'<td title="actor: {placement}">2 (simulated)</td>',
+        "cpu-lora": "<td>1</td>",
+    }

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from verity_harness.expected import load_expected
 from verity_harness.recipes import RecipeNotFoundError, find_recipe, list_recipes
+from verity_harness.simulated_cluster import shape_to_simulate
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = list_recipes(REPO)
@@ -42,7 +43,10 @@ def test_configs_load_and_expected_files_parse(name: str, tmp_path: Path) -> Non
     assert "cpu" in configs
     for config, path in configs.items():
         cpu = config.startswith("cpu")  # cpu, cpu-megatron, cpu-vllm, ...: the embedded default on CPU
-        cfg = load_config([] if cpu else _placeholders(tmp_path), config_file=path)
+        overrides = [] if cpu else _placeholders(tmp_path)
+        if shape_to_simulate(overrides, path) is not None:  # cpu-2node: the harness gives it a cluster
+            overrides.append("trainer.ray_address=auto")
+        cfg = load_config(overrides, config_file=path)
         assert cfg.trainer.total_steps > 0, config
         if cpu:
             assert cfg.model.path == "embedded", config

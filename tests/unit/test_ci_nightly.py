@@ -174,6 +174,12 @@ def test_the_real_recipes_each_have_a_cpu_row() -> None:
     assert {r for r, c in rows if c == "cpu"} == set(nightly.recipe_names(nightly.ROOT / "recipes"))
 
 
+def test_the_night_runs_grpo_on_two_nodes() -> None:
+    # found like any cpu-* config; the harness simulates its 2 nodes (verity_harness.simulated_cluster)
+    rows = nightly.nightly_rows(nightly.ROOT / "recipes", ["grpo"])
+    assert ("grpo", "cpu-2node") in rows and nightly.row_name("grpo", "cpu-2node") == "grpo/cpu-2node"
+
+
 def test_the_night_runs_the_trl_quickstart_shape_unless_asked_for_more(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,9 +6,10 @@
     backend: hf
     configs:
       cpu:                              # the config (file stem under configs/)
-        source: measured                # measured (reruns here) | published (a paper or log)
+        source: measured                # measured (reruns here) | published (a paper or log) | config:<name>
         reference: "5 runs, 2026-11-22, 2-core x86 CPU"
         train_engine: fsdp2             # optional: the training engine the promise is for
+        nodes: 2                        # optional: the Ray nodes the run's pools must have used
         metrics:
           accuracy_after: {target: 0.80, tolerance: 0.06}
           accuracy_gain:  {target: 0.30, tolerance: 0.12, mode: at_least}
@@ -23,7 +24,13 @@ Each metric passes when, with ``t = target`` and ``d = tolerance``:
 
 A metric missing from the run fails (a promise nobody checked is not kept). A config
 entry with ``train_engine`` (e.g. the ``cpu-megatron`` config of recipes/grpo) also
-fails when the run's workers reported another training engine.
+fails when the run's workers reported another training engine; one with ``nodes`` (the
+``cpu-2node`` config) when the run's pools used another number of nodes (``ran.nodes``).
+
+``source: config:<name>`` says the targets are another config's of the same file, measured
+there and carried over because the two configs are shown to run identically (e.g. ``cpu-2node``
+and ``cpu``: tests/e2e/test_multinode_runs.py). The entry repeats that config's metrics, and a
+file whose copy differs from them is refused, so the two promises cannot drift apart.
 Lookup (:func:`find_expectations`): ``<hardware>-<backend>.yaml`` for the
 hardware's own label (``h100``), then for its family (``cuda``).
 """
@@ -40,6 +47,8 @@ import yaml
 
 MODES = ("within", "at_least", "at_most")
 SOURCES = ("measured", "published")
+#: ``source: config:<name>``: the targets are config ``<name>``'s of the same file (module docstring)
+CONFIG_SOURCE_PREFIX = "config:"
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,7 @@ class ConfigExpectations:
     reference: str = ""
     path: Path | None = None
     train_engine: str | None = None  # the engine the promise is for; None: any
+    nodes: int | None = None  # the Ray nodes the run's pools must have used; None: any
 
     def check_engine(self, ran: str | None) -> Check | None:
         """A failing Check when the run's training engine is not the one promised, else None."""
@@ -121,6 +131,18 @@ class ConfigExpectations:
             return None
         reason = f"this expectation is for the {self.train_engine} engine; the run trained with {ran}"
         return Check("train_engine", None, 0.0, 0.0, "within", False, reason)
+
+    def check_nodes(self, ran: int | None) -> Check | None:
+        """The Check of the nodes the run's pools used (``ran``; None: not reported) when ``nodes`` is promised."""
+        if self.nodes is None:
+            return None
+        target = float(self.nodes)
+        if ran is None:
+            reason = "the run did not report the nodes it used"
+            return Check("nodes", None, target, 0.0, "within", False, reason)
+        passed = int(ran) == self.nodes
+        reason = "" if passed else f"this expectation is for a run on {self.nodes} nodes; the run used {ran}"
+        return Check("nodes", float(ran), target, 0.0, "within", passed, reason)
 
 
 @dataclass(frozen=True)
@@ -175,8 +197,10 @@ def parse_expected(data: Any, source: str = "<expected>", path: Path | None = No
         ):
             raise ValueError(f"{where}: expected a mapping with a non-empty 'metrics' mapping")
         src = str(body.get("source", "measured"))
-        if src not in SOURCES:
-            raise ValueError(f"{where}.source: must be one of {', '.join(SOURCES)}, got {src!r}")
+        if src not in SOURCES and not src.startswith(CONFIG_SOURCE_PREFIX):
+            raise ValueError(
+                f"{where}.source: must be one of {', '.join(SOURCES)} or {CONFIG_SOURCE_PREFIX}<name>, got {src!r}"
+            )
         expectations = []
         for name, spec in body["metrics"].items():
             try:
@@ -185,12 +209,15 @@ def parse_expected(data: Any, source: str = "<expected>", path: Path | None = No
                 if str(err).startswith(where):
                     raise
                 raise ValueError(f"{where}.metrics.{name}: {err}") from None
-        unknown = sorted(set(body) - {"source", "reference", "metrics", "train_engine"})
+        unknown = sorted(set(body) - {"source", "reference", "metrics", "train_engine", "nodes"})
         if unknown:
             raise ValueError(
-                f"{where}: unknown keys {unknown}; allowed: source, reference, train_engine, metrics"
+                f"{where}: unknown keys {unknown}; allowed: source, reference, train_engine, nodes, metrics"
             )
         engine = body.get("train_engine")
+        nodes = body.get("nodes")
+        if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1):
+            raise ValueError(f"{where}.nodes: expected a whole number of nodes >= 1, got {nodes!r}")
         configs[str(config)] = ConfigExpectations(
             str(config),
             tuple(expectations),
@@ -198,8 +225,35 @@ def parse_expected(data: Any, source: str = "<expected>", path: Path | None = No
             str(body.get("reference", "")),
             path,
             str(engine) if engine is not None else None,
+            nodes,
         )
+    for config, entry in configs.items():
+        _check_config_source(entry, configs, f"{source}: configs.{config}")
     return ExpectedFile(str(data["hardware"]), str(data["backend"]), configs, path)
+
+
+def _check_config_source(
+    entry: ConfigExpectations, configs: Mapping[str, ConfigExpectations], where: str
+) -> None:
+    """A ``source: config:<name>`` entry names another config of the file and repeats its metrics exactly."""
+    if not entry.source.startswith(CONFIG_SOURCE_PREFIX):
+        return
+    name = entry.source[len(CONFIG_SOURCE_PREFIX) :]
+    other = configs.get(name)
+    if other is None or name == entry.config:
+        known = ", ".join(c for c in configs if c != entry.config) or "none"
+        raise ValueError(
+            f"{where}.source: {entry.source!r} names no other config of this file (it has: {known})"
+        )
+    if other.source.startswith(CONFIG_SOURCE_PREFIX):
+        raise ValueError(
+            f"{where}.source: {entry.source!r} is itself carried over ({other.source}); name the measured one"
+        )
+    if {e.metric: e for e in entry.expectations} != {e.metric: e for e in other.expectations}:
+        raise ValueError(
+            f"{where}.metrics: the targets carried over from config {name!r} (source {entry.source}) must equal its "
+            f"metrics, targets, tolerances and modes; they differ"
+        )
 
 
 def load_expected(path: str | Path) -> ExpectedFile:

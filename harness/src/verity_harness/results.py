@@ -12,13 +12,16 @@ per day and combination; a later run of the same day replaces it). Contents::
       "backend": "hf",                      # the rollout engine
       "train_engine": "fsdp2",
       "ran": {"actor": "fsdp2", "actor_compute_dtype": "float32", "rollout_dtype": "float32", ...},
+      "nodes": 1,                           # Ray nodes the run's pools used (ran.nodes); null if unreported
+      "simulated_nodes": null,              # nodes the harness simulated on this machine for the run
+                                            # (verity_harness.simulated_cluster); null: none simulated
       "date": "2026-11-22", "finished_at": "2026-11-22T01:02:03+00:00",
       "git_commit": "8faab24...", "git_dirty": false,
       "versions": {"verity": "0.1.0", "torch": "2.13.0+cpu", ...},
       "scores": {"accuracy_after": 0.81, ...},          # verity_harness.run_metrics
       "throughput": {"tokens_per_s": ..., "stage_seconds": {...}, "mfu": null, ...},
       "checks": [{"metric": ..., "passed": true, ...}],  # [] when no expected file applies
-      "expected_source": "measured" | "published" | null,
+      "expected_source": "measured" | "published" | "config:<name>" | null,
       "passed": true | false | null,                     # null: nothing to check against
       "curves": {"step": [...], "reward/mean": [...], "val_step": [...], "val/acc": [...]},
       "overrides": ["actor.optim.lr=0"],

@@ -8,7 +8,10 @@ Order of work:
 1. find the recipe and its config file; detect the machine (or take the one named);
 2. compose the config with :func:`verity.config.load_config` — harness settings
    (output directory, the shared MLflow store, a run name) first, the caller's
-   overrides after them, so the caller wins;
+   overrides after them, so the caller wins; a config that spans several nodes and names
+   no cluster (``trainer.nnodes: 2``, no ``trainer.ray_address``) runs on a cluster of that
+   many nodes simulated on this machine (:mod:`verity_harness.simulated_cluster`), torn
+   down after the run; ``trainer.ray_address=auto`` runs it on a real one instead;
 3. train with :func:`verity.trainer.run.run_training` (the trainer logs params and
    per-step metrics to MLflow);
 4. read the run directory: scores, throughput, curves (:mod:`verity_harness.run_metrics`);
@@ -39,6 +42,7 @@ from verity_harness.machine import (
 from verity_harness.recipes import DEFAULT_CONFIG, Recipe, find_recipe
 from verity_harness.results import write_result
 from verity_harness.run_metrics import curves, read_jsonl, score_metrics, throughput
+from verity_harness.simulated_cluster import SimulatedShape, shape_to_simulate, simulated_cluster
 from verity_harness.tracking import EXPERIMENT_PREFIX, ensure_experiment, log_result, store_uri
 
 DEFAULT_OUTPUT_ROOT = Path("outputs/harness")
@@ -138,6 +142,15 @@ def ran_engine(summary: dict[str, Any], role: str) -> str:
     return str(ran[role])
 
 
+def ran_nodes(summary: dict[str, Any]) -> int | None:
+    """How many Ray nodes the run's pools used (``summary['ran']['nodes']``); None when not reported."""
+    value = (summary.get("ran") or {}).get("nodes")
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
 def build_result(
     recipe: Recipe,
     config: str,
@@ -147,8 +160,13 @@ def build_result(
     run_dir: Path,
     overrides: Sequence[str],
     n_params: int | None,
+    simulated: SimulatedShape | None = None,
 ) -> dict[str, Any]:
-    """The result document of a finished run (schema in :mod:`verity_harness.results`), without checks."""
+    """The result document of a finished run (schema in :mod:`verity_harness.results`), without checks.
+
+    ``simulated``: the cluster the harness simulated for the run (None: it ran on a private
+    single-node cluster or joined a real one).
+    """
     steps = read_jsonl(run_dir / "metrics.jsonl")
     validation = read_jsonl(run_dir / "validation.jsonl")
     commit, dirty = git_commit()
@@ -165,6 +183,8 @@ def build_result(
         "backend": ran_engine(summary, "rollout"),
         "train_engine": ran_engine(summary, "actor"),
         "ran": dict(summary.get("ran") or {}),  # everything the workers reported running (dtypes included)
+        "nodes": ran_nodes(summary),  # Ray nodes the run's pools used
+        "simulated_nodes": simulated.nodes if simulated is not None else None,  # nodes the harness simulated
         "date": now.date().isoformat(),
         "finished_at": now.isoformat(timespec="seconds"),
         "git_commit": commit,
@@ -195,6 +215,9 @@ def attach_checks(result: dict[str, Any], recipe: Recipe, labels: Sequence[str])
     wrong_engine = expectations.check_engine(result.get("train_engine"))
     if wrong_engine is not None:
         checks.append(wrong_engine)
+    nodes = expectations.check_nodes(result.get("nodes"))
+    if nodes is not None:
+        checks.append(nodes)
     result.update(
         checks=[c.as_dict() for c in checks],
         passed=all(c.passed for c in checks),
@@ -235,13 +258,24 @@ def run_recipe(
     run_dir = output_root / recipe.name / f"{config}-{machine.label}-{stamp}"
     uri = tracking_uri or store_uri(output_root)
     ensure_experiment(uri, f"{EXPERIMENT_PREFIX}{recipe.name}", output_root)
-    all_overrides = harness_overrides(recipe, config, machine, run_dir, uri) + list(overrides)
-    cfg = load_config(all_overrides, config_file=config_file)
-    machine, peak_source = with_measured_cpu_peak(machine, cfg)
-    summary = run_training(cfg)
+    ours = harness_overrides(recipe, config, machine, run_dir, uri)
+    simulated = shape_to_simulate([*ours, *overrides], config_file, machine.family)
+    with simulated_cluster(simulated) as address:
+        joined = [] if address is None else [f"trainer.ray_address={address}"]
+        cfg = load_config([*ours, *joined, *overrides], config_file=config_file)
+        machine, peak_source = with_measured_cpu_peak(machine, cfg)
+        summary = run_training(cfg)
     run_dir = Path(cfg.trainer.output_dir)
     result = build_result(
-        recipe, config, machine, cfg, summary, run_dir, overrides, _n_params(uri, summary.get("run_id"))
+        recipe,
+        config,
+        machine,
+        cfg,
+        summary,
+        run_dir,
+        overrides,
+        _n_params(uri, summary.get("run_id")),
+        simulated,
     )
     result["throughput"]["peak_flops_source"] = peak_source
     if machine.family == "cpu":
@@ -260,6 +294,8 @@ def format_outcome(outcome: RunOutcome) -> str:
     """The report printed after ``verity-harness run``: checks, throughput, where things went."""
     r = outcome.result
     title = f"{r['recipe']} / {r['config']} on {r['hardware']} ({device_text(r)}), rollout {r['backend']}"
+    if r.get("nodes") is not None and (r["nodes"] > 1 or r.get("simulated_nodes")):
+        title += f", {nodes_text(r)}"
     lines = []
     if outcome.checks:
         lines.append(format_checks(outcome.checks, title=f"{title} — expected ({r['expected_source']})"))
@@ -277,6 +313,16 @@ def format_outcome(outcome: RunOutcome) -> str:
     verdict = {True: "PASS", False: "FAIL", None: "UNCHECKED"}[outcome.passed]
     lines.append(f"verdict: {verdict}")
     return "\n".join(lines)
+
+
+def nodes_text(result: dict[str, Any]) -> str:
+    """``2 nodes (simulated on this machine)`` / ``2 nodes``: the nodes a run's pools used, simulated or not."""
+    nodes = result.get("nodes")
+    text = f"{nodes} node" + ("" if nodes == 1 else "s")
+    simulated = result.get("simulated_nodes")
+    if simulated:
+        text += " (simulated on this machine)" if simulated == nodes else f" (of {simulated} simulated here)"
+    return text
 
 
 def format_throughput(t: dict[str, Any]) -> str:

@@ -8,8 +8,9 @@ config as params and every step's metrics; the harness adds
 - tags: ``harness=1``, ``recipe``, ``recipe.config``, ``hardware``, ``hardware.family``,
   ``device_name``, ``cpu_isa`` (empty off CPU), ``rollout_engine`` (result files call it
   ``backend``), ``train_engine``, ``git_commit``, ``git_dirty``, ``version.<package>``,
-  ``harness.passed``, ``date`` (the trainer's own tag ``backend`` stays the hardware
-  backend, e.g. ``cpu``; the rollout engine is ``rollout_engine``);
+  ``harness.passed``, ``date``, ``nodes`` and ``simulated_nodes`` (empty when unknown or
+  none) (the trainer's own tag ``backend`` stays the hardware backend, e.g. ``cpu``; the
+  rollout engine is ``rollout_engine``);
 - metrics ``score/<name>`` and ``throughput/<name>`` at the run's last step;
 - the result document as the artifact ``harness_result.json``.
 
@@ -68,6 +69,8 @@ def run_tags(result: Mapping[str, Any]) -> dict[str, str]:
         "git_dirty": str(result.get("git_dirty")),
         "harness.passed": str(result.get("passed")),
         "date": result["date"],
+        "nodes": "" if result.get("nodes") is None else result["nodes"],
+        "simulated_nodes": result.get("simulated_nodes") or "",
     }
     for package, version in (result.get("versions") or {}).items():
         tags[f"version.{package}"] = str(version)
@@ -105,6 +108,10 @@ def _result_from_run(client: Any, run: Any) -> dict[str, Any] | None:
             result = json.loads(Path(local).read_text(encoding="utf-8"))
     except Exception:  # artifact store moved or missing: fall back to tags + metrics
         tags, metrics = run.data.tags, run.data.metrics
+
+        def count(tag: str) -> int | None:
+            return int(tags[tag]) if tags.get(tag, "").isdigit() else None
+
         if "recipe" not in tags:
             return None
         result = {
@@ -118,6 +125,8 @@ def _result_from_run(client: Any, run: Any) -> dict[str, Any] | None:
             "date": tags.get("date", ""),
             "git_commit": tags.get("git_commit"),
             "passed": {"True": True, "False": False}.get(tags.get("harness.passed", "")),
+            "nodes": count("nodes"),
+            "simulated_nodes": count("simulated_nodes"),
             "scores": {k[len("score/") :]: v for k, v in metrics.items() if k.startswith("score/")},
             "throughput": {
                 k[len("throughput/") :]: v for k, v in metrics.items() if k.startswith("throughput/")

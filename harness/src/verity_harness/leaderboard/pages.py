@@ -4,6 +4,8 @@ Each page is one self-contained HTML file (inline CSS and SVG plots, no scripts,
 nothing fetched). Tables carry ids the browser test reads:
 
 - ``table#latest-<recipe>``: newest run per (config, hardware, backend), side by side —
+  the Ray nodes its pools used ("–" for results that do not say; "2 (simulated)" where the
+  harness simulated them on one machine, the actor's placement as the cell's tooltip),
   held-out accuracy (the score, greedy), its gain, avg@k and pass@k of the sampled
   evaluation (``rollout.val_n = k > 1``; "–" for runs without), check verdict,
   throughput, MFU, date, commit;
@@ -45,6 +47,7 @@ LATEST_COLUMNS = (
     ("hardware", "hardware", "hardware"),
     ("rollout", "backend", "text"),
     ("train engine", "train_engine", "text"),
+    ("nodes", "nodes", "nodes"),
     ("held-out acc.", "score:accuracy_after", "pct"),
     ("gain", "score:accuracy_gain", "pts"),
     ("avg@k", "score:avg_at_k_after", "pct_k"),
@@ -74,6 +77,11 @@ def _cell(value: Any, kind: str, run: Mapping[str, Any]) -> str:
     if kind == "hardware":
         device = html.escape(device_text(run), quote=True)
         return f'<td class="text" title="{device}">{html.escape(str(value))}</td>'
+    if kind == "nodes" and value is not None:
+        text = f"{int(value)} (simulated)" if run.get("simulated_nodes") else str(int(value))
+        placement = (run.get("ran") or {}).get("placement.actor")
+        title = f' title="actor: {html.escape(str(placement), quote=True)}"' if placement else ""
+        return f"<td{title}>{html.escape(text)}</td>"
     if kind == "verdict":
         text, cls = {True: ("pass", "pass"), False: ("fail", "fail")}.get(value, ("unchecked", "none"))
         return f'<td class="{cls}">{text}</td>'
