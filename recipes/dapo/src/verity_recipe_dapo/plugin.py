@@ -76,16 +76,17 @@ def plan_dapo(cfg, plan: StagePlan) -> None:
     d: DapoConfig = cfg.dapo
     if d.overlong_shaping.enabled:
         plan.insert_before("old_log_prob", Stage("overlong_shaping", overlong_shaping))
-    if d.dynamic_sampling.enabled:
-        stages = plan.stages
-        names = [s.name for s in stages]
-        start, stop = names.index("generate"), names.index("old_log_prob")
-        before, after = stages[:start], stages[start + 1 : stop]
-        for stage in stages[:stop]:
-            plan.remove(stage.name)
-        plan.insert_before("old_log_prob", Stage("dynamic_sampling", make_dynamic_sampling(before, after)))
+    if d.dynamic_sampling.enabled:  # the stages up to scoring run once per sampling round, inside it
+        names = plan.names()
+        last = names[names.index("old_log_prob") - 1]
+
+        def sampling_rounds(span: list[Stage]) -> Stage:
+            start = [s.name for s in span].index("generate")
+            return Stage("dynamic_sampling", make_dynamic_sampling(span[:start], span[start + 1 :]))
+
+        plan.wrap(names[0], last, sampling_rounds)
     if d.any_enabled():
-        plan.insert_after("advantage", Stage("dapo_signal", dapo_signal))
+        plan.insert_before("update_actor", Stage("dapo_signal", dapo_signal))  # advantages are final here
     if d.overlong_filter.enabled:
         plan.replace("update_actor", Stage("update_actor", overlong_filtered_update_actor))
 
@@ -109,7 +110,7 @@ def register() -> None:
         register_key(
             "overlong_penalty", ("B",), "float", "soft overlong punishment added to the score (DAPO)"
         )
-    register_stage_planner("dapo", plan_dapo)
+    register_stage_planner("dapo", plan_dapo, after=("prime",))  # its sampling rounds wrap the stages PRIME adds there
     # the overlong filter reads each response's last token on the driver: with reward.placement=workers
     # the responses then still come back (the scores are computed on the ranks either way)
     register_driver_response_reader("dapo.overlong_filter", _reads_responses)

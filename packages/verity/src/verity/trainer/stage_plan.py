@@ -2,18 +2,26 @@
 
 The one RL loop runs a list of :class:`~verity.trainer.stages.Stage`. The built-in
 list comes from the config (:func:`~verity.trainer.stages.default_stages`); then
-every registered *stage planner* may edit it, in name order, through a
-:class:`StagePlan`::
+every registered *stage planner* may edit it through a :class:`StagePlan`::
 
     def demo_planner(cfg, plan: StagePlan) -> None:
         if cfg.demo.enabled:                                   # the plug-in's config section
             plan.insert_after("reward", Stage("demo_bonus", demo_bonus))
 
-    register_stage_planner("demo", demo_planner)
+    register_stage_planner("demo", demo_planner, after=("prime",))
 
-A planner can insert a stage before or after a named one, replace one, or remove
-one; it reads the config to decide, so a plug-in that is installed but switched off
-changes nothing. Every built-in stage function is also registered by name in
+A planner can insert a stage before or after a named one, replace one, remove one, or
+wrap a run of stages into one stage that runs them (:meth:`StagePlan.wrap`: DAPO's
+dynamic sampling repeats generation and scoring); it reads the config to decide, so a
+plug-in that is installed but switched off changes nothing.
+
+Planners run in a declared order, never by name: ``after=`` / ``before=`` name the
+planners this one must follow or precede (names not installed are ignored), otherwise
+they run in the order they were registered. A planner may replace or remove only the
+built-in stages and its own: a stage another planner added is that planner's, and
+touching it fails at start naming both (a planner that needs it runs it inside a
+:meth:`StagePlan.wrap`, where the printed plan still shows it:
+``dynamic_sampling[generate, reward, prime_filter]``). Every built-in stage function is also registered by name in
 :data:`STAGES`, so a planner can reuse one. The plan a run uses is printed when it
 starts and logged to MLflow (``trainer.stage_plan``).
 """
@@ -33,6 +41,7 @@ __all__ = [
     "StagePlan",
     "StagePlanError",
     "build_stage_plan",
+    "planner_order",
     "register_stage",
     "register_stage_planner",
 ]
@@ -41,6 +50,9 @@ StagePlanner = Callable[[Any, "StagePlan"], None]
 
 STAGES: Registry[StageFn] = Registry("stage")
 STAGE_PLANNERS: Registry[StagePlanner] = Registry("stage planner")
+#: each planner's ``(after, before)``: the planners it must run after / before
+_PLANNER_ORDER: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+BUILT_IN = "built-in"
 
 
 class StagePlanError(ValueError):
@@ -52,9 +64,38 @@ def register_stage(name: str, fn: StageFn) -> None:
     STAGES.add(name, fn)
 
 
-def register_stage_planner(name: str, planner: StagePlanner) -> None:
-    """Add a planner ``planner(cfg, plan)`` that edits every run's stage plan (see the module docstring)."""
+def register_stage_planner(
+    name: str, planner: StagePlanner, *, after: tuple[str, ...] = (), before: tuple[str, ...] = ()
+) -> None:
+    """Add a planner ``planner(cfg, plan)`` that edits every run's stage plan (see the module docstring).
+
+    ``after`` / ``before``: planners this one must run after / before, by name.
+    """
     STAGE_PLANNERS.add(name, planner)
+    _PLANNER_ORDER[name] = (tuple(after), tuple(before))
+
+
+def planner_order() -> list[str]:
+    """The registered planners in the order they run: declared ``after``/``before`` first, then registration order."""
+    registered = {name for name, _ in STAGE_PLANNERS.items()}
+    names = [name for name in _PLANNER_ORDER if name in registered]  # registration order (the registry sorts)
+    names += sorted(registered - set(names))  # added to the registry directly
+    position = {name: i for i, name in enumerate(names)}
+    must_follow: dict[str, set[str]] = {name: set() for name in names}
+    for name in names:
+        after, before = _PLANNER_ORDER.get(name, ((), ()))
+        must_follow[name] |= {other for other in after if other in position}
+        for other in before:
+            if other in position:
+                must_follow[other].add(name)
+    ordered: list[str] = []
+    while len(ordered) < len(names):
+        ready = [n for n in names if n not in ordered and must_follow[n] <= set(ordered)]
+        if not ready:
+            stuck = sorted(n for n in names if n not in ordered)
+            raise StagePlanError(f"stage planners {stuck} declare an order that goes round in a circle (after=/before=)")
+        ordered.append(min(ready, key=position.__getitem__))
+    return ordered
 
 
 class StagePlan:
@@ -63,6 +104,9 @@ class StagePlan:
     def __init__(self, stages: list[Stage]) -> None:
         self._stages: list[Stage] = []
         self._held: dict[str, str] = {}  # stage name -> why no later edit may replace or remove it
+        self._owner: dict[str, str] = {}  # stage name -> the planner that added it (BUILT_IN: the defaults)
+        self._inner: dict[str, list[str]] = {}  # a wrapping stage's name -> the stages it runs
+        self.planner = BUILT_IN  # who is editing now (set by build_stage_plan)
         for stage in stages:
             self.append(stage)
 
@@ -79,6 +123,12 @@ class StagePlan:
     def _check_not_held(self, name: str) -> None:
         if name in self._held:
             raise StagePlanError(f"stage {name!r} cannot be replaced or removed: {self._held[name]}")
+        owner = self._owner.get(name, BUILT_IN)
+        if owner not in (BUILT_IN, self.planner):
+            raise StagePlanError(
+                f"stage {name!r} was added by stage planner {owner!r}: another planner may not replace or "
+                "remove it (run it inside StagePlan.wrap, or order the planners with after=/before=)"
+            )
 
     @property
     def stages(self) -> list[Stage]:
@@ -108,16 +158,41 @@ class StagePlan:
         """Add ``stage`` at the end."""
         self._check_new(stage)
         self._stages.append(stage)
+        self._owner[stage.name] = self.planner
 
     def insert_before(self, name: str, stage: Stage) -> None:
         """Add ``stage`` just before the stage called ``name``."""
         self._check_new(stage)
         self._stages.insert(self._index(name), stage)
+        self._owner[stage.name] = self.planner
 
     def insert_after(self, name: str, stage: Stage) -> None:
         """Add ``stage`` just after the stage called ``name``."""
         self._check_new(stage)
         self._stages.insert(self._index(name) + 1, stage)
+        self._owner[stage.name] = self.planner
+
+    def wrap(self, first: str, last: str, build: Callable[[list[Stage]], Stage]) -> None:
+        """Put one stage, ``build(stages)``, in the place of the run ``first`` .. ``last`` (inclusive).
+
+        The new stage runs the wrapped ones itself (say, once per sampling round); they stay
+        named in :meth:`describe` as ``name[first, ..., last]``. A held stage cannot be wrapped.
+        """
+        start, stop = self._index(first), self._index(last)
+        if stop < start:
+            raise StagePlanError(f"wrap: {last!r} comes before {first!r} in the plan")
+        span = self._stages[start : stop + 1]
+        for stage in span:
+            if stage.name in self._held:
+                raise StagePlanError(f"stage {stage.name!r} cannot be wrapped: {self._held[stage.name]}")
+        outer = build(list(span))
+        names = [s.name for s in span]
+        if outer.name in self and outer.name not in names:
+            raise StagePlanError(f"the plan already has a stage {outer.name!r}")
+        inner = [n for s in span for n in self._inner.get(s.name, [s.name])]
+        self._stages[start : stop + 1] = [outer]
+        self._inner[outer.name] = inner
+        self._owner[outer.name] = self.planner
 
     def replace(self, name: str, stage: Stage) -> None:
         """Put ``stage`` in the place of the stage called ``name`` (it may keep the name)."""
@@ -126,6 +201,7 @@ class StagePlan:
         if stage.name != name and stage.name in self:
             raise StagePlanError(f"the plan already has a stage {stage.name!r}")
         self._stages[index] = stage
+        self._owner[stage.name] = self.planner
 
     def remove(self, name: str) -> None:
         """Drop the stage called ``name``."""
@@ -134,18 +210,22 @@ class StagePlan:
         del self._stages[index]
 
     def describe(self) -> str:
-        """``generate -> reward -> ...``, the form printed at start and logged."""
-        return " -> ".join(self.names())
+        """``generate -> reward -> ...``, the form printed at start and logged; a wrapping stage with what it runs."""
+        return " -> ".join(
+            f"{name}[{', '.join(self._inner[name])}]" if name in self._inner else name for name in self.names()
+        )
 
 
 def build_stage_plan(cfg: Any) -> StagePlan:
-    """The built-in stages for ``cfg``, then every registered planner's edits, in planner-name order."""
+    """The built-in stages for ``cfg``, then every registered planner's edits, in :func:`planner_order`."""
     plan = StagePlan(builtin.default_stages(cfg))
-    for name, planner in STAGE_PLANNERS.items():
+    for name in planner_order():
+        plan.planner = name
         try:
-            planner(cfg, plan)
+            STAGE_PLANNERS.get(name)(cfg, plan)
         except StagePlanError as err:
             raise StagePlanError(f"stage planner {name!r}: {err}") from None
+    plan.planner = BUILT_IN
     return plan
 
 
