@@ -138,3 +138,64 @@ def test_eval_of_a_run_folder_takes_its_checkpoint_not_its_run_config(model_and_
     folder, _, _ = eval_cli._resolve_model(str(run), "actor", tmp_path / "scratch")
     assert exported == [(run / "checkpoints" / "step_3", "actor")] and folder == str(tmp_path / "scratch" / "hf")
     assert eval_cli._resolve_model(model_and_file["model"], "actor", tmp_path)[0] == model_and_file["model"]
+
+
+REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return 1.0 if data_source == "acme/mult" else 0.5
+
+def zero(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    return 0.0
+"""
+
+
+def test_eval_of_a_run_scores_with_the_runs_reward_settings(model_and_file, tmp_path, monkeypatch, capsys):
+    """A run trained with reward.custom_path=myreward.py (relative) on its own data_source is evaluated
+    with that function, its path read against the folder verity train ran in; reward.* arguments override."""
+    import pyarrow.parquet as pq
+    from verity.checkpoint import layout
+    from verity.checkpoint.state import TrainerState
+    from verity.config import config_to_dict, load_config
+
+    table = pq.read_table(model_and_file["test"])
+    test = tmp_path / "test.parquet"
+    pq.write_table(table.set_column(table.column_names.index("data_source"), "data_source",
+                                    [["acme/mult"] * table.num_rows]), test)  # fmt: skip
+    workdir, run = tmp_path / "project", tmp_path / "project" / "outputs" / "run"
+    workdir.mkdir()
+    (workdir / "myreward.py").write_text(REWARD)
+    monkeypatch.chdir(workdir)  # where verity train ran
+    saved = config_to_dict(load_config(["reward.custom_path=myreward.py", f"trainer.output_dir={run}"]))
+    assert saved["reward"]["custom_path"] == "myreward.py"
+    tmp = run / "checkpoints" / "step_3.tmp"
+    tmp.mkdir(parents=True)
+    TrainerState(step=3, total_steps=3, dataloader={}, kl_coef=None, run_id=None, tracking_uri=None,
+                 config_hash="h", config=saved, working_dir=str(workdir)).write(tmp)  # fmt: skip
+    layout.commit(tmp, run / "checkpoints" / "step_3")
+    monkeypatch.setattr("verity.checkpoint.export.export_hf", lambda ckpt, out, role: model_and_file["model"])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # evaluated from another folder: myreward.py is not here
+
+    def evaluate(*extra: str) -> tuple[int, dict, str]:
+        report = tmp_path / "report.json"
+        report.unlink(missing_ok=True)
+        args = ["eval", *extra[:1], "--data", str(test), "--max-new-tokens", "4", "--json", str(report), *extra[1:]]
+        code = verity(args)
+        err = capsys.readouterr().err
+        return code, json.loads(report.read_text()) if code == 0 else {}, err
+
+    code, report, err = evaluate(str(run))
+    assert code == 0, err
+    assert report["mean_score"] == 1.0 and report["metrics"]["eval/acme/mult/mean@1"] == 1.0
+    assert f"reward settings of the run, from {run}/checkpoints/step_3/trainer_state.json" in err
+    code, report, err = evaluate(str(run), "reward.custom_name=zero")  # a reward.* argument wins
+    assert code == 0 and report["mean_score"] == 0.0, err
+    code, report, err = evaluate(model_and_file["model"])  # an HF folder: the defaults know no acme/mult
+    assert code == 2 and "data_source 'acme/mult': no reward function for it" in err
+    code, report, err = evaluate(model_and_file["model"], f"reward.custom_path={workdir / 'myreward.py'}")
+    assert code == 0 and report["mean_score"] == 1.0, err
+    (workdir / "myreward.py").unlink()
+    code, report, err = evaluate(str(run))
+    assert code == 2 and f"reward.custom_path='{workdir / 'myreward.py'}' (the run's, from {run}" in err
+    assert "no such file; give the reward function file with reward.custom_path=FILE.py" in err

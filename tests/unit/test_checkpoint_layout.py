@@ -199,6 +199,42 @@ def test_config_differences_ignore_bookkeeping():
     assert config_differences(saved, current) == ["trainer.seed: 0 -> 1"]
 
 
+def test_a_section_the_saved_run_lacked_is_no_change_at_its_defaults():
+    """A run saved before a plug-in was installed resumes where it is: its section at defaults is no change."""
+    defaults = {"trainer": {"seed": 0}, "mine": {"enabled": False, "bonus": {"weight": 0.5}}}
+    saved = {"trainer": {"seed": 0}}
+    current = {"trainer": {"seed": 0}, "mine": {"enabled": False, "bonus": {"weight": 0.5}}}
+    assert config_differences(saved, current, defaults) == []
+    assert config_differences(current, saved, defaults) == []  # or saved with it, resumed without
+    current["mine"]["bonus"]["weight"] = 2.0
+    assert config_differences(saved, current, defaults) == ["mine.bonus.weight: '<absent>' -> 2.0"]
+    unknown = {"trainer": {"seed": 0}, "gone": {"x": 1}}  # a section this environment has no default for
+    assert config_differences(unknown, saved, defaults) == ["gone.x: 1 -> '<absent>'"]
+
+
+def test_a_run_saved_without_the_installed_plugin_sections_resumes(tmp_path):
+    from verity.checkpoint.resume import require_same_config
+    from verity.config import config_to_dict
+    from verity.config.sections import plugin_sections
+
+    cfg = load_config([f"trainer.output_dir={tmp_path}"])
+    sections = plugin_sections(cfg)
+    if not sections:
+        pytest.skip("no plug-in with a config section is installed")
+    current = config_to_dict(cfg)
+    saved = {k: v for k, v in current.items() if k not in sections}  # made before they were installed
+    require_same_config(saved, current, tmp_path / "step_3")  # no ConfigError
+    name = next(iter(sections))
+    node, path = current[name], [name]
+    while isinstance(node[next(iter(node))], dict):  # the section's first leaf, set away from its default
+        path.append(next(iter(node)))
+        node = node[path[-1]]
+    leaf = next(iter(node))
+    node[leaf] = "changed"
+    changed = config_differences(saved, current)
+    assert changed == [f"{'.'.join(path)}.{leaf}: '<absent>' -> 'changed'"]
+
+
 def test_resume_choice(tmp_path):
     out = tmp_path / "run"
     base = [f"trainer.output_dir={out}"]

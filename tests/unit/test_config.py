@@ -144,3 +144,24 @@ def test_a_single_data_file_is_a_list_of_one(tmp_path) -> None:
     path.write_text(f"defaults: [verity, _self_]\ndata: {{train_files: {train}}}\n")
     with pytest.raises(ConfigError, match=r"data.train_files: a list is expected, .* train_files: \[/"):
         load_config([], config_file=path)
+
+
+def test_real_checkpoints_get_verl_defaults_and_the_embedded_model_keeps_its_own(tmp_path, capsys) -> None:
+    """A local model folder: verl's 512-token prompts and responses (a 75-token prompt fits), 200 steps;
+    the embedded model: its own lengths and steps, as before, unless a key is set."""
+    from verity.cli.main import main as verity
+
+    model = tmp_path / "hf"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "qwen2"}')
+    real = load_config([f"model.path={model}"])
+    assert (real.data.max_prompt_length, real.data.max_response_length) == (512, 512)
+    assert real.trainer.total_steps == 200
+    assert verity(["config", "show", "data", f"model.path={model}"]) == 0
+    shown = capsys.readouterr().out
+    assert "  max_prompt_length: 512  # tokens" in shown and "  max_response_length: 512  # tokens" in shown
+    for preset in ("default", "multiply-tools"):
+        embedded = load_config([f"model.embedded_preset={preset}"])
+        assert (embedded.data.max_prompt_length, embedded.data.max_response_length) == (48, 8)
+        assert embedded.trainer.total_steps == 100
+    assert load_config(["data.max_response_length=16"]).data.max_response_length == 16  # the user's key wins

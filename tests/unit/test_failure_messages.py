@@ -223,3 +223,24 @@ def test_a_run_rejected_before_training_leaves_no_output_folder(inputs, tmp_path
     assert train_cli.main(args) == 2  # refused inside the run (its data_source has no reward function)
     assert "'my/dataset': 1 rows of data.train_files" in capsys.readouterr().err
     assert not (tmp_path / "fresh").exists()  # neither the lock nor the folders the run made
+
+
+def test_the_embedded_model_on_your_data_needs_your_held_out_file(inputs, tmp_path, capsys, monkeypatch):
+    """Never the embedded task's accuracy reported for a run on the user's own data (nor trained on it)."""
+
+    def no_embedded_build(*args, **kwargs):
+        raise AssertionError("refused before the embedded model is built")
+
+    monkeypatch.setattr("verity.trainer.embedded.ensure_embedded_default", no_embedded_build)
+    out = tmp_path / "out"
+    mine = inputs / "good.parquet"
+    reward = inputs / "reward_text.py"
+    for given, sentence in (
+        (f"data.train_files=[{mine}]", "data.val_files is empty: give a held-out parquet/jsonl file of your task"),
+        (f"data.val_files=[{mine}]", "data.train_files is empty: give the parquet/jsonl file(s) of your task"),
+    ):
+        code = train_cli.main([given, f"reward.custom_path={reward}", f"trainer.output_dir={out}"])
+        err = capsys.readouterr().err
+        assert code == 2, err[-2000:]
+        assert f"verity train: {sentence}" in err and "embedded 'default' preset's task, not on yours" in err
+        assert "Traceback" not in err and not out.exists()

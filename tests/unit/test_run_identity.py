@@ -60,7 +60,7 @@ def test_embedded_defaults_learn_and_user_keys_win(tmp_path) -> None:
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text('{"model_type": "qwen2"}')
     real = load_config([f"model.path={tmp_path / 'model'}"])
-    assert (real.actor.optim.lr, real.trainer.total_steps) == (1e-6, 60)  # verl-like for real checkpoints
+    assert (real.actor.optim.lr, real.trainer.total_steps) == (1e-6, 200)  # verl-like for real checkpoints
 
 
 def test_yaml_errors_name_the_place_and_type_errors_the_key(tmp_path) -> None:

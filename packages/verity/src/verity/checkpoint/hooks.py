@@ -15,6 +15,7 @@ so far. It
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -92,6 +93,7 @@ class CheckpointHook:
             wall_seconds=self.wall_seconds_before + (time.perf_counter() - self._started),
             rng=capture_rng(),
             model_path=self.model_path,
+            working_dir=os.getcwd(),
             verity_version=verity.__version__,
         )
 

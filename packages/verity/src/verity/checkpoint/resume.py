@@ -3,7 +3,8 @@
 - ``auto`` (default): the newest complete checkpoint in the run's checkpoint folder
   (``trainer.checkpoint.dir``, default ``<trainer.output_dir>/checkpoints``) — only when
   it was saved with the same config (:func:`require_same_config`; bookkeeping keys
-  such as ``trainer.total_steps`` may differ); a fresh start when there is none.
+  such as ``trainer.total_steps`` may differ, and a section the saved run lacked counts
+  as unchanged at its defaults: :func:`config_differences`); a fresh start when there is none.
 - ``off``: a fresh start. A previous run's outputs and checkpoints are moved aside
   first (``verity.trainer.run_dir.move_aside``), never mixed with the new run's.
 - a path: a ``step_N`` checkpoint folder, a checkpoint folder (its newest), or a run's
@@ -110,13 +111,36 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
-def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``key: saved -> current`` for every config value that changed, bookkeeping keys left out."""
+def default_config_dict() -> dict[str, Any]:
+    """Every key of this environment's schema (plug-in sections included) at its default, as a nested dict."""
+    from verity.config.loader import config_to_dict
+    from verity.config.sections import schema_class
+
+    return config_to_dict(schema_class()())
+
+
+def config_differences(
+    saved: dict[str, Any], current: dict[str, Any], defaults: dict[str, Any] | None = None
+) -> list[str]:
+    """``key: saved -> current`` for every config value that changed, bookkeeping keys left out.
+
+    A key only one of the two configs has, holding its default there, is no change: a
+    section the saved run did not have (a plug-in installed since, such as the recipes'
+    ``dapo.*``, ``prime.*``, ``prm.*``) or a key a newer verity added, left at its default,
+    computes what the saved run computed. Set away from its default it is a change.
+    ``defaults``: the schema's defaults as a nested dict (default: :func:`default_config_dict`).
+    """
     a, b = _flatten(saved), _flatten(current)
     lines = []
+    base: dict[str, Any] | None = None
     for key in sorted(set(a) | set(b)):
         if key.startswith(_BOOKKEEPING_PREFIXES):
             continue
+        if (key in a) != (key in b):
+            if base is None:
+                base = _flatten(default_config_dict() if defaults is None else defaults)
+            if key in base and base[key] == (a[key] if key in a else b[key]):
+                continue
         if a.get(key, "<absent>") != b.get(key, "<absent>"):
             lines.append(f"{key}: {a.get(key, '<absent>')!r} -> {b.get(key, '<absent>')!r}")
     return lines

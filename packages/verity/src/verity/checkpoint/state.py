@@ -72,6 +72,9 @@ class TrainerState:
         rng: the driver's RNG states (:func:`capture_rng`).
         roles: trained role name -> number of worker ranks that saved its shards.
         model_path: the policy's initial weights (the reference policy is reloaded from it).
+        working_dir: the driver's working folder, against which the config's relative paths
+            (``reward.custom_path``, a ``file.py:function`` in ``reward.overrides``) were read;
+            empty in checkpoints saved before verity recorded it.
     """
 
     step: int
@@ -88,6 +91,7 @@ class TrainerState:
     rng: dict[str, Any] = field(default_factory=dict)
     roles: dict[str, int] = field(default_factory=dict)
     model_path: str = ""
+    working_dir: str = ""
     verity_version: str = ""
     format_version: int = FORMAT_VERSION
 

@@ -1,7 +1,9 @@
-"""``verity eval MODEL [--data FILE ...] [-k K --temperature T]``: held-out accuracy, avg@k, pass@k, maj@k.
+"""``verity eval MODEL [--data FILE ...] [-k K --temperature T] [reward.KEY=VALUE ...]``: held-out accuracy, avg@k, pass@k, maj@k.
 
     verity eval outputs/run/hf --data test.parquet                   # greedy accuracy
     verity eval outputs/run --data aime2024.parquet -k 32 --temperature 1.0 --max-new-tokens 4096
+    verity eval outputs/run --data test.parquet                      # scored with the run's reward settings
+    verity eval hf_folder --data test.parquet reward.custom_path=myreward.py   # a reward function of your own
     verity eval embedded                                             # the embedded default on its held-out split
     verity eval embedded --preset NAME -k 8 --temperature 1.0        # another embedded preset (a plug-in's)
 
@@ -11,6 +13,16 @@ folder first), or ``embedded``. Data files are in the verl schema; each row is s
 by the reward function of its ``data_source``. Prints a table and, with ``--json``,
 writes the metrics. One process, no Ray.
 
+Rewards: a checkpoint (or run folder) is scored with the ``reward`` settings of the run
+that saved it (its ``trainer_state.json``): the run's ``reward.custom_path``,
+``reward.overrides``, timeouts, ... A relative file path there is read as the run read
+it: against the folder ``verity train`` ran in, which the checkpoint records (a
+checkpoint saved before verity recorded it: against the current folder).
+``reward.KEY=VALUE`` arguments, anywhere on the command line and in ``verity train``'s
+grammar (``'+reward.overrides={my/set: gsm8k}'``), change those settings (an HF folder
+or ``embedded`` starts from the defaults); their relative paths are read against the
+current folder.
+
 Exit codes: 0 evaluated; 2 bad input (no such model, checkpoint or file; bad settings).
 """
 
@@ -18,14 +30,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
+
+# a reward setting given on the command line: reward.custom_path=r.py, '+reward.overrides={a: b}'
+_REWARD_ARG = re.compile(r"^\+{0,2}reward\.[A-Za-z_][\w.]*=")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="verity eval", description="Evaluate a model or checkpoint on held-out data."
+        prog="verity eval",
+        description="Evaluate a model or checkpoint on held-out data.",
+        epilog="reward.KEY=VALUE arguments (anywhere, as in verity train) change the reward settings: "
+        "a checkpoint's are its run's (relative paths read against the folder verity train ran in), "
+        "others start from the defaults. Example: reward.custom_path=myreward.py reward.custom_name=score",
     )
     p.add_argument("model", help="an HF model folder, a checkpoint or run folder, or 'embedded'")
     p.add_argument(
@@ -96,6 +117,83 @@ def _resolve_model(
     return str(out), [], 1024
 
 
+def _is_relative_file(target: str) -> bool:
+    """A reward spec's file part that is a relative path (a module name, ``pkg.mod``, is not a path)."""
+    return (target.endswith(".py") or "/" in target) and not Path(target).expanduser().is_absolute()
+
+
+def _with_base(reward: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``reward`` with its relative file paths (``custom_path``, ``file.py:function`` overrides) under ``base``."""
+    out = dict(reward)
+    path = out.get("custom_path")
+    if isinstance(path, str) and path and _is_relative_file(path):
+        out["custom_path"] = str(base / path)
+    specs = {}
+    for source, spec in (out.get("overrides") or {}).items():
+        target, sep, name = str(spec).rpartition(":")
+        specs[source] = f"{base / target}{sep}{name}" if sep and _is_relative_file(target) else spec
+    if specs:
+        out["overrides"] = specs
+    return out
+
+
+def _overrides_dict(texts: list[str]) -> dict[str, Any]:
+    """``reward.KEY=VALUE`` arguments (Hydra's grammar) as the nested ``reward`` dict they set."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    out: dict[str, Any] = {}
+    for text in texts:
+        try:
+            parsed = parser.parse_overrides([text])[0]
+        except HydraException as err:
+            raise ValueError(f"{text!r}: not a KEY=VALUE setting ({str(err).splitlines()[0]})") from None
+        *parents, leaf = parsed.key_or_group.split(".")[1:]
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = parsed.value()
+    return out
+
+
+def reward_settings(model: str, texts: list[str]) -> tuple[Any, str | None]:
+    """``(the reward settings to score with, where they came from or None)`` for MODEL and the
+    ``reward.KEY=VALUE`` arguments (see the module docstring); ValueError names a bad setting."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from verity.config.schema import RewardConfig
+
+    saved: dict[str, Any] = {}
+    origin = None
+    path = Path(model).expanduser()
+    if model != "embedded" and not _is_hf_model_folder(path):
+        from verity.checkpoint.export import find_checkpoint
+        from verity.checkpoint.state import STATE_FILE, TrainerState
+
+        checkpoint = find_checkpoint(path)
+        state = TrainerState.read(checkpoint)
+        base = Path(state.working_dir) if state.working_dir else Path.cwd()
+        known = set(RewardConfig.__dataclass_fields__)
+        saved = _with_base({k: v for k, v in (state.config.get("reward") or {}).items() if k in known}, base)
+        origin = f"{checkpoint / STATE_FILE} (relative paths read against {base})"
+    given = _with_base(_overrides_dict(texts), Path.cwd())
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(RewardConfig), saved, given)
+        reward = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        raise ValueError(f"reward settings {' '.join(texts)}: {lines[0] if lines else err}") from None
+    if reward.custom_path and not Path(reward.custom_path).expanduser().is_file():
+        where = f"the run's, from {origin}" if origin and "custom_path" not in given else "given here"
+        raise ValueError(
+            f"reward.custom_path={reward.custom_path!r} ({where}): no such file; give the reward "
+            "function file with reward.custom_path=FILE.py (and reward.custom_name=FUNCTION)"
+        )
+    return reward, origin
+
+
 def format_report(report) -> str:
     """The metrics table printed by ``verity eval``."""
     lines = [
@@ -109,7 +207,8 @@ def format_report(report) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    reward_args = [a for a in argv if _REWARD_ARG.match(a)]
+    args = _parser().parse_args([a for a in argv if not _REWARD_ARG.match(a)])
     from verity.data.verl_dataset import MalformedDatasetError, PromptTooLongError
     from verity.trainer.held_out import evaluate_files
 
@@ -122,6 +221,9 @@ def main(argv: list[str]) -> int:
             missing = [f for f in args.data or [] if not Path(f).expanduser().is_file()]
             if missing:
                 raise FileNotFoundError(f"--data: no such file(s): {', '.join(missing)}")
+            reward, origin = reward_settings(args.model, reward_args)
+            if origin is not None:
+                print(f"verity eval: reward settings of the run, from {origin}", file=sys.stderr)
             model_path, default_files, default_tokens = _resolve_model(
                 args.model, args.role, Path(scratch), args.preset
             )
@@ -138,6 +240,7 @@ def main(argv: list[str]) -> int:
                 max_samples=args.max_samples,
                 seed=args.seed,
                 device=args.device,
+                reward=reward,
             )
         except (FileNotFoundError, ValueError, MalformedDatasetError, PromptTooLongError) as err:
             print(f"verity eval: {err}", file=sys.stderr)

@@ -38,14 +38,16 @@ _BOOL_WORDS = ("true", "false", "yes", "no", "on", "off")
 
 @dataclasses.dataclass(frozen=True)
 class UnknownKey:
-    """A key not in the schema, where it came from, and the closest known key (or None)."""
+    """A key not in the schema, where it came from, the closest known key (or None) and a note on it."""
 
     key: str
     source: str
     suggestion: str | None
+    note: str | None = None
 
     def describe(self) -> str:
-        hint = f" (did you mean {self.suggestion}?)" if self.suggestion else ""
+        note = f" {self.note}" if self.note else ""
+        hint = f" (did you mean {self.suggestion}?{note})" if self.suggestion else ""
         return f"{self.key} [{self.source}]{hint}"
 
 
@@ -101,6 +103,17 @@ def _known(key: str, keys: Mapping[str, str]) -> bool:
     return any(keys.get(".".join(parts[:i])) == _FREE for i in range(1, len(parts)))
 
 
+def _unknown(key: str, source: str, keys: Mapping[str, str]) -> UnknownKey:
+    """The unknown ``key`` with its suggestion: from verl's names and common synonyms
+    (:mod:`verity.config.key_aliases`) when they have it, else the closest spelling."""
+    from verity.config.key_aliases import alias_for
+
+    alias = alias_for(key, lambda name: _known(name, keys))
+    if alias is not None:
+        return UnknownKey(key, source, alias[0], alias[1])
+    return UnknownKey(key, source, _suggest(key, keys))
+
+
 def _suggest(key: str, keys: Mapping[str, str]) -> str | None:
     """The known key the user most likely meant: a near spelling, or the same name in another section."""
     candidates = [k for k in keys if not key.startswith(k + ".")]  # not the unknown key's own parents
@@ -133,14 +146,14 @@ def check_keys(
     unknown: list[UnknownKey] = []
     for key in _flatten({k: v for k, v in (file_data or {}).items() if k != "defaults"}):
         if not _known(key, keys) and not any(key.startswith(u.key + ".") for u in unknown):
-            unknown.append(UnknownKey(key, "config file", _suggest(key, keys)))
+            unknown.append(_unknown(key, "config file", keys))
     parser = OverridesParser.create()
     composed: list[str] = []
     for text in overrides:
         parsed = parser.parse_overrides([text])[0]
         key = parsed.key_or_group
         if not _known(key, keys):
-            unknown.append(UnknownKey(key, f"override {text!r}", _suggest(key, keys)))
+            unknown.append(_unknown(key, f"override {text!r}", keys))
             continue
         if key in keys and keys[key] != _FREE and (parsed.is_add() or parsed.is_force_add()):
             text = text.lstrip("+")  # "+a.b=1" on an existing key is just "a.b=1"

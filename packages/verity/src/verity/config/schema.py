@@ -42,8 +42,10 @@ class DataConfig:
     val_files: list[str] = field(default_factory=list)  # held-out files for validation (same schema)
     train_batch_size: int = 32  # prompts per RL step
     val_batch_size: int = 256  # prompts per evaluation generate call
-    max_prompt_length: int = 64  # tokens
-    max_response_length: int = 16  # tokens
+    # verl's defaults, for real checkpoints; the embedded model's own (48, 8) apply when unset
+    # (verity.config.embedded_defaults)
+    max_prompt_length: int = 512  # tokens
+    max_response_length: int = 512  # tokens
     truncation: str = "error"  # error | filter | truncate_left | truncate_right
     on_malformed: str = "error"  # rows not in the verl schema: error (list them) | skip (log and count them)
     shuffle: bool = True  # draw training prompts in a seeded random order (resumable)
@@ -186,7 +188,10 @@ class CheckpointConfig:
 
 @dataclass
 class TrainerConfig:
-    total_steps: int = 60  # RL steps (each: train_batch_size prompts x rollout.n samples)
+    # verl counts epochs (total_epochs) where verity counts steps: 200 x 32 prompts is about one pass
+    # over GSM8K's 7,473 questions; for your data, epochs x rows / data.train_batch_size. The embedded
+    # model's own (100) applies when unset
+    total_steps: int = 200  # RL steps (each: train_batch_size prompts x rollout.n samples)
     n_workers: int = 2  # actor workers (Ray actors) in all nodes together; = nnodes x n_workers_per_node
     # nodes the actor's pool spans (ranks node by node: rank r on node r // n_workers_per_node); None: 1 on
     # a private cluster, the fewest nodes that hold n_workers on a joined one (docs/multi-node.md)

@@ -40,12 +40,29 @@ class ResolvedInputs:
 
 def resolve_inputs(cfg: VerityConfig) -> ResolvedInputs:
     """Resolve ``model.path=embedded`` (build or reuse the warm-started tiny model and task files
-    of the preset ``model.embedded_preset``)."""
+    of the preset ``model.embedded_preset``).
+
+    The embedded task's train and test files are used only when the config names neither
+    ``data.train_files`` nor ``data.val_files``: given one, the other is required (a
+    :class:`ConfigError`), so a run on the user's data never reports the embedded task's accuracy.
+    """
     d = cfg.data
     if cfg.model.path == "embedded":
         from verity.data.embedded_presets import EMBEDDED_PRESETS
         from verity.trainer.embedded import ensure_embedded_default
 
+        if d.train_files and not d.val_files:
+            raise ConfigError(
+                "data.val_files is empty: give a held-out parquet/jsonl file of your task in the verl "
+                "schema (rows kept out of data.train_files); without it the run would report accuracy "
+                f"on the embedded {cfg.model.embedded_preset!r} preset's task, not on yours"
+            )
+        if d.val_files and not d.train_files:
+            raise ConfigError(
+                "data.train_files is empty: give the parquet/jsonl file(s) of your task to train on "
+                "(data.val_files names your held-out rows); without them the run would train on the "
+                f"embedded {cfg.model.embedded_preset!r} preset's task, not on yours"
+            )
         paths = ensure_embedded_default(
             Path(cfg.model.embedded_cache_dir).expanduser(),
             sft_steps=cfg.model.embedded_sft_steps,
