@@ -115,6 +115,10 @@ def test_embedded_default_builds_once_and_loads_like_a_checkpoint(tmp_path):
     lines: list[str] = []
     paths = ensure_embedded_default(tmp_path, settings=settings, log=lines.append)
     assert any("building" in line for line in lines)
+    # the warm-start says how far it is (a tenth of the way each line; here every step of 3)
+    assert [line.split(",")[0] for line in lines if "warm-start step" in line] == [
+        f"verity: SFT warm-start step {k}/3" for k in (1, 2, 3)
+    ]
     manifest = paths.manifest()
     assert manifest["settings"]["sft_steps"] == 3 and 0.0 <= manifest["test_greedy_accuracy"] <= 1.0
     assert 0.0 <= manifest["test_greedy_clean_rate"] <= 1.0 and manifest["sft_slipped_rows"] > 0

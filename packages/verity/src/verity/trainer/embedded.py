@@ -196,6 +196,9 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
             batch_size=settings.sft_batch_size,
             seed=settings.sft_seed,
             image_processor=image_processor,
+            # a line every tenth of the way: the warm-start takes minutes on a small CPU
+            log_every=max(1, settings.sft_steps // 10),
+            on_log=lambda step, loss: say(f"verity: SFT warm-start step {step}/{settings.sft_steps}, loss {loss:.3f}"),
         )
         tail = result.losses[-min(50, len(result.losses)) :]
         record["sft"] = {
