@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.dense_reward import DIGIT_REWARD
 from test_checkpoint_resume import (
-    DIGIT_REWARD,
     RUN_TIMEOUT_S,
     STEPS,
     assert_same_run,
