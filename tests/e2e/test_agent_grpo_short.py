@@ -120,6 +120,9 @@ def test_multi_turn_rl_on_two_workers_trains_only_the_models_tokens(tmp_path, mo
     )
     summary = run_training(cfg)
     assert summary["ran"].pop("device_name")  # the CPU's model name: machine-dependent
+    # where the ranks ran: one node (this machine), each pool on it
+    assert summary["ran"].pop("nodes") == "1"
+    assert summary["ran"].pop("placement.actor").count(",") == 0
     assert summary["ran"] == {
         "actor": "fsdp2_grad_probe",
         "actor_sharding": "full",

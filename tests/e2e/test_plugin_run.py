@@ -73,6 +73,9 @@ def test_a_plugin_stage_estimator_role_and_section_run_in_the_workers(
         assert row["reward/mean"] >= 0.25  # the stage's bonus reached the scores
     # the harness records what the workers reported running, never the config's string
     assert summary["ran"].pop("device_name")  # the CPU's model name: machine-dependent
+    # where the ranks ran: one node (this machine), each pool on it
+    assert summary["ran"].pop("nodes") == "1"
+    assert summary["ran"].pop("placement.actor").count(",") == 0
     assert summary["ran"] == {
         "actor": "fsdp2",
         "actor_sharding": "full",

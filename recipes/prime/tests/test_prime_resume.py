@@ -175,6 +175,10 @@ def test_a_separate_prm_worker_group_trains_beside_the_actor(prime_tiny_model_an
     assert workers["actor"][0]["pid"] != workers["prm"][0]["pid"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ran"].pop("device_name")  # the CPU's model name: machine-dependent
+    # where the ranks ran: one node (this machine), each pool on it
+    assert summary["ran"].pop("nodes") == "1"
+    assert summary["ran"].pop("placement.actor").count(",") == 0
+    assert summary["ran"].pop("placement.prm").count(",") == 0
     assert summary["ran"] == {
         "actor": "fsdp2",
         "actor_sharding": "full",
