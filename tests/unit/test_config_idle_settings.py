@@ -249,3 +249,44 @@ def test_a_gpu_config_names_every_placeholder_path_at_once() -> None:
     assert message.startswith("the config's placeholder paths must be replaced with your own")
     assert "model.path='/path/to/Qwen2.5-0.5B-Instruct'" in message
     assert "data.train_files=['/path/to/gsm8k/train.parquet']" in message and "data.val_files=" in message
+
+
+def test_switching_engine_on_the_quickstart_preset_sets_its_fsdp2_tuning_aside(caplog) -> None:
+    """Issue #49 finding 7: the preset's own actor.fsdp2 keys are not the user's, so they do not block."""
+    import logging
+
+    pytest.importorskip("megatron.core")
+    from verity.cli.quickstart import preset_path
+
+    overrides = ["actor.engine=megatron", "actor.megatron.tensor_parallel_size=2"]
+    with caplog.at_level(logging.INFO, logger="verity.config"):
+        cfg = load_config(overrides, config_file=preset_path(), preset=True)
+    assert cfg.actor.engine == "megatron" and cfg.actor.megatron.tensor_parallel_size == 2
+    aside = [r.getMessage() for r in caplog.records if "left aside" in r.getMessage()]
+    assert len(aside) == 1
+    assert "actor.engine=megatron: the quickstart preset's actor.fsdp2.* settings do not apply" in aside[0]
+    # the same keys set by the user (on the command line) are still refused
+    with pytest.raises(ConfigError, match="actor.fsdp2.micro_batch_tokens=1024"):
+        load_config(
+            [*overrides, "actor.fsdp2.micro_batch_tokens=1024"], config_file=preset_path(), preset=True
+        )
+    # a config file the user chose is theirs: its fsdp2 keys under another engine are refused
+    with pytest.raises(ConfigError, match="actor.fsdp2.sharding='replicate'"):
+        load_config(overrides, config_file=preset_path())
+
+
+def test_verity_quickstart_with_another_engine_gets_past_the_config_check(monkeypatch) -> None:
+    pytest.importorskip("megatron.core")
+    import verity.cli.train as train
+
+    seen = {}
+
+    def fake_execute(cfg, prog, argv=None):
+        seen["engine"] = cfg.actor.engine
+        return 0, None
+
+    monkeypatch.setattr(train, "execute", fake_execute)
+    from verity.cli.quickstart import main
+
+    assert main(["actor.engine=megatron", "actor.megatron.tensor_parallel_size=2"]) == 0
+    assert seen["engine"] == "megatron"

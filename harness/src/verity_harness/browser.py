@@ -53,9 +53,14 @@ class PageReport:
     table_rows: dict[str, int] = field(default_factory=dict)
     plots: list[tuple[float, float]] = field(default_factory=list)
     broken_images: int = 0
+    # ids of tables wider than the page (they would need a sideways scroll)
+    wide_tables: list[str] = field(default_factory=list)
 
 
 _MEASURE = """() => ({
+  wide: [...document.querySelectorAll('table[id]')].filter(
+      t => t.getBoundingClientRect().right > document.documentElement.clientWidth + 1
+           || t.scrollWidth > t.parentElement.clientWidth + 1).map(t => t.id),
   tables: Object.fromEntries([...document.querySelectorAll('table[id]')].map(
       t => [t.id, t.querySelectorAll('tbody tr').length])),
   plots: [...document.querySelectorAll('svg.plot')].map(s => {
@@ -87,4 +92,6 @@ def inspect_page(path: Path, screenshot: Path | None = None, width: int = 1280) 
         finally:
             browser.close()
     plots = [(w, h) for w, h, paths in measured["plots"] if paths > 0]
-    return PageReport(title, errors, dict(measured["tables"]), plots, int(measured["broken"]))
+    return PageReport(
+        title, errors, dict(measured["tables"]), plots, int(measured["broken"]), list(measured["wide"])
+    )

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from verity_harness.recipes import DEFAULT_CONFIG, RecipeNotFoundError, list_recipes
-from verity_harness.runner import DEFAULT_OUTPUT_ROOT, DEFAULT_RESULTS_DIR
+from verity_harness.runner import DEFAULT_OUTPUT_ROOT, DEFAULT_RESULTS_DIR, SCRATCH_RESULTS_DIR
 
 DEFAULT_LEADERBOARD_DIR = Path("leaderboards")
 DEFAULT_BENCH_DIR = Path("ci/reports")  # where GPU sessions commit ci/bench_gpu.py's JSON
@@ -44,7 +44,11 @@ def _parser() -> argparse.ArgumentParser:
         "--output-root", type=Path, default=DEFAULT_OUTPUT_ROOT, help="run directories and MLflow store"
     )
     run.add_argument(
-        "--results-dir", type=Path, default=DEFAULT_RESULTS_DIR, help="where the result JSON goes"
+        "--results-dir",
+        type=Path,
+        default=None,
+        help=f"where the result JSON goes (default {DEFAULT_RESULTS_DIR}; {SCRATCH_RESULTS_DIR} for a run "
+        "with overrides, which is not the recipe as it is)",
     )
     run.add_argument("--no-result-file", action="store_true", help="do not write a result JSON file")
     run.add_argument("--result-out", type=Path, help="also write the result document to this path")
@@ -101,8 +105,9 @@ def cmd_list() -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from verity.config import ConfigError
 
-    from verity_harness.runner import format_outcome, run_recipe
+    from verity_harness.runner import format_outcome, results_dir_for, run_recipe
 
+    results_dir, why = results_dir_for(args.overrides, args.results_dir)
     try:
         outcome = run_recipe(
             args.recipe,
@@ -110,7 +115,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             hardware=args.hardware,
             overrides=args.overrides,
             output_root=args.output_root,
-            results_dir=None if args.no_result_file else args.results_dir,
+            results_dir=None if args.no_result_file else results_dir,
             tracking_uri=args.tracking_uri,
         )
     except (RecipeNotFoundError, ConfigError) as err:
@@ -121,6 +126,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.result_out.write_text(json.dumps(outcome.result, indent=1) + "\n", encoding="utf-8")
     print()
     print(format_outcome(outcome))
+    if why is not None and not args.no_result_file:
+        print(f"verity-harness run: {why}")
     if outcome.passed is False:
         failed = ", ".join(c.metric for c in outcome.checks if not c.passed)
         print(

@@ -47,6 +47,25 @@ from verity_harness.tracking import EXPERIMENT_PREFIX, ensure_experiment, log_re
 
 DEFAULT_OUTPUT_ROOT = Path("outputs/harness")
 DEFAULT_RESULTS_DIR = Path("leaderboards/results")
+#: where ``verity-harness run`` puts the result of a run with overrides unless ``--results-dir`` says
+#: otherwise: a shortened or altered run is not the recipe's, so it stays off the committed leaderboard
+SCRATCH_RESULTS_DIR = DEFAULT_OUTPUT_ROOT / "results-scratch"
+
+
+def results_dir_for(overrides: Sequence[str], asked: Path | None) -> tuple[Path, str | None]:
+    """Where a run's result file goes, and why when it is not where the user would look.
+
+    ``asked`` (``--results-dir``) always wins; otherwise a run with overrides goes to
+    :data:`SCRATCH_RESULTS_DIR`, a run of the recipe as it is to :data:`DEFAULT_RESULTS_DIR`.
+    """
+    if asked is not None:
+        return Path(asked), None
+    if overrides:
+        return SCRATCH_RESULTS_DIR, (
+            f"the run has overrides ({' '.join(overrides)}), so its result went to {SCRATCH_RESULTS_DIR}/, "
+            f"not to the leaderboard's {DEFAULT_RESULTS_DIR}/ (--results-dir {DEFAULT_RESULTS_DIR} puts it there)"
+        )
+    return DEFAULT_RESULTS_DIR, None
 
 
 @dataclass

@@ -34,19 +34,46 @@ def build_leaderboard(
 ) -> list[Path]:
     """Collect the runs and write ``index.html`` plus one page per recipe into ``out_dir``.
 
-    The pages' footer names the sources read: the results folder as given, and the MLflow
-    stores when there are any. ``bench_dirs``: folders searched for ``ci/bench_gpu.py``
+    The pages' footer names the sources read: the results folder and the MLflow stores when
+    there are any, each as a path relative to the current folder (a file name when outside
+    it; a server's scheme and host), never a local absolute path (:func:`neutral_source`). ``bench_dirs``: folders searched for ``ci/bench_gpu.py``
     results; when any is found, ``bench.html`` too.
     """
     uris = list(tracking_uris)
     runs = collect_runs(results_dir, uris)
     stamp = generated or dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    parts = [] if results_dir is None else [f"the result files in <code>{html.escape(str(results_dir))}</code>"]
+    parts = (
+        []
+        if results_dir is None
+        else [f"the result files in <code>{html.escape(neutral_source(str(results_dir)))}</code>"]
+    )
     if uris:
-        parts.append("the MLflow runs in " + ", ".join(f"<code>{html.escape(u)}</code>" for u in uris))
+        parts.append(
+            "the MLflow runs in " + ", ".join(f"<code>{html.escape(neutral_source(u))}</code>" for u in uris)
+        )
     folders = [Path(d) for d in bench_dirs]
     bench = collect_bench_rows(folders)
     bench_sources = "the <code>ci/bench_gpu.py</code> results under " + ", ".join(
         f"<code>{html.escape(str(d))}</code>" for d in folders
     )
     return write_pages(runs, Path(out_dir), stamp, " and ".join(parts) or "no source", bench, bench_sources)
+
+
+def neutral_source(source: str) -> str:
+    """A results folder or MLflow URI as a page may show it: no local absolute path, no credentials.
+
+    A local path (or ``sqlite:///`` / ``file:`` URI) becomes relative to the current folder, or
+    its file name when outside it; a server URI keeps only its scheme and host.
+    """
+    from urllib.parse import urlparse
+
+    parsed = urlparse(source)
+    if parsed.scheme in ("http", "https", "databricks", "postgresql", "mysql", "mssql"):
+        return f"{parsed.scheme}://{parsed.hostname or ''}"
+    path = Path(source.split(":///", 1)[1] if ":///" in source else source.removeprefix("file:"))
+    if not path.is_absolute():
+        return str(path)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name

@@ -73,10 +73,14 @@ def collect_runs(results_dir: Path | None, tracking_uris: Iterable[str] = ()) ->
 
 
 def latest_per_key(runs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The newest run of each (recipe, config, hardware, backend, train engine), ordered by key."""
-    latest: dict[tuple[str, ...], Mapping[str, Any]] = {}
+    """The newest run of each (recipe, config, hardware, backend, train engine, overrides), ordered by key.
+
+    A run with overrides (a shortened ``trainer.total_steps=5``) is not the recipe as it is: it
+    stands beside the recipe's own run, its overrides shown, instead of replacing it.
+    """
+    latest: dict[tuple[Any, ...], Mapping[str, Any]] = {}
     for run in sorted(runs, key=sort_time):
-        latest[run_key(run)] = run
+        latest[(*run_key(run), tuple(str(o) for o in run.get("overrides") or ()))] = run
     return [latest[k] for k in sorted(latest)]
 
 

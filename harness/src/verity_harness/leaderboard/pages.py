@@ -8,7 +8,9 @@ nothing fetched). Tables carry ids the browser test reads:
   harness simulated them on one machine, the actor's placement as the cell's tooltip),
   held-out accuracy (the score, greedy), its gain, avg@k and pass@k of the sampled
   evaluation (``rollout.val_n = k > 1``; "–" for runs without), check verdict,
-  throughput, MFU, date, commit;
+  throughput (generation and training tokens/s in its tooltip), MFU, s/step, date and
+  commit (one cell). A run with overrides shows them under its config
+  (``div.overrides``); the tables fit a 1280-pixel page without a sideways scroll;
 - ``table#history-<recipe>`` (recipe pages): every run, newest first;
 - ``figure.plot`` holds one inline ``<svg class="plot">``.
 
@@ -32,8 +34,12 @@ STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:2rem auto;max-width:1200px;color:#1f2328;padding:0 1rem}
 h1{font-size:1.6rem;margin-bottom:.2rem} h2{font-size:1.25rem;margin-top:2rem;border-bottom:1px solid #d0d7de}
 p.meta{color:#59636e;margin-top:0}
-.scroll{overflow-x:auto} table{border-collapse:collapse;width:100%;font-size:.8rem;margin:.6rem 0}
-th,td{border:1px solid #d0d7de;padding:.25rem .4rem;text-align:right;white-space:nowrap}
+.scroll{overflow-x:auto} table{border-collapse:collapse;width:100%;font-size:.72rem;margin:.6rem 0}
+th,td{border:1px solid #d0d7de;padding:.2rem .3rem;text-align:right}
+td{white-space:nowrap} th{white-space:normal;vertical-align:bottom}
+td.text{white-space:normal;overflow-wrap:anywhere;max-width:11rem}
+div.overrides{font-size:.9em;color:#9a6700;white-space:normal;overflow-wrap:anywhere}
+span.commit{display:block;color:#59636e}
 caption{text-align:left;color:#59636e;padding-bottom:.2rem}
 th{background:#f6f8fa} td.text,th.text{text-align:left}
 td.pass{color:#1a7f37;font-weight:600} td.fail{color:#cf222e;font-weight:600} td.none{color:#59636e}
@@ -43,7 +49,7 @@ code{font-size:.85em}
 """
 
 LATEST_COLUMNS = (
-    ("config", "config", "text"),
+    ("config", "config", "config"),
     ("hardware", "hardware", "hardware"),
     ("rollout", "backend", "text"),
     ("train engine", "train_engine", "text"),
@@ -54,13 +60,10 @@ LATEST_COLUMNS = (
     ("pass@k", "score:pass_at_k_after", "pct_k"),
     ("reward (last 10)", "score:reward/mean_last10", "num3"),
     ("check", "passed", "verdict"),
-    ("tokens/s", "tp:tokens_per_s", "int"),
-    ("gen. tokens/s", "tp:generated_tokens_per_s", "int"),
-    ("train tokens/s", "tp:train_tokens_per_s", "int"),
+    ("tokens/s", "tp:tokens_per_s", "tokens"),
     ("MFU", "tp:mfu", "mfu"),
     ("s/step", "tp:step_seconds", "num2"),
-    ("date", "date", "text"),
-    ("commit", "git_commit", "commit"),
+    ("date, commit", "date", "date"),
 )
 
 
@@ -74,6 +77,26 @@ def _value(run: Mapping[str, Any], key: str) -> Any:
 
 def _cell(value: Any, kind: str, run: Mapping[str, Any]) -> str:
     """One ``<td>``: the formatted value, with a class for text/verdict colouring."""
+    if kind == "config":
+        overrides = [str(o) for o in run.get("overrides") or ()]
+        extra = ""
+        if overrides:
+            shown = html.escape(" ".join(overrides))
+            extra = f'<div class="overrides" title="run with overrides: {shown}">{shown}</div>'
+        return f'<td class="text">{html.escape(str(value))}{extra}</td>'
+    if kind == "date":
+        commit = run.get("git_commit")
+        code = f'<span class="commit"><code>{html.escape(str(commit)[:10])}</code></span>' if commit else ""
+        return f'<td class="text">{html.escape(str(value or "–"))}{code}</td>'
+    if kind == "tokens" and value is not None:
+        t = run.get("throughput") or {}
+        parts = [
+            f"{name} {float(t[key]):,.0f}"
+            for name, key in (("generation", "generated_tokens_per_s"), ("training", "train_tokens_per_s"))
+            if isinstance(t.get(key), int | float)
+        ]
+        title = f' title="tokens/s: {html.escape(", ".join(parts), quote=True)}"' if parts else ""
+        return f"<td{title}>{html.escape(f'{float(value):,.0f}')}</td>"
     if kind == "hardware":
         device = html.escape(device_text(run), quote=True)
         return f'<td class="text" title="{device}">{html.escape(str(value))}</td>'
@@ -99,6 +122,7 @@ def _cell(value: Any, kind: str, run: Mapping[str, Any]) -> str:
         "pct": lambda v: f"{v:.1%}",
         "pts": lambda v: f"{v * 100:+.1f} pts",
         "int": lambda v: f"{v:,.0f}",
+        "tokens": lambda v: f"{v:,.0f}",
         "num2": lambda v: f"{v:.2f}",
         "num3": lambda v: f"{v:.3f}",
         "mfu": lambda v: f"{v:.2%}",
@@ -109,7 +133,7 @@ def _cell(value: Any, kind: str, run: Mapping[str, Any]) -> str:
 def runs_table(runs: Sequence[Mapping[str, Any]], table_id: str, caption: str) -> str:
     """A table of ``runs`` with :data:`LATEST_COLUMNS`; one ``tr.run`` per run."""
     head = "".join(
-        f'<th class="{"text" if kind in ("text", "commit", "hardware") else ""}">{html.escape(title)}</th>'
+        f'<th class="{"text" if kind in ("text", "config", "date", "hardware") else ""}">{html.escape(title)}</th>'
         for title, _, kind in LATEST_COLUMNS
     )
     body = "".join(

@@ -46,7 +46,9 @@ def _main(argv: list[str]) -> int:
     args = parse(argv, "verity quickstart", "GRPO on the embedded tiny model, before/after accuracy.")
     quiet_logging(logging.WARNING)
     try:
-        cfg = load_config(args.overrides, config_file=args.config or preset_path())
+        cfg = load_config(
+            args.overrides, config_file=args.config or preset_path(), preset=args.config is None
+        )
     except ConfigError as err:
         print(f"verity quickstart: {err}", file=sys.stderr)
         return 2

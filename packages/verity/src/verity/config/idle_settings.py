@@ -10,6 +10,10 @@ it count, before anything is built.
 "Default" is the schema's own value (the dataclass default; with ``model.path=embedded``
 also :data:`~verity.config.embedded_defaults.EMBEDDED_DEFAULTS`), so a key left alone or
 set to its default is never an error; only a changed value in an idle part is.
+When the caller knows which keys the user set (``user_keys``: the config file they chose
+and the overrides), only those are rejected; a changed value that a preset brought (the
+quickstart's ``actor.fsdp2.*`` tuning under ``actor.engine=megatron``) steps aside with
+one logged line instead.
 Each idle part is an :class:`IdlePart` from :func:`idle_parts`: a dotted prefix (a
 section or one key), the reason and the fix. Plug-in estimators say which
 ``algorithm.advantage`` keys they read (``register_advantage_estimator(reads=...)``);
@@ -19,12 +23,15 @@ one that does not say is not second-guessed.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import Any
 
 from verity.config.errors import ConfigError
 
 __all__ = ["IdlePart", "changed_keys", "check_idle_settings", "idle_parts"]
+
+logger = logging.getLogger("verity.config")
 
 # algorithm.advantage keys that belong to particular estimators (eps / whiten_eps are numerical
 # guards shared by several and read by plug-in stages; they are not checked)
@@ -251,8 +258,12 @@ def idle_parts(cfg: Any) -> list[IdlePart]:
     return _role_parts(cfg) + _algorithm_parts(cfg)
 
 
-def check_idle_settings(cfg: Any) -> None:
-    """Raise :class:`ConfigError` listing every key set away from its default where the run does not read it."""
+def check_idle_settings(cfg: Any, user_keys: set[str] | None = None, source: str = "the preset") -> None:
+    """Raise :class:`ConfigError` listing every key set away from its default where the run does not read it.
+
+    ``user_keys``: the dotted keys the user set (None: every changed key counts as theirs).
+    A changed key outside it came from ``source`` and is left aside with one logged line.
+    """
     default = type(cfg)()
     if cfg.model.path == "embedded":  # the embedded model's own defaults count as defaults too
         from verity.config.embedded_defaults import apply_embedded_defaults
@@ -266,6 +277,17 @@ def check_idle_settings(cfg: Any) -> None:
             for key in changed_keys(cfg, default, part.prefix)
             if not any(key == k or key.startswith(k + ".") for k in part.keep)
         ]
+        aside = [key for key in keys if user_keys is not None and key not in user_keys]
+        keys = [key for key in keys if key not in aside]
+        if aside:
+            names = f"{part.prefix}.* settings" if len(aside) > 1 or aside[0] != part.prefix else part.prefix
+            logger.warning(
+                "%s: %s's %s do not apply and are left aside (%s)",
+                part.reason,
+                source,
+                names,
+                ", ".join(aside),
+            )
         if keys:
             values = ", ".join(f"{key}={_get(cfg, key)!r}" for key in keys)
             lines.append(f"  {values}: {part.reason}; {part.fix}")

@@ -1,7 +1,7 @@
 """Compose a run configuration with Hydra and validate it before any compute starts.
 
     cfg = load_config(["actor.optim.lr=1e-5", "trainer.total_steps=10"])
-    cfg = load_config(overrides, config_file="recipes/grpo/configs/cpu.yaml")
+    cfg = load_config(overrides, config_file="recipes/grpo/src/verity_recipe_grpo/configs/cpu.yaml")
 
 A config file is YAML whose keys are a subset of :class:`VerityConfig`; it may start
 with ``defaults: [verity, _self_]`` (added when missing). Overrides use Hydra's grammar.
@@ -36,7 +36,9 @@ def _register_schema(schema: type) -> None:
     ConfigStore.instance().store(name=SCHEMA_NAME, node=schema)
 
 
-def load_config(overrides: Sequence[str] = (), config_file: str | os.PathLike | None = None) -> VerityConfig:
+def load_config(
+    overrides: Sequence[str] = (), config_file: str | os.PathLike | None = None, preset: bool = False
+) -> VerityConfig:
     """Compose the run config from an optional YAML file plus command-line overrides.
 
     Order: the installed plug-ins are loaded (their config sections join the schema,
@@ -45,6 +47,12 @@ def load_config(overrides: Sequence[str] = (), config_file: str | os.PathLike | 
     reported at once, each with its closest known name), Hydra composes, and
     :func:`validate_config` checks values. Raises :class:`ConfigError` naming the
     offending key(s) for each failure.
+
+    The keys of the config file and the overrides are the user's: one that the run would
+    not read is an error. ``preset=True`` says the file is a preset the user did not pick
+    (``verity quickstart`` without ``--config``): its keys for a part the run does not read
+    (its ``actor.fsdp2`` tuning under ``actor.engine=megatron``) step aside with a logged
+    line, as the embedded default's do.
     """
     from verity.config.cluster_checks import apply_cluster_shape
     from verity.config.keys import check_keys, non_bool_values, one_value_lists, one_values_for_lists
@@ -93,7 +101,9 @@ def load_config(overrides: Sequence[str] = (), config_file: str | os.PathLike | 
             "model.path=embedded: unset keys take the embedded default's settings: %s",
             ", ".join(f"{k}={v}" for k, v in applied.items()),
         )
-    validate_config(cfg)
+    user_keys = _explicit_keys({}, overrides) if preset else explicit
+    source = f"the {path.stem} preset" if preset and path is not None else "the embedded default"
+    validate_config(cfg, user_keys, source)
     return cfg
 
 

@@ -73,10 +73,11 @@ def _validate_off_policy(cfg: VerityConfig) -> None:
         )
 
 
-def validate_config(cfg: VerityConfig) -> None:
+def validate_config(cfg: VerityConfig, user_keys: set[str] | None = None, source: str = "the preset") -> None:
     """Check the arithmetic of batch sizes and the value ranges before any worker starts.
 
     Raises :class:`ConfigError` whose message names the key(s) and shows the arithmetic.
+    ``user_keys`` / ``source``: see :func:`~verity.config.idle_settings.check_idle_settings`.
     """
     d, a, r, t = cfg.data, cfg.actor, cfg.rollout, cfg.trainer
     positive = {
@@ -191,7 +192,7 @@ def validate_config(cfg: VerityConfig) -> None:
     if cfg.reward.custom_path and not Path(cfg.reward.custom_path).expanduser().is_file():
         raise ConfigError(f"reward.custom_path: file {cfg.reward.custom_path!r} does not exist")
     check_optional_packages(cfg)  # after the checks of what cannot run at all, installed or not
-    check_idle_settings(cfg)  # last: the checks above name a bad value more precisely
+    check_idle_settings(cfg, user_keys, source)  # last: the checks above name a bad value more precisely
 
 
 def _validate_embedded_preset(cfg: VerityConfig) -> None:

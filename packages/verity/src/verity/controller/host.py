@@ -71,6 +71,21 @@ def colocate(roles: Mapping[str, type | RoleSpec]) -> ColocatedRoles:
     return ColocatedRoles(specs)
 
 
+def _setup_logging(env: dict[str, str]) -> None:
+    """The engines' INFO lines to this rank's log file, warnings to the console (:mod:`.worker_logs`)."""
+    from verity.controller.worker_logs import LOG_DIR_ENV, setup_worker_logging
+
+    if env.get("VERITY_WORKER_DEVICE"):
+        on_cpu = env["VERITY_WORKER_DEVICE"] == "cpu"
+    else:
+        import torch
+
+        on_cpu = not torch.cuda.is_available()
+    setup_worker_logging(
+        env.get(LOG_DIR_ENV), env.get("VERITY_WORKER_GROUP", "group"), env.get("RANK", "0"), on_cpu
+    )
+
+
 def _layout_of(obj: Any) -> DPLayout:
     return obj._dp_layout()
 
@@ -103,6 +118,7 @@ class WorkerHost:
         from verity.plugins import load_plugins
 
         os.environ.update(env)
+        _setup_logging(env)
         load_plugins()
         peers: dict[str, Any] = {}
         for name, spec in roles.items():

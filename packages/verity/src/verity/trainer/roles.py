@@ -130,6 +130,18 @@ def _handle(role: RoleDef, cfg: Any, group: Any) -> Any:
     return role.handle(cfg, group) if role.handle is not None else group
 
 
+def worker_env(cfg: Any) -> dict[str, str]:
+    """What every worker of the run is told: its log folder (:mod:`verity.controller.worker_logs`) and a CPU run."""
+    from pathlib import Path
+
+    from verity.controller.worker_logs import LOG_DIR_ENV
+
+    env = {LOG_DIR_ENV: str(Path(cfg.trainer.output_dir).expanduser().resolve() / "logs")}
+    if cfg.trainer.device == "cpu":
+        env["VERITY_WORKER_DEVICE"] = "cpu"
+    return env
+
+
 def start_roles(cfg: Any, inputs: RoleInputs, backend: Any, plan: PlacementPlan | None = None) -> RoleGroups:
     """Reserve the pools of ``plan`` (default: :func:`plan_run`), start every enabled role's worker group,
     call each role's ``init_model``."""
@@ -144,18 +156,20 @@ def start_roles(cfg: Any, inputs: RoleInputs, backend: Any, plan: PlacementPlan 
         out.pools.append(pool)
         if len(colocated) == 1:
             only = colocated[0]
-            group = WorkerGroup(pool, only.worker, *only.args(cfg, inputs), name=only.name)
+            group = WorkerGroup(
+                pool, only.worker, *only.args(cfg, inputs), name=only.name, env_vars=worker_env(cfg)
+            )
             out.handles[only.name] = _handle(only, cfg, group)
         else:
             specs = {r.name: role(r.worker, *r.args(cfg, inputs)) for r in colocated}
-            group = WorkerGroup(pool, colocate(specs), name="+".join(specs))
+            group = WorkerGroup(pool, colocate(specs), name="+".join(specs), env_vars=worker_env(cfg))
             by_name = {r.name: r for r in colocated}
             out.handles.update({name: _handle(by_name[name], cfg, getattr(group, name)) for name in specs})
         out.groups.append(group)
         for r in separate:
             own_pool = _pool(cfg, backend, out.plan.pool(r.name))
             out.pools.append(own_pool)
-            own = WorkerGroup(own_pool, r.worker, *r.args(cfg, inputs), name=r.name)
+            own = WorkerGroup(own_pool, r.worker, *r.args(cfg, inputs), name=r.name, env_vars=worker_env(cfg))
             out.groups.append(own)
             out.handles[r.name] = _handle(r, cfg, own)
         for r in roles:
