@@ -244,3 +244,18 @@ def test_the_embedded_model_on_your_data_needs_your_held_out_file(inputs, tmp_pa
         assert code == 2, err[-2000:]
         assert f"verity train: {sentence}" in err and "embedded 'default' preset's task, not on yours" in err
         assert "Traceback" not in err and not out.exists()
+
+
+def test_a_file_without_a_prompt_column_is_one_sentence_naming_its_columns(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from verity.data.verl_dataset import MalformedDatasetError, read_nonempty_rows
+
+    path = tmp_path / "raw.parquet"
+    rows = [{"question": f"{i}+1?", "answer": str(i + 1), "data_source": "acme"} for i in range(45)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(MalformedDatasetError) as caught:
+        read_nonempty_rows(path)
+    message = str(caught.value)
+    assert "no 'prompt' column" in message and "['question', 'answer', 'data_source']" in message
+    assert "'question' is probably meant" in message and "\n" not in message and "row " not in message

@@ -101,11 +101,37 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     raise ValueError(f"dataset file: {str(path)!r} has suffix {suffix!r}; expected .parquet, .jsonl or .json")
 
 
+#: raw column names that usually hold what verl's ``prompt`` chat list should
+_PROMPT_LOOKALIKES = (
+    "question",
+    "problem",
+    "query",
+    "instruction",
+    "input",
+    "prompt_text",
+    "text",
+    "messages",
+)
+
+
 def read_nonempty_rows(path: str | Path) -> list[dict[str, Any]]:
-    """:func:`read_rows`, refusing a file without rows (:class:`DataFileError` naming it)."""
+    """:func:`read_rows`, refusing a file without rows, or without a ``prompt`` column, in one sentence naming it."""
     rows = read_rows(path)
     if not rows:
         raise DataFileError(f"{path}: the file holds no rows (an empty dataset file)")
+    columns = list(dict.fromkeys(key for row in rows if isinstance(row, Mapping) for key in row))
+    if columns and "prompt" not in columns:
+        import difflib
+
+        close = [c for c in columns if c.lower() in _PROMPT_LOOKALIKES] or difflib.get_close_matches(
+            "prompt", columns, n=1
+        )
+        hint = f"; {close[0]!r} is probably meant" if close else ""
+        raise MalformedDatasetError(
+            f"{path}: no 'prompt' column (each row's chat messages, a list of {{role, content}}); the file's "
+            f"columns are {columns}{hint}: convert it with `verity data prepare --format gsm8k|math|aime`, or "
+            "write each row's prompt as [{'role': 'user', 'content': ...}] (docs/rewards-and-data.md)"
+        )
     return rows
 
 
