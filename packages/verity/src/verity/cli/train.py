@@ -1,7 +1,7 @@
 """``verity train [--config FILE] [key=value ...]``: one RL run.
 
     verity train trainer.total_steps=100 actor.optim.lr=1e-5
-    verity train --config recipes/grpo/configs/cpu.yaml data.train_files=[train.parquet]
+    verity train --config recipes/grpo/src/verity_recipe_grpo/configs/cpu.yaml data.train_files=[train.parquet]
 
 The configuration is validated (unknown keys, batch arithmetic, missing files)
 before any worker starts; a bad one exits with code 2 and names the key.
