@@ -107,8 +107,9 @@ def test_dapo_run_killed_after_step_3_resumes_to_the_same_metrics(inputs, tmp_pa
     reference = tmp_path / "uninterrupted"
     done = train(args(inputs, reference))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (
-        "stages dynamic_sampling -> old_log_prob -> advantage -> dapo_signal -> update_actor" in done.stdout
+    assert (  # the sampling rounds name the stages they run
+        "stages dynamic_sampling[generate, reward, overlong_shaping] -> old_log_prob -> advantage -> "
+        "dapo_signal -> update_actor" in done.stdout
     )
     want = rows(reference / "metrics.jsonl")
     assert len(want) == STEPS
