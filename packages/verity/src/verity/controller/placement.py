@@ -48,6 +48,7 @@ __all__ = [
     "describe_nodes",
     "format_resources",
     "never_fits",
+    "placement_record",
     "plan_placement",
 ]
 
@@ -164,16 +165,28 @@ class PlacementPlan:
         ``{"placement.actor": "10.0.0.1/ab12cd34:0-7,10.0.0.2/ef56ab78:8-15", "nodes": "2"}``; the key is the
         pool's name (the roles it runs are in ``describe()``).
         """
-        record = {
-            f"placement.{p.name}": ",".join(f"{node.label}:{_span(ranks)}" for node, ranks in p.rank_ranges())
-            for p in self.pools
-        }
-        record["nodes"] = str(len(self.nodes))
-        return record
+        return placement_record({p.name: p.rank_nodes for p in self.pools}, self.nodes)
 
 
 def _span(ranks: range) -> str:
     return str(ranks.start) if len(ranks) == 1 else f"{ranks.start}-{ranks.stop - 1}"
+
+
+def placement_record(rank_nodes: dict[str, Sequence[str]], nodes: Sequence[NodeInfo]) -> dict[str, str]:
+    """``{"placement.<pool>": "ip/node:0-7,...", "nodes": "N"}`` from each pool's node id per rank (rank 0 first).
+
+    ``nodes`` names the node ids (their labels); an id not among them is shown by its first 8 characters.
+    """
+    labels = {node.node_id: node.label for node in nodes}
+    record = {}
+    for pool, ids in rank_nodes.items():
+        spans = []
+        for node_id in dict.fromkeys(ids):
+            ranks = [r for r, n in enumerate(ids) if n == node_id]
+            spans.append(f"{labels.get(node_id, node_id[:8])}:{_span(range(ranks[0], ranks[-1] + 1))}")
+        record[f"placement.{pool}"] = ",".join(spans)
+    record["nodes"] = str(len({n for ids in rank_nodes.values() for n in ids}))
+    return record
 
 
 def format_resources(resources: dict[str, float]) -> str:

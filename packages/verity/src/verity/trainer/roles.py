@@ -19,7 +19,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from verity.controller.placement import PlacementPlan, PoolPlacement
+from verity.controller.placement import PlacementPlan, PoolPlacement, placement_record
 from verity.trainer import async_rollout as _async_rollout  # noqa: F401 (registers the async rollout role)
 from verity.trainer.placement import ACTOR_POOL, plan_run
 from verity.workers.registry import RoleDef, RoleInputs, enabled_roles, role_placement
@@ -78,19 +78,9 @@ class RoleGroups:
 
     def placement(self) -> dict[str, str]:
         """Where every pool's ranks ran, from the reserved placement groups (``{"placement.actor": "ip/node:0-1", ...}``)."""
-        record: dict[str, str] = {}
         if not self.pools:
-            return record
-        for pool in self.pools:
-            spans = []
-            for node_id in dict.fromkeys(pool.slot_node_ids):
-                ranks = [r for r, n in enumerate(pool.slot_node_ids) if n == node_id]
-                node = next((n for n in self.plan.nodes if n.node_id == node_id), None)
-                label = node.label if node is not None else node_id[:8]
-                spans.append(f"{label}:{ranks[0]}" + (f"-{ranks[-1]}" if len(ranks) > 1 else ""))
-            record[f"placement.{pool.name}"] = ",".join(spans)
-        record["nodes"] = str(len({n for pool in self.pools for n in pool.slot_node_ids}))
-        return record
+            return {}
+        return placement_record({pool.name: pool.slot_node_ids for pool in self.pools}, self.plan.nodes)
 
     def close(self) -> None:
         """Kill every worker and free every pool (safe to call twice)."""
