@@ -33,7 +33,7 @@ Per step, after the first ``--warmup`` steps (medians over the steps left):
   collected by :meth:`verity.controller.worker_group.WorkerGroup._gather`, which blocks in
   ``ray.wait`` until the next rank's answer is ready (and, by Ray's default ``fetch_local``, in
   the driver's object store). What is left is the driver's own work: planning and splitting
-  calls, packing tensors (:mod:`verity.controller.wire`), ``ray.put``, submitting the remote
+  calls, ``ray.put``, submitting the remote
   calls, fetching and unpickling answers (``ray.get`` after ``ray.wait``), unpacking and
   concatenating them, the driver-side stages (reward bookkeeping, advantages) and the step's
   metrics. It is the driver's busy time, including what it does while other ranks still
@@ -45,7 +45,7 @@ Per step, after the first ``--warmup`` steps (medians over the steps left):
   counts as waiting.
 - **ms per worker per step**: driver overhead / workers.
 - **driver KB/step**: ``perf/driver_bytes_sent + perf/driver_bytes_received`` / 1024
-  (:mod:`verity.controller.transfer_meter`: what the step's group calls moved through the driver).
+  (:mod:`verity.batch.transport`'s meter: what the step's group calls moved through the driver).
 - **weight sync ms**: ``timing/weight_sync_s`` (actor -> rollout weights, timed on the workers
   inside ``update_actor``).
 

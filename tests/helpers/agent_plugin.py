@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from verity.batch import Batch, materialize
+from verity.batch import Batch
 from verity.engines.fsdp2 import FSDP2Engine
 from verity.engines.logprobs import response_logprobs
 from verity.rollout.batch_io import (
@@ -295,12 +295,12 @@ PROBE_DIR = "VERITY_AGENT_PROBE_DIR"
 def dump_batch(ctx: Any, batch: Batch) -> Batch:
     """Stage ``agent_probe``: save the step's rows (masks, log-probs, trajectories) for the test to read.
 
-    The prompt side stayed on the workers (resident rows): fetched here, through the driver, for the test.
+    Reading a key the workers kept (the prompt side) fetches it here, through the driver.
     """
     keys = ["prompts", "responses", "response_mask", "attention_mask", "rollout_logprobs", "old_logprobs"]
     keys += ["num_turns", "tool_calls", "tool_errors"]
-    whole = materialize(batch.select(*(k for k in keys if k in batch)))
-    data = {k: whole[k].clone() for k in keys if k in whole}
+    view = batch.select(*(k for k in keys if k in batch))
+    data = {k: view[k].clone() for k in keys if k in view}
     data["trajectory"] = list(batch["trajectory"])
     torch.save(data, os.path.join(os.environ[PROBE_DIR], f"step_{ctx.step}.pt"))
     return batch

@@ -38,32 +38,27 @@ class ShardWorker(Worker):
         group = torch.full((len(batch),), self.rank, dtype=torch.long)
         return Batch.from_dict({"scores": batch["scores"].clone(), "group": group}, {"uid": batch["uid"]})
 
-    @register(Dispatch.DP_SPLIT, extends_request=True)
-    def extend_rows(self, batch: Batch) -> Batch:
-        """The request's rows with a new key (``tool_calls``: the rank), one per-row list changed and
-        one tensor changed in place on rank 1 only: what changed must come back, the rest need not."""
-        return self._extend(batch)
+    @register(Dispatch.DP_SPLIT)
+    def generate_resident(self, batch: Batch) -> Batch:
+        """Rows as a rollout answers them: the prompt side kept in this rank's object store."""
+        from verity.batch import keep_resident
+
+        rows = len(batch)
+        ids = torch.arange(rows * 64).view(rows, 64) + 1000 * self.rank
+        out = Batch.from_dict(
+            {
+                "input_ids": ids,
+                "attention_mask": torch.ones(rows, 64, dtype=torch.long),
+                "responses": ids[:, -2:].clone(),
+                "scores": batch["scores"].clone(),
+            }
+        )
+        return keep_resident(out, pad_token_id=0)
 
     @register(Dispatch.DP_SPLIT)
-    def extend_rows_whole(self, batch: Batch) -> Batch:
-        """:meth:`extend_rows` registered without ``extends_request``: the whole answer comes back."""
-        return self._extend(batch)
-
-    def _extend(self, batch: Batch) -> Batch:
-        batch["tool_calls"] = torch.full((len(batch),), self.rank, dtype=torch.long)
-        batch.non_tensors["prompt_text"] = [
-            f"{text}+{self.rank}" for text in batch.non_tensors["prompt_text"]
-        ]
-        if self.rank == 1:
-            batch["scores"].mul_(-1)
-        return batch
-
-    @register(Dispatch.DP_SPLIT, extends_request=True, check_schema=False)
-    def keys_seen(self, batch: Batch) -> Batch:
-        """The request's rows with ``seen``: the keys that arrived, joined, in each row."""
-        batch.non_tensors["seen"] = [",".join(sorted(batch.keys()))] * len(batch)
-        batch.non_tensors["meta_seen"] = [",".join(sorted(batch.meta))] * len(batch)
-        return batch
+    def sum_ids(self, batch: Batch) -> torch.Tensor:
+        """``[b]`` each row's ``input_ids`` summed (the rows arrive whole)."""
+        return batch["input_ids"].sum(-1)
 
     @register(Dispatch.DP_SPLIT, collect=Collect.RANK_ZERO)
     def big_answer_rank_zero_reads(self, batch: Batch) -> torch.Tensor:
@@ -228,91 +223,26 @@ def test_batch_travels_to_workers_intact(group):
     assert back.keys() == b.keys() and torch.equal(back["old_logprobs"], b["old_logprobs"])
 
 
-@pytest.mark.parametrize(("prompts", "sent_once"), [(8, True), (6, False)])
-def test_rows_marked_as_repeats_go_once_and_arrive_whole(group, prompts, sent_once):
-    from verity.controller.transfer_meter import DRIVER_TRANSFERS, payload_bytes
-    from verity.controller.wire import REPEATED_ROWS, pack_batch
+def test_resident_rows_stay_on_the_ranks_and_are_fetched_when_the_driver_reads_them(group):
+    from verity.batch.transport import DRIVER_TRANSFERS
 
-    rows = scores_batch(prompts).repeat_interleave(4)  # 4 samples a prompt, as the generate stage sends
-    rows.meta[REPEATED_ROWS] = 4
     DRIVER_TRANSFERS.take()
-    out = group.tag_rows(rows)
-    sent, _ = DRIVER_TRANSFERS.take()
-    # every rank worked on its own whole shard of the repeated rows, in order
-    assert out["scores"].tolist() == rows["scores"].tolist() and out["uid"] == rows["uid"]
-    assert out["group"].tolist() == [r for r in range(4) for _ in range(prompts)]
-    # 8 prompts split in whole runs over 4 ranks: one copy each; 6 do not: the 24 rows as they are
-    packed = pack_batch(rows, 4)  # as it left: the scores (whole numbers: int8) and the uid of each row sent
-    assert sent == payload_bytes(packed) and packed["scores"].nbytes == (
-        prompts if sent_once else 4 * prompts
-    )
-
-
-@pytest.mark.parametrize("rows", [8, 10])
-def test_an_answer_that_extends_its_request_brings_back_only_what_changed(group, rows):
-    from verity.controller.transfer_meter import DRIVER_TRANSFERS
-
-    request = Batch.from_dict(
-        {"scores": torch.arange(float(rows)), "group": torch.arange(rows) // 2},
-        {"uid": [f"u{i}" for i in range(rows)], "prompt_text": [f"n{i}" for i in range(rows)]},
-    )
-    DRIVER_TRANSFERS.take()
-    out = group.extend_rows(request)
+    rows = group.generate_resident(scores_batch(8))
     _, received = DRIVER_TRANSFERS.take()
-    # the driver sees every key, as the method left it; 10 rows pad to 12 over 4 ranks, padding dropped
-    shard = -(-rows // 4)
-    ranks = [i // shard for i in range(rows)]
-    assert out["tool_calls"].tolist() == ranks
-    assert out["scores"].tolist() == [-float(i) if r == 1 else float(i) for i, r in enumerate(ranks)]
-    assert out["group"].tolist() == request["group"].tolist() and out["uid"] == request["uid"]
-    assert out["prompt_text"] == [f"n{i}+{r}" for i, r in enumerate(ranks)]
-    assert out.keys() == [*request.tensor_keys(), "tool_calls", "uid", "prompt_text"]
-    # back came the new key, the changed list and rank 1's changed scores: not group or uid
-    padded = 4 * shard
-    assert received < padded * (8 + 8 + 8 + 4) + sum(len(f"u{i}") for i in range(rows))
-    assert received >= padded * 1 + shard * 4  # the ranks (int8 after packing) + rank 1's scores
-    # the same method without extends_request: the same answer, and at least the group ids more
+    assert rows.resident_keys() == ["input_ids", "attention_mask"] and received < 8 * 64 * 8 // 2
+    # a worker receiving the rows gets them whole, fetched from the rank that made them
+    expected = torch.cat([torch.arange(128).view(2, 64) + 1000 * r for r in range(4)])
+    assert torch.equal(group.sum_ids(rows.select("input_ids")), expected.sum(-1))
     DRIVER_TRANSFERS.take()
-    whole = group.extend_rows_whole(request)
-    _, received_whole = DRIVER_TRANSFERS.take()
-    assert (
-        whole.keys() == out.keys()
-        and whole["uid"] == out["uid"]
-        and whole["prompt_text"] == out["prompt_text"]
-    )
-    assert all(torch.equal(whole[k], out[k]) for k in out.tensor_keys())
-    assert received_whole - received >= padded * 1  # group (int8) of every row, plus uid and scores
-
-
-def test_columns_held_on_driver_are_not_sent_and_come_back_into_the_answer(group):
-    from verity.controller.request_echo import HELD_ON_DRIVER
-    from verity.controller.transfer_meter import DRIVER_TRANSFERS
-
-    request = Batch.from_dict(
-        {"scores": torch.arange(10.0)},
-        {
-            "uid": [f"u{i}" for i in range(10)],
-            "raw_prompt": [[{"role": "user", "content": f"{i}" + "x" * 200}] for i in range(10)],
-        },
-        meta={HELD_ON_DRIVER: ("raw_prompt", "uid", "not_a_key")},
-    )
-    DRIVER_TRANSFERS.take()
-    out = group.keys_seen(request)
-    held_sent, _ = DRIVER_TRANSFERS.take()
-    # the method saw neither held column nor the mark; the driver's answer has them back, in order
-    assert set(out["seen"]) == {"scores"} and set(out["meta_seen"]) == {""}
-    assert out["uid"] == request["uid"] and out["raw_prompt"] == request["raw_prompt"]
-    assert torch.equal(out["scores"], request["scores"])
-    # and the same request without the mark sends the 10 chat messages (over 200 bytes each)
-    request.meta.pop(HELD_ON_DRIVER)
-    whole = group.keys_seen(request)
-    whole_sent, _ = DRIVER_TRANSFERS.take()
-    assert set(whole["seen"]) == {"raw_prompt,scores,uid"}
-    assert whole_sent - held_sent >= 10 * 200
+    # the driver reads the key like any other: fetched once, counted, then a key of the batch
+    assert torch.equal(rows["input_ids"], expected)
+    _, received = DRIVER_TRANSFERS.take()
+    assert received == 8 * 64 * 8 and "input_ids" in rows.tensor_keys()
+    assert torch.equal(group.sum_ids(rows.select("input_ids")), expected.sum(-1))
 
 
 def test_ranks_whose_answer_is_not_read_send_none(group):
-    from verity.controller.transfer_meter import DRIVER_TRANSFERS
+    from verity.batch.transport import DRIVER_TRANSFERS
 
     DRIVER_TRANSFERS.take()
     assert torch.equal(

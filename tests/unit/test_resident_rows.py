@@ -1,4 +1,4 @@
-"""Resident rows (verity.batch.resident): handles on the driver, whole rows where a worker needs them."""
+"""Resident rows (verity.batch.transport): handles on the driver, whole rows where a worker or the driver reads them."""
 
 from __future__ import annotations
 
@@ -6,8 +6,14 @@ import pickle
 
 import pytest
 import torch
-from verity.batch import RESIDENT, Batch, BatchError, ResidentKeyError, keep_resident, materialize, validate
-from verity.batch.resident import resident_prompt_width, resident_row_tokens
+from verity.batch import Batch, BatchError, keep_resident, materialize, transport, validate
+from verity.batch.transport import (
+    DRIVER_TRANSFERS,
+    RESIDENT,
+    HandleRuns,
+    handle_column_bytes,
+    resident_row_tokens,
+)
 
 
 class FakeRef:
@@ -83,11 +89,8 @@ def test_keep_resident_moves_the_prompt_side_only() -> None:
     assert RESIDENT not in listed and RESIDENT not in light
     for key in PROMPT_SIDE:
         assert key in light
-        with pytest.raises(ResidentKeyError, match=key):
-            light[key]
     assert light.meta == {"seed": 0} and light["uid"] == rows["uid"]
     assert torch.equal(resident_row_tokens(light), rows["attention_mask"].sum(-1))
-    assert resident_prompt_width(light) == 5
     validate(light)  # resident keys are checked where they are materialized
     assert "resident=[prompts, input_ids, attention_mask, position_ids]" in repr(light)
 
@@ -103,7 +106,11 @@ def test_materialize_gives_back_the_rows_in_any_order_after_split_and_concat() -
     assert_same(materialize(joined, fetch=store.get), rows)
     store.fetches.clear()
     materialize(light.repeat_interleave(2), fetch=store.get)
-    assert store.fetches == [["obj0"]]  # each source fetched once, however many rows point at it
+    # each key's object fetched once, however many rows point at it
+    assert store.fetches == [["obj0"], ["obj1"], ["obj2"], ["obj3"]]
+    store.fetches.clear()
+    materialize(light.select("attention_mask"), fetch=store.get)
+    assert store.fetches == [["obj2"]]  # a key alone is fetched alone
 
 
 def test_select_restricts_the_handles_to_the_keys_asked_for() -> None:
@@ -125,7 +132,6 @@ def test_rows_of_differently_wide_prompt_batches_are_left_padded_to_the_widest()
             keep_resident(wide, pad_token_id=9, put=store.put),
         ]
     )
-    assert resident_prompt_width(joined) == 5
     full = materialize(joined, fetch=store.get)
     assert full["input_ids"].shape == (5, 8) and full["prompts"].shape == (5, 5)
     assert torch.equal(full["input_ids"][:3, :3], torch.full((3, 3), 9))  # token ids padded with pad_token_id
@@ -175,7 +181,7 @@ def test_generate_answers_rows_in_host_memory(monkeypatch, resident) -> None:
         return real_to(self, device, non_blocking)
 
     monkeypatch.setattr(Batch, "to", spy_to)
-    monkeypatch.setattr(rollout_side, "keep_resident", lambda rows, pad, also, echo: ("resident", rows))
+    monkeypatch.setattr(rollout_side, "keep_resident", lambda rows, pad, also: ("resident", rows))
     monkeypatch.setattr(rollout_side, "resident_response_keys", lambda cfg, scored: ())
     rows = Batch.from_dict({"responses": torch.ones(2, 3, dtype=torch.long)})
     cfg = SimpleNamespace(trainer=SimpleNamespace(resident_rows=resident))
@@ -195,7 +201,7 @@ def test_rollout_logprobs_stay_unless_they_are_the_old_logprobs() -> None:
     assert resident_response_keys(load_config(["actor.old_logprobs=rollout"])) == ()
 
 
-def test_response_ids_stay_only_when_the_rank_scored_them_and_no_driver_stage_decodes_them() -> None:
+def test_response_ids_stay_when_the_rank_scored_them() -> None:
     from verity.config import load_config
     from verity.workers.rollout_side import resident_response_keys
 
@@ -248,95 +254,7 @@ def test_response_side_keys_kept_with_the_rows_are_not_padded_when_prompt_widths
     assert joined["prompts"].shape == (4, 5) and joined["input_ids"].shape == (4, 9)  # the prompt side padded
 
 
-ECHO = ("responses", "response_mask")
-
-
-def test_echoed_keys_stay_on_the_driver_and_travel_as_handles_while_unchanged() -> None:
-    from verity.batch.resident import (
-        DIGEST_BYTES,
-        RESIDENT,
-        echo_digest_bytes,
-        handle_column_bytes,
-        send_echoes_as_handles,
-    )
-    from verity.controller.transfer_meter import payload_bytes
-
-    store = FakeStore()
-    rows = generated(6, 5)
-    light = keep_resident(rows, pad_token_id=0, put=store.put, echo=ECHO)
-    assert light.tensor_keys() == ["responses", "response_mask", "rollout_logprobs"]  # the driver reads them
-    assert torch.equal(light["responses"], rows["responses"])
-    assert echo_digest_bytes(light) == 6 * len(ECHO) * DIGEST_BYTES  # what the handles carry, counted
-    handles = handle_column_bytes(light.non_tensors[RESIDENT])
-    uids = len(pickle.dumps(light.non_tensors["uid"], protocol=pickle.HIGHEST_PROTOCOL))
-    tensors = sum(rows[k].nbytes for k in light.tensor_keys())
-    assert payload_bytes(light) == tensors + 6 * 2 * DIGEST_BYTES + handles + uids
-    # as after the driver split the rows among two workers and sent them
-    for part in light.split(2):
-        sent = pickle.loads(pickle.dumps(send_echoes_as_handles(part.select(*PROMPT_SIDE, *ECHO))))
-        assert sent.tensor_keys() == [] and set(sent.resident_keys()) == {*PROMPT_SIDE, *ECHO}
-        assert echo_digest_bytes(sent) == 0  # the digests stay on the driver
-        assert_same(
-            materialize(sent, fetch=store.get), materialize(part, fetch=store.get).select(*PROMPT_SIDE, *ECHO)
-        )
-    assert light.tensor_keys() == [
-        "responses",
-        "response_mask",
-        "rollout_logprobs",
-    ]  # the driver's batch as it was
-
-
-def test_an_echoed_key_the_driver_changed_is_sent_as_it_is() -> None:
-    from verity.batch.resident import send_echoes_as_handles
-
-    store = FakeStore()
-    light = keep_resident(generated(6, 5), pad_token_id=0, put=store.put, echo=ECHO)
-    edited = light.index(torch.tensor([5, 1, 2]))
-    edited["response_mask"][1, 0] = 1 - edited["response_mask"][1, 0]  # in place, on one row
-    sent = send_echoes_as_handles(edited)
-    assert sent.tensor_keys() == ["response_mask", "rollout_logprobs"] and "responses" in sent.resident_keys()
-    assert torch.equal(materialize(sent, fetch=store.get)["response_mask"], edited["response_mask"])
-    trimmed = light.select("input_ids", *ECHO)
-    trimmed["responses"] = light["responses"][:, :2]  # narrower: another shape, another digest
-    assert "responses" in send_echoes_as_handles(trimmed).tensor_keys()
-    # rows of a source that echoed nothing: every row must match, so the key is sent
-    plain = keep_resident(generated(2, 5, seed=1), pad_token_id=0, put=store.put)
-    mixed = Batch.concat([light.select("input_ids", *ECHO), plain.select("input_ids", *ECHO)])
-    assert send_echoes_as_handles(mixed).tensor_keys() == ["responses", "response_mask"]
-
-
-def test_a_batch_whose_handles_echo_nothing_goes_as_it_is() -> None:
-    from verity.batch.resident import send_echoes_as_handles
-
-    light = keep_resident(generated(4, 5), pad_token_id=0, put=FakeStore().put)
-    assert send_echoes_as_handles(light) is light
-    plain = Batch.from_dict({"responses": torch.ones(2, 3, dtype=torch.long)})
-    assert send_echoes_as_handles(plain) is plain
-
-
-def test_a_key_is_echoed_only_when_it_takes_more_bytes_on_the_wire_than_its_digest() -> None:
-    from verity.workers.rollout_side import echoed_keys
-
-    def rows(width: int, holes: bool = False) -> Batch:
-        g = torch.Generator().manual_seed(width)
-        lengths = torch.randint(1, width + 1, (6,), generator=g)
-        mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
-        if holes:  # a multi-turn rollout's mask: 0 on the tools' tokens
-            mask[:, 1::3] = 0
-        return Batch.from_dict(
-            {"responses": torch.randint(0, 100, (6, width), generator=g), "response_mask": mask}
-        )
-
-    assert echoed_keys(rows(8)) == ()  # 8 int8 token ids a row: no more than an 8-byte digest
-    assert echoed_keys(rows(9)) == ("responses",)
-    assert echoed_keys(rows(64)) == ("responses",)  # a right-padded mask goes as (value, length)
-    assert echoed_keys(rows(64, holes=True)) == ("responses", "response_mask")
-    assert echoed_keys(rows(64).index(slice(0, 0))) == ()
-
-
 def test_a_handle_column_travels_as_runs_of_rows_and_comes_back_row_for_row() -> None:
-    from verity.batch.resident import RESIDENT, HandleRuns, handle_column_bytes
-
     store = FakeStore()
     a = keep_resident(generated(6, 5), pad_token_id=0, put=store.put)
     b = keep_resident(generated(4, 5, seed=1), pad_token_id=0, put=store.put)
@@ -352,10 +270,44 @@ def test_a_handle_column_travels_as_runs_of_rows_and_comes_back_row_for_row() ->
     ]
     for batch in (joined, picked):
         back = pickle.loads(pickle.dumps(batch))
-        assert [(s.ref.key, i) for s, i in back.non_tensors[RESIDENT]] == [
-            (s.ref.key, i) for s, i in batch.non_tensors[RESIDENT]
+        assert [(s.block_id, i) for s, i in back.non_tensors[RESIDENT]] == [
+            (s.block_id, i) for s, i in batch.non_tensors[RESIDENT]
         ]
         assert back.resident_keys() == batch.resident_keys()
         assert_same(materialize(back, fetch=store.get), materialize(batch, fetch=store.get))
     # counted as its runs: far below a tuple a row
     assert handle_column_bytes(joined.non_tensors[RESIDENT]) < len(pickle.dumps(joined.non_tensors[RESIDENT]))
+
+
+def test_reading_a_resident_key_on_the_driver_fetches_it_once_and_counts_it(monkeypatch) -> None:
+    store = FakeStore()
+    monkeypatch.setattr(transport, "_ray_get", store.get)
+    narrow, wide = generated(3, 2, seed=1, pad=9), generated(2, 5, seed=2, pad=9)
+    joined = Batch.concat([keep_resident(b, pad_token_id=9, put=store.put) for b in (narrow, wide)])
+    picked = joined.index(torch.tensor([4, 0, 2]))
+    whole = materialize(picked, fetch=store.get)
+    store.fetches.clear()
+    DRIVER_TRANSFERS.take()
+    value = picked["input_ids"]  # a plug-in or stage just reads the key
+    assert torch.equal(value, whole["input_ids"])  # padded to the widest prompt, rows in order
+    assert store.fetches == [["obj5", "obj1"]]  # the key's object of each source, once
+    _, received = DRIVER_TRANSFERS.take()
+    assert received == narrow["input_ids"].nbytes + wide["input_ids"].nbytes  # what crossed: whole objects
+    assert "input_ids" in picked.tensor_keys() and "input_ids" not in picked.resident_keys()
+    # kept: read again, not fetched again
+    assert picked["input_ids"] is value and store.fetches == [["obj5", "obj1"]]
+    assert picked.resident_keys() == ["prompts", "attention_mask", "position_ids"]
+    assert torch.equal(picked.pop("prompts"), whole["prompts"]) and "prompts" not in picked
+    assert_same(materialize(picked, fetch=store.get), whole.select(*picked.keys()))
+
+
+def test_concat_reads_a_key_that_other_parts_already_hold(monkeypatch) -> None:
+    store = FakeStore()
+    monkeypatch.setattr(transport, "_ray_get", store.get)
+    rows = [generated(3, 4, seed=s) for s in (1, 2)]
+    parts = [keep_resident(b, pad_token_id=0, put=store.put) for b in rows]
+    parts[0]["prompts"]  # noqa: B018 - a stage read it in one round only
+    joined = Batch.concat(parts)
+    assert "prompts" in joined.tensor_keys() and "prompts" not in joined.resident_keys()
+    assert torch.equal(joined["prompts"], torch.cat([b["prompts"] for b in rows]))
+    assert_same(materialize(joined, fetch=store.get), Batch.concat(rows))

@@ -190,32 +190,9 @@ def test_the_remax_baseline_asks_the_ranks_to_score_the_greedy_responses_too() -
     assert prompts["baseline_scores"].tolist() == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
 
 
-def test_the_generate_call_sends_only_the_prompt_columns_the_rollout_side_reads() -> None:
-    from verity.config.derived import columns_held_on_driver, register_rollout_column_reader
-    from verity.controller.request_echo import HELD_ON_DRIVER
-    from verity.rewards.on_workers import SCORER_COLUMNS, ask_ranks_to_score
-    from verity.trainer.stages import training_rows
+def test_asking_the_ranks_to_score_marks_the_rows() -> None:
+    from verity.rewards.on_workers import ask_ranks_to_score
 
-    everything = ("prompt_text", "raw_prompt", "uid", "data_source", "ground_truth", "extra_info")
-    assert columns_held_on_driver(load_config([])) == everything
-    # the agent loop reads a row's tool settings from extra_info
-    agent = load_config(["rollout.agent.enabled=true", "rollout.agent.tools=[{class_name: calculator}]"])
-    assert "extra_info" not in columns_held_on_driver(agent)
-    # a plug-in that reads the chat messages on the rollout side says so
-    register_rollout_column_reader("raw_prompt", "test-plugin", lambda cfg: cfg.rollout.temperature == 0.5)
-    try:
-        assert "raw_prompt" not in columns_held_on_driver(load_config(["rollout.temperature=0.5"]))
-        assert "raw_prompt" in columns_held_on_driver(load_config([]))
-    finally:
-        from verity.config import derived
-
-        derived._ROLLOUT_COLUMN_READERS["raw_prompt"].pop("test-plugin")
-    # training rows the ranks score carry what the reward function reads; validation rows do not
-    for placement, sent in (("driver", ()), ("workers", SCORER_COLUMNS)):
-        cfg = load_config([f"reward.placement={placement}"])
-        prompts = Batch.from_dict({"x": torch.zeros(2)}, meta={HELD_ON_DRIVER: columns_held_on_driver(cfg)})
-        rows = training_rows(cfg, prompts, step=1)
-        assert rows.meta[HELD_ON_DRIVER] == tuple(c for c in everything if c not in sent), placement
     assert ask_ranks_to_score(Batch.from_dict({"x": torch.zeros(2)})).meta == {SCORE_ON_WORKERS: True}
 
 

@@ -6,7 +6,7 @@ import pickle
 
 import torch
 from verity.batch import Batch
-from verity.controller.transfer_meter import TransferMeter, payload_bytes
+from verity.batch.transport import TransferMeter, payload_bytes
 
 
 def test_payload_bytes_counts_tensors_in_batches_and_containers() -> None:

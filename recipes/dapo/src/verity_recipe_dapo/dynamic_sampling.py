@@ -40,10 +40,8 @@ from collections.abc import Sequence
 
 import torch
 from verity.batch import Batch
-from verity.batch.resident import resident_prompt_width
 from verity.batch.schema import declared_keys
 from verity.config.derived import scores_on_workers
-from verity.controller.wire import REPEATED_ROWS
 from verity.errors import RunError
 from verity.rewards.on_workers import ask_ranks_to_score
 from verity.rollout.prompts import position_ids_from_mask
@@ -86,34 +84,31 @@ def groups_with_signal(group: torch.Tensor, values: torch.Tensor) -> torch.Tenso
     return (high > low)[inverse]
 
 
-def prompt_width(batch: Batch) -> int:
-    """``P``: the prompt columns of a generated batch (``prompts`` if present, else ``input_ids`` minus ``responses``).
-
-    Rows whose prompt side stayed on the workers (``trainer.resident_rows``) answer from their handles.
-    """
-    resident = resident_prompt_width(batch)
-    if resident is not None:
-        return resident
-    if "prompts" in batch:
+def prompt_width(batch: Batch) -> int | None:
+    """``P`` of the prompt-aligned tensors the batch holds here (``prompts``, else ``input_ids`` minus
+    ``responses``); None when it holds none of them (``batch.tensor_keys()``: rows kept on the workers
+    that generated them are padded there when rows of different widths meet)."""
+    local = batch.tensor_keys()
+    if "prompts" in local:
         return int(batch["prompts"].shape[1])
-    return int(batch["input_ids"].shape[1] - batch["responses"].shape[1])
+    if "input_ids" in local and "responses" in local:
+        return int(batch["input_ids"].shape[1] - batch["responses"].shape[1])
+    return None
 
 
 def pad_prompt_side(batch: Batch, width: int, pad_token_id: int) -> Batch:
-    """Left-pad every declared prompt-aligned tensor (dims ``[B, P]`` or ``[B, P+R]``) to prompt width ``width``.
-
-    Resident rows are left as they are: the worker that materializes them pads them the same way.
+    """Left-pad every declared prompt-aligned tensor the batch holds (dims ``[B, P]`` or ``[B, P+R]``)
+    to prompt width ``width``.
 
     Token ids get ``pad_token_id``, masks 0; ``position_ids`` are recomputed from the padded
     ``attention_mask``. Rounds drew prompt batches of different widths; this lets them concatenate.
     """
-    if resident_prompt_width(batch) is not None:
+    current = prompt_width(batch)
+    if current is None:
         return batch
-    extra = width - prompt_width(batch)
+    extra = width - current
     if extra < 0:
-        raise ValueError(
-            f"pad_prompt_side: width {width} is below the batch's prompt width {prompt_width(batch)}"
-        )
+        raise ValueError(f"pad_prompt_side: width {width} is below the batch's prompt width {current}")
     if extra == 0:
         return batch
     specs = declared_keys()
@@ -135,7 +130,10 @@ def pad_prompt_side(batch: Batch, width: int, pad_token_id: int) -> Batch:
 
 def concat_rounds(parts: Sequence[Batch], pad_token_id: int) -> Batch:
     """Concatenate the kept rows of several rounds, left-padding prompts to the widest."""
-    width = max(prompt_width(part) for part in parts)
+    widths = [w for w in (prompt_width(part) for part in parts) if w is not None]
+    if not widths:
+        return Batch.concat(list(parts))
+    width = max(widths)
     return Batch.concat([pad_prompt_side(part, width, pad_token_id) for part in parts])
 
 
@@ -187,7 +185,6 @@ def make_dynamic_sampling(before: Sequence[Stage], after: Sequence[Stage]) -> St
             rows["group"] = torch.arange(first, first + len(prompts), dtype=torch.long).repeat_interleave(n)
             rows.meta["sampling"] = sampling_for_training(cfg)
             rows.meta["seed"] = round_seed(cfg.trainer.seed, ctx.step, rounds)
-            rows.meta[REPEATED_ROWS] = n  # each prompt goes to the workers once (controller.wire)
             if scores_on_workers(cfg):  # reward.placement=workers: the ranks score what they generate
                 ask_ranks_to_score(rows)
             rows = _timed(ctx, "generate", ctx.actor.generate, rows)

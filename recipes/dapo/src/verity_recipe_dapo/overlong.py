@@ -96,7 +96,7 @@ def overlong_shaping(ctx: StepContext, batch: Batch) -> Batch:
 def overlong_filtered_update_actor(ctx: StepContext, batch: Batch) -> Batch:
     """The built-in ``update_actor`` with truncated rows masked out of the loss; the batch itself is unchanged."""
     truncated = truncated_rows(batch, ctx.cfg.data.max_response_length, eos_ids(ctx))
-    view = batch.select(*batch.tensor_keys(), *batch.resident_keys())  # resident rows stay resident
+    view = batch.select(*batch.keys())
     view["response_mask"] = batch["response_mask"] * (~truncated).to(batch["response_mask"].dtype).unsqueeze(
         -1
     )

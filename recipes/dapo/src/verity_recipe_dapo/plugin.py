@@ -91,16 +91,10 @@ def plan_dapo(cfg, plan: StagePlan) -> None:
         plan.replace("update_actor", Stage("update_actor", overlong_filtered_update_actor))
 
 
-def _reads_responses(cfg: object) -> bool:
-    section = getattr(cfg, "dapo", None)
-    return bool(section is not None and section.overlong_filter.enabled)
-
-
 def register() -> None:
     """The entry point: the ``dapo`` config section, batch keys, stage planner and embedded preset."""
     from verity.batch import declared_keys, register_key
     from verity.config import register_config_section
-    from verity.config.derived import register_driver_response_reader
     from verity.trainer.stage_plan import register_stage_planner
 
     from verity_recipe_dapo.task import register_task
@@ -111,7 +105,4 @@ def register() -> None:
             "overlong_penalty", ("B",), "float", "soft overlong punishment added to the score (DAPO)"
         )
     register_stage_planner("dapo", plan_dapo, after=("prime",))  # its sampling rounds wrap the stages PRIME adds there
-    # the overlong filter reads each response's last token on the driver: with reward.placement=workers
-    # the responses then still come back (the scores are computed on the ranks either way)
-    register_driver_response_reader("dapo.overlong_filter", _reads_responses)
     register_task()

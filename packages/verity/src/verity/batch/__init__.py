@@ -8,7 +8,6 @@ crosses a role boundary with its symbolic shape; ``validate`` checks a batch aga
 from __future__ import annotations
 
 from verity.batch.core import Batch, BatchError
-from verity.batch.resident import RESIDENT, ResidentKeyError, keep_resident, materialize
 from verity.batch.schema import (
     BatchSchemaError,
     KeySpec,
@@ -18,14 +17,13 @@ from verity.batch.schema import (
     register_key,
     validate,
 )
+from verity.batch.transport import keep_resident, materialize
 
 __all__ = [
-    "RESIDENT",
     "Batch",
     "BatchError",
     "BatchSchemaError",
     "KeySpec",
-    "ResidentKeyError",
     "declared_keys",
     "describe",
     "get_key",

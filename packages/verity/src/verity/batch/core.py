@@ -16,8 +16,9 @@ rows are padding (``pad_rows``). ``Batch.concat`` drops those rows again, so
 ``Batch.concat(b.split(n))`` has exactly the rows of ``b`` in their original order.
 
 Rows can stay on the worker that generated them: their prompt-aligned tensors are then
-*resident* (:mod:`verity.batch.resident`) — listed by ``keys()`` and ``in``, carried by every
-row operation as per-row handles, fetched by the worker that receives the batch.
+*resident* (:mod:`verity.batch.transport`) — listed by ``keys()`` and ``in``, carried by every
+row operation as per-row handles, fetched by the worker that receives the batch, and fetched
+on the driver when read there (``batch[key]`` returns the tensor either way).
 
 Pickling (``pickle``, ``cloudpickle``, Ray) sends CPU tensors as numpy arrays, which
 protocol 5 carries out of band (no ``torch.save`` round trip, zero copies in Ray's
@@ -33,8 +34,15 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from verity.batch.resident import RESIDENT, HandleRuns, ResidentKeyError, column_sources, restrict_column
-from verity.batch.transport import pack_tensor, unpack_tensor
+from verity.batch.transport import (
+    RESIDENT,
+    HandleRuns,
+    column_sources,
+    fetch_key,
+    pack_tensor,
+    restrict_column,
+    unpack_tensor,
+)
 
 __all__ = ["Batch", "BatchError"]
 
@@ -171,7 +179,7 @@ class Batch:
         return [k for k in self.non_tensors if k != RESIDENT]
 
     def resident_keys(self) -> list[str]:
-        """Keys whose tensors stay on the workers that made the rows (:mod:`verity.batch.resident`).
+        """Keys whose tensors stay on the workers that made the rows (:mod:`verity.batch.transport`).
 
         A key is resident when every row's handle gives access to it; empty without handles.
         """
@@ -195,18 +203,21 @@ class Batch:
         raise TypeError("a Batch is not iterable; use batch.keys() for its keys or batch.index(i) for rows")
 
     def __getitem__(self, key: Any) -> Any:
-        """``batch["key"]`` -> tensor ``[B, ...]`` or list; any other key -> :meth:`index`."""
+        """``batch["key"]`` -> tensor ``[B, ...]`` or list; any other key -> :meth:`index`.
+
+        A resident key is fetched from the object store that holds its rows (counted in
+        ``perf/driver_bytes_received`` on the driver) and kept in this batch as a tensor.
+        """
         if isinstance(key, str):
             if key in self.non_tensors:
                 return self.non_tensors[key]
             if key in self.tensors:
                 return self.tensors.get(key)
             if key in self.resident_keys():
-                raise ResidentKeyError(
-                    f"batch key {key!r} stays on the workers that generated the rows (a resident key, "
-                    "verity.batch.resident): a worker receiving this batch gets it; the driver has only "
-                    "handles (trainer.resident_rows=false keeps every key on the driver)"
-                )
+                value = fetch_key(self, key)
+                self._drop_resident(key)  # from now on a key of this batch like any other
+                self.tensors.set(key, value)
+                return value
             raise KeyError(f"batch has no key {key!r}; keys are {self.keys()}")
         return self.index(key)
 
@@ -258,7 +269,7 @@ class Batch:
             del self.non_tensors[RESIDENT]
 
     def pop(self, key: str) -> Any:
-        """Remove ``key`` and return its tensor or list (a resident key cannot be popped on the driver)."""
+        """Remove ``key`` and return its tensor or list (a resident key is fetched first)."""
         value = self[key]
         if key in self.non_tensors:
             del self.non_tensors[key]
@@ -381,7 +392,8 @@ class Batch:
         """Rows of all ``batches`` in order, without the padding rows recorded by :meth:`split`.
 
         All batches must have the same keys and matching trailing tensor shapes. ``meta``
-        is the union of the parts' meta (the first part wins on a shared key).
+        is the union of the parts' meta (the first part wins on a shared key). A key that
+        one part holds and another left on the workers is read (fetched) in the latter.
         """
         batches = list(batches)
         if not batches:
@@ -389,6 +401,11 @@ class Batch:
         for i, b in enumerate(batches):
             if not isinstance(b, Batch):
                 raise TypeError(f"Batch.concat: item {i} is a {type(b).__name__}, expected Batch")
+        held = set().union(*(b.tensor_keys() for b in batches))
+        for b in batches:
+            for key in b.resident_keys():
+                if key in held:
+                    b[key]  # noqa: B018 - reading a resident key fetches it into the batch
         first = batches[0]
         tensor_keys, list_keys = set(first.tensor_keys()), set(first.non_tensors)
         for i, b in enumerate(batches[1:], start=1):

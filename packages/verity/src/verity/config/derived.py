@@ -6,20 +6,14 @@ stages to run), so both always agree.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 __all__ = [
-    "PROMPT_COLUMNS_READ_BY_DRIVER",
-    "columns_held_on_driver",
-    "driver_response_readers",
     "needs_baseline",
     "needs_critic",
     "needs_reference",
     "old_logprobs_source",
     "on_policy",
-    "register_driver_response_reader",
-    "register_rollout_column_reader",
     "responses_stay_on_workers",
     "scores_on_workers",
     "skips_zero_advantage_rows",
@@ -118,70 +112,11 @@ def scores_on_workers(cfg: Any) -> bool:
     return getattr(cfg.reward, "placement", "driver") == "workers"
 
 
-_RESPONSE_READERS: dict[str, Callable[[Any], bool]] = {
-    "reward_model": lambda cfg: bool(cfg.reward_model.enabled),  # its stage decodes them on the driver
-}
-
-
-def register_driver_response_reader(name: str, reads: Callable[[Any], bool]) -> None:
-    """Declare that a driver-side stage reads the response ids when ``reads(cfg)`` is true.
-
-    A plug-in whose stage reads ``batch["responses"]`` on the driver registers here (in its entry
-    point, which runs in the driver and in every worker), so that with ``reward.placement=workers``
-    the responses still come back in the runs where it needs them. Re-registering ``name`` replaces it.
-    """
-    _RESPONSE_READERS[name] = reads
-
-
-def driver_response_readers(cfg: Any) -> list[str]:
-    """The registered readers that read the response ids on the driver in this run."""
-    return [name for name, reads in _RESPONSE_READERS.items() if reads(cfg)]
-
-
 def responses_stay_on_workers(cfg: Any) -> bool:
     """Whether the generated response ids stay on the ranks that made them, the driver holding handles.
 
-    They do when the ranks score them (:func:`scores_on_workers`), the rows stay where they are made
-    (``trainer.resident_rows``) and no driver stage reads them (:func:`driver_response_readers`: the
-    reward model's stage decodes them, DAPO's overlong filter reads their last token), so in those
-    runs they come back as before.
+    They do when the ranks score them (:func:`scores_on_workers`) and the rows stay where they are made
+    (``trainer.resident_rows``). A driver stage that reads them (the reward model's, DAPO's overlong
+    filter) gets them by reading ``batch["responses"]``: the rows are fetched then, once.
     """
-    return scores_on_workers(cfg) and bool(cfg.trainer.resident_rows) and not driver_response_readers(cfg)
-
-
-PROMPT_COLUMNS_READ_BY_DRIVER = (
-    "prompt_text",
-    "raw_prompt",
-    "uid",
-    "data_source",
-    "ground_truth",
-    "extra_info",
-)
-"""A prompt batch's per-row columns that the driver reads (metrics by source, validation groups,
-the reward on the driver, a reward model's chat rendering) and no built-in rollout engine does:
-the generate call leaves each out unless a registered reader on the rollout side needs it. (A
-call that asks the ranks to score sends the reward function's columns,
-:func:`verity.rewards.on_workers.ask_ranks_to_score`.)"""
-
-_ROLLOUT_COLUMN_READERS: dict[str, dict[str, Callable[[Any], bool]]] = {
-    "extra_info": {"rollout.agent": lambda cfg: bool(cfg.rollout.agent.enabled)},  # a row's tool settings
-}
-
-
-def register_rollout_column_reader(column: str, name: str, reads: Callable[[Any], bool]) -> None:
-    """Declare that rollout-side code (an engine, a wrapper, a scorer) named ``name`` reads the
-    prompt column ``column`` in the runs where ``reads(cfg)`` is true, so that the generate call
-    sends it (:func:`columns_held_on_driver`). Register in the plug-in's entry point; registering
-    the same ``(column, name)`` again replaces it."""
-    _ROLLOUT_COLUMN_READERS.setdefault(column, {})[name] = reads
-
-
-def columns_held_on_driver(cfg: Any) -> tuple[str, ...]:
-    """The prompt columns (:data:`PROMPT_COLUMNS_READ_BY_DRIVER`) no rollout-side reader needs in
-    this run: the generate call does not send them, and the driver puts its own copies back into
-    the answer (:mod:`verity.controller.request_echo`)."""
-    return tuple(
-        column
-        for column in PROMPT_COLUMNS_READ_BY_DRIVER
-        if not any(reads(cfg) for reads in _ROLLOUT_COLUMN_READERS.get(column, {}).values())
-    )
+    return scores_on_workers(cfg) and bool(cfg.trainer.resident_rows)

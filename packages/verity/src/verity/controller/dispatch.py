@@ -100,7 +100,6 @@ class MethodSpec:
     dispatch: Dispatch
     collect: Collect
     check_schema: bool = True
-    extends_request: bool = False
 
 
 @dataclass(frozen=True)
@@ -117,17 +116,13 @@ def register(
     collect: Collect | str | None = None,
     *,
     check_schema: bool = True,
-    extends_request: bool = False,
 ) -> Callable:
     """Declare how a worker method is dispatched and collected when called on a group.
 
     ``collect`` defaults by dispatch mode (BROADCAST->ALL, DP_SPLIT->DP_CONCAT,
     RANK_ZERO->RANK_ZERO, DP_COLLECT->DP, PER_RANK->ALL). With ``check_schema`` every
     Batch argument and Batch answer is checked by ``verity.batch.validate``. Usable as
-    ``@register`` (broadcast) or ``@register(Dispatch.DP_SPLIT)``. ``extends_request``
-    (DP_SPLIT/DP_CONCAT only): the method answers its first Batch argument's rows in order
-    with keys added, so the request's unchanged keys need not come back
-    (:mod:`verity.controller.request_echo`).
+    ``@register`` (broadcast) or ``@register(Dispatch.DP_SPLIT)``.
     """
     if callable(dispatch) and not isinstance(dispatch, Dispatch | str):
         return register()(dispatch)
@@ -137,11 +132,7 @@ def register(
     gather = _DEFAULT_COLLECT[mode] if collect is None else Collect(collect)
     if mode is Dispatch.RANK_ZERO and gather not in (Collect.RANK_ZERO, Collect.NONE, Collect.ALL):
         raise ValueError(f"register: dispatch RANK_ZERO calls only rank 0 and cannot collect {gather.name}")
-    if extends_request and (mode is not Dispatch.DP_SPLIT or gather is not Collect.DP_CONCAT):
-        raise ValueError(
-            f"register: extends_request needs dispatch DP_SPLIT with collect DP_CONCAT, got {mode.name}/{gather.name}"
-        )
-    spec = MethodSpec(mode, gather, check_schema, extends_request)
+    spec = MethodSpec(mode, gather, check_schema)
 
     def decorate(fn: Callable) -> Callable:
         if not callable(fn):
@@ -174,7 +165,7 @@ class CallPlan:
     calls: list[tuple[int, tuple, dict]]
     shard_rows: list[int] = field(default_factory=list)  # rows of each dp shard (DP_SPLIT only)
     shard_pads: list[int] = field(default_factory=list)  # padding rows of each dp shard
-    payload: tuple = ()  # (args, kwargs) as prepared for sending, before any split or share
+    payload: tuple = ()  # (args, kwargs) as sent, before any split or share
 
 
 def _check_batch(label: str, where: str, batch: Batch) -> None:
@@ -217,15 +208,12 @@ def plan_call(
     kwargs: dict,
     layouts: Sequence[DPLayout],
     share: Callable[[Any], Any] = lambda value: value,
-    prepare: Callable[[Any], Any] = lambda value: value,
 ) -> CallPlan:
     """Work out the per-rank arguments of one group call.
 
     ``label`` names the method in errors (``"actor.compute_logprobs"``); ``layouts`` has
     one :class:`DPLayout` per rank; ``share`` turns a value sent to many ranks into
-    something cheaper to send many times (the worker group passes ``ray.put``);
-    ``prepare`` maps the arguments after their schema is checked and before they are split
-    or shared (the worker group packs them for the wire, :mod:`verity.controller.wire`).
+    something cheaper to send many times (the worker group passes ``ray.put``).
     """
     if spec.check_schema:
         for i, value in enumerate(args):
@@ -234,7 +222,6 @@ def plan_call(
         for key, value in kwargs.items():
             if isinstance(value, Batch):
                 _check_batch(label, f"argument {key!r}", value)
-    args, kwargs = prepare(args), prepare(kwargs)
     plan = _plan(label, spec, args, kwargs, layouts, share)
     plan.payload = (args, kwargs)
     return plan

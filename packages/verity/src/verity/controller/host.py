@@ -19,9 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verity.batch import Batch, materialize
-from verity.controller.dispatch import DPLayout, registered_methods
-from verity.controller.request_echo import RequestSnapshot, drop_request_echo
-from verity.controller.wire import pack, unpack
+from verity.controller.dispatch import DPLayout
 from verity.controller.worker import Worker, open_rendezvous_store
 
 __all__ = ["ColocatedRoles", "RoleSpec", "WorkerHost", "colocate", "role"]
@@ -98,7 +96,6 @@ class WorkerHost:
 
     def __init__(self) -> None:
         self._roles: dict[str, Any] = {}
-        self._specs: dict[str, dict[str, Any]] = {}  # role -> registered methods, looked up on first call
         self._busy: tuple[str, str, float, int] | None = None  # role, method, start (epoch s), thread id
 
     def rendezvous_address(self) -> tuple[str, int]:
@@ -133,39 +130,22 @@ class WorkerHost:
     ) -> tuple[Any, DPLayout]:
         """Run ``role.method(*args, **kwargs)``; return the answer and the role's current layout.
 
-        Batch arguments packed for the wire are restored (:mod:`verity.controller.wire`) and
-        those with resident rows (:mod:`verity.batch.resident`) materialized first: the method
-        always sees whole rows, as sent. A Batch answer is packed for the way back; without
-        ``answer_wanted`` (the driver reads only another rank's, ``dispatch.answer_wanted``)
+        Batch arguments with resident rows (:mod:`verity.batch.transport`) are materialized first:
+        the method always sees whole rows, as sent. Without ``answer_wanted`` (the driver reads only another rank's, ``dispatch.answer_wanted``)
         the answer is ``None``.
         """
         obj = self._roles[role_name]
         self._busy = (role_name, method, time.time(), threading.get_ident())
         try:
             # rows that stayed on the workers that made them are fetched here, never through the driver
-            args = tuple(materialize(a) if isinstance(a, Batch) else a for a in unpack(args))
-            kwargs = {k: materialize(v) if isinstance(v, Batch) else v for k, v in unpack(kwargs).items()}
-            request = self._extended_request(role_name, method, args)
-            snapshot = RequestSnapshot.take(request) if request is not None else None
+            args = tuple(materialize(a) if isinstance(a, Batch) else a for a in args)
+            kwargs = {k: materialize(v) if isinstance(v, Batch) else v for k, v in kwargs.items()}
             answer = getattr(obj, method)(*args, **kwargs)
             if not answer_wanted:
                 answer = None
-            elif snapshot is not None:  # the request's own columns are on the driver already
-                answer = drop_request_echo(snapshot, answer)
-            answer = pack(answer)
         finally:
             self._busy = None
         return answer, _layout_of(obj)
-
-    def _extended_request(self, role_name: str, method: str, args: tuple) -> Batch | None:
-        """The first Batch argument of a method registered ``extends_request``, else None."""
-        specs = self._specs.get(role_name)
-        if specs is None:
-            specs = self._specs[role_name] = registered_methods(type(self._roles[role_name]))
-        spec = specs.get(method)
-        if spec is None or not spec.extends_request:
-            return None
-        return next((a for a in args if isinstance(a, Batch)), None)
 
     def stacks(self) -> dict[str, Any]:
         """What this rank is doing: the group method running now (if any) and every thread's stack.

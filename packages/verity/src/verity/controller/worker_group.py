@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from verity.batch import Batch
+from verity.batch.transport import DRIVER_TRANSFERS
 from verity.controller.dispatch import (
     CallPlan,
     Collect,
@@ -34,7 +34,6 @@ from verity.controller.dispatch import (
     MethodSpec,
     answer_wanted,
     collect_results,
-    dp_collectors,
     plan_call,
     registered_methods,
 )
@@ -42,16 +41,7 @@ from verity.controller.errors import ControllerError, WorkerTimeoutError
 from verity.controller.host import SINGLE_ROLE, ColocatedRoles, RoleSpec, WorkerHost
 from verity.controller.placement import describe_node
 from verity.controller.rank_failures import explain_failure
-from verity.controller.request_echo import (
-    FROM_REQUEST,
-    held_columns,
-    restore_request_echo,
-    with_held_columns,
-    without_held_columns,
-)
 from verity.controller.resource_pool import ResourcePool
-from verity.controller.transfer_meter import DRIVER_TRANSFERS
-from verity.controller.wire import pack, unpack
 
 __all__ = ["GroupCall", "GroupMethod", "RoleView", "WorkerGroup"]
 
@@ -82,12 +72,10 @@ class GroupCall:
         spec: MethodSpec,
         plan: CallPlan,
         refs: list,
-        request: Batch | None = None,
     ) -> None:
         self._group, self._role, self._method, self._spec, self._plan = group, role, method, spec, plan
         self.refs = refs
         self._layouts = list(group._layouts[role])
-        self._request = request  # an extends_request method's request: its columns come back from here
         self._done = False
         self._value: Any = None
 
@@ -99,9 +87,6 @@ class GroupCall:
         ranks = [rank for rank, _, _ in self._plan.calls]
         answers = group._gather(self.refs, ranks, self._role, self._method, timeout_s or group.call_timeout_s)
         DRIVER_TRANSFERS.add(received=[answer for answer, _ in answers.values()])  # as they travelled
-        answers = {rank: (unpack(answer), layout) for rank, (answer, layout) in answers.items()}
-        if self._request is not None:
-            answers = self._with_request_columns(answers)
         for rank, (_, layout) in answers.items():
             group._layouts[self._role][rank] = layout
         layouts = self._layouts if self._spec.dispatch is Dispatch.DP_SPLIT else group._layouts[self._role]
@@ -111,22 +96,6 @@ class GroupCall:
         )
         self._done = True
         return self._value
-
-    def _with_request_columns(
-        self, answers: dict[int, tuple[Any, DPLayout]]
-    ) -> dict[int, tuple[Any, DPLayout]]:
-        """Each answer with the request keys its rank left out put back from the rank's request shard."""
-        assert self._request is not None
-        held = held_columns(self._request)
-        shards: list[Batch] | None = None
-        out = {}
-        for rank, (answer, layout) in answers.items():
-            if isinstance(answer, Batch) and (FROM_REQUEST in answer.meta or held):
-                shards = shards if shards is not None else self._request.split(layout.dp_size)
-                shard = shards[layout.dp_rank]
-                answer = with_held_columns(restore_request_echo(answer, shard), shard)
-            out[rank] = (answer, layout)
-        return out
 
 
 class GroupMethod:
@@ -320,21 +289,13 @@ class WorkerGroup:
         if self._closed:
             raise ControllerError(f"worker group {self.name!r} was shut down; cannot call {method}")
         label = self._label(role, method)
-        # smallest exact tensors on the wire (controller.wire), packed after the schema check
-        # rows repeated per sample go once each where every data-parallel part holds whole runs
-        parts = dp_collectors(label, self._layouts[role])[0] if spec.dispatch is Dispatch.DP_SPLIT else 1
-        request = next((a for a in args if isinstance(a, Batch)), None) if spec.extends_request else None
-        if request is not None:  # columns the method never reads stay here and rejoin its answer
-            args = tuple(without_held_columns(a) if a is request else a for a in args)
-        plan = plan_call(
-            label, spec, args, kwargs, self._layouts[role], share=ray.put, prepare=lambda v: pack(v, parts)
-        )
+        plan = plan_call(label, spec, args, kwargs, self._layouts[role], share=ray.put)
         DRIVER_TRANSFERS.add(sent=plan.payload)
         refs = [
             self._hosts[rank].call.remote(role, method, answer_wanted(spec, rank), *a, **kw)
             for rank, a, kw in plan.calls
         ]
-        return GroupCall(self, role, method, spec, plan, refs, request)
+        return GroupCall(self, role, method, spec, plan, refs)
 
     def _adhoc(self, role: str, method: str, spec: MethodSpec, args: tuple, kwargs: dict) -> Any:
         cls = self._role_classes[role]

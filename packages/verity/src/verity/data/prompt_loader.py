@@ -16,8 +16,7 @@
 ``(seed, epoch)``, so the order is reproducible, and its ``state_dict`` (epoch and
 position in the epoch) restores the exact next batch after a restart.
 
-``batch_meta`` is set on every batch's ``meta``: the trainer names there the prompt columns
-the generate call leaves on the driver (:mod:`verity.controller.request_echo`).
+``batch_meta`` is set on every batch's ``meta``.
 """
 
 from __future__ import annotations
@@ -179,7 +178,7 @@ class PromptDataLoader:
     ) -> None:
         self.dataset = dataset
         self.pad_to = pad_to
-        # set on every batch's meta (e.g. the columns held on the driver)
+        # set on every batch's meta
         self.batch_meta = dict(batch_meta or {})
         self.sampler = ResumableSampler(len(dataset), batch_size, shuffle, seed, drop_last)
 

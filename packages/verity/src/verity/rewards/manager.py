@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 
-from verity.batch import ResidentKeyError
 from verity.rewards.failures import describe_first_failure, report_failures
 from verity.rewards.process_pool import TaskOutcome, TimeoutPool
 from verity.rewards.registry import call_reward, custom_spec_from, preload_reward_functions, resolve_spec
@@ -151,14 +150,14 @@ def _cleanup_after_killed_worker(pid: int) -> None:
     cleanup_after_worker(pid)
 
 
-def _column(batch: Any, key: str) -> Any:
-    """``batch[key]`` for a Batch or a mapping; None when absent."""
+def _column(batch: Any, key: str, *, held_here: bool = False) -> Any:
+    """``batch[key]`` for a Batch or a mapping; None when absent. ``held_here``: None also when the
+    key stayed on the workers that generated the rows (``Batch.resident_keys``) rather than fetch it."""
     keys = batch.keys() if hasattr(batch, "keys") else ()
+    if held_here and key in (batch.resident_keys() if hasattr(batch, "resident_keys") else ()):
+        return None
     if key in keys or key in getattr(batch, "non_tensors", {}):
-        try:
-            return batch[key]
-        except ResidentKeyError:  # it stayed on the workers that generated the rows
-            return None
+        return batch[key]
     return None
 
 
@@ -407,7 +406,7 @@ def response_span(batch: Any) -> torch.Tensor | None:
     if span is not None:
         return span
     responses = _column(batch, "responses")
-    attention = _column(batch, "attention_mask")
+    attention = _column(batch, "attention_mask", held_here=True)  # not fetched for this: response_mask serves
     if responses is not None and attention is not None and attention.shape[1] >= responses.shape[1]:
         return attention[:, -responses.shape[1] :]
     return _column(batch, "response_mask")

@@ -11,8 +11,8 @@ answer to the driver then carries three per-row scalars in place of the response
 - ``reward_status [B]`` int: 0 ok, 1 timeout, 2 error.
 
 and, when a row failed, the first failure's description in ``meta``. The response ids stay
-in the rank's object store with the prompt side (:mod:`verity.batch.resident`) unless a
-driver stage decodes them (a reward model's).
+in the rank's object store with the prompt side (:mod:`verity.batch.transport`); a driver
+stage that decodes them (a reward model's) reads ``batch["responses"]`` and so fetches them.
 
 The driver's ``reward`` stage (:func:`scored_on_workers`) turns them into exactly what it
 makes of a driver-side call: ``acc`` is the verifier's where every row has one, else
@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 from verity.batch import Batch, register_key
-from verity.controller.request_echo import HELD_ON_DRIVER
 from verity.rewards.failures import RewardFailureError
 from verity.rewards.manager import RewardManager, RewardManagerConfig
 from verity.rewards.registry import custom_spec_from
@@ -68,13 +67,9 @@ register_key(
 
 
 def ask_ranks_to_score(rows: Batch) -> Batch:
-    """Mark a generate call's ``rows`` (in place) to be scored by the ranks that generate them:
-    sets :data:`SCORE_ON_WORKERS` and sends the :data:`SCORER_COLUMNS` along even where the run
-    holds them on the driver otherwise (``meta[HELD_ON_DRIVER]``). Returns ``rows``."""
+    """Mark a generate call's ``rows`` (in place, :data:`SCORE_ON_WORKERS`) to be scored by the
+    ranks that generate them. Returns ``rows``."""
     rows.meta[SCORE_ON_WORKERS] = True
-    held = rows.meta.get(HELD_ON_DRIVER)
-    if held:
-        rows.meta[HELD_ON_DRIVER] = tuple(c for c in held if c not in SCORER_COLUMNS)
     return rows
 
 

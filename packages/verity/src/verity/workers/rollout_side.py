@@ -15,10 +15,8 @@ import torch
 from torch import nn
 
 from verity.batch import Batch, keep_resident
-from verity.batch.resident import DIGEST_BYTES
 from verity.config.derived import old_logprobs_source, responses_stay_on_workers, scores_on_workers
 from verity.config.schema import VerityConfig
-from verity.controller.wire import pack_tensor
 from verity.rewards.on_workers import (
     SCORE_ON_WORKERS,
     check_reward_files_here,
@@ -115,7 +113,7 @@ class RowScorer:
 def rows_for_driver(cfg: VerityConfig, rows: Batch, pad_token_id: int) -> Batch:
     """What a generate call answers: with ``trainer.resident_rows`` the prompt-aligned tensors stay here.
 
-    The answer then carries per-row handles in their place (:mod:`verity.batch.resident`);
+    The answer then carries per-row handles in their place (:mod:`verity.batch.transport`);
     the worker that later receives the rows fetches them from this process's object store.
     The rows are moved to host memory first: an engine on an accelerator returns them on
     its device, and a CUDA tensor handed to Ray reaches the driver (and the advantage
@@ -124,29 +122,7 @@ def rows_for_driver(cfg: VerityConfig, rows: Batch, pad_token_id: int) -> Batch:
     rows = rows.to("cpu")
     if not cfg.trainer.resident_rows:
         return rows
-    resident = resident_response_keys(cfg, scored=scored_on_workers(rows))
-    echo = tuple(k for k in echoed_keys(rows) if k not in resident)
-    return keep_resident(rows, pad_token_id, also=resident, echo=echo)
-
-
-ECHOED_KEYS = ("responses", "response_mask")
-"""``[B, R]`` keys the driver reads (rewards, advantages, metrics) and the update needs: kept on
-both sides, so that the update's batch carries handles for them while they are unchanged
-(:func:`verity.batch.resident.send_echoes_as_handles`)."""
-
-
-def echoed_keys(rows: Batch) -> tuple[str, ...]:
-    """The :data:`ECHOED_KEYS` worth echoing: those that take more bytes a row on the wire, packed
-    (:func:`verity.controller.wire.pack_tensor`), than the digest that stands in for them
-    (:data:`verity.batch.resident.DIGEST_BYTES`). Token ids of a few dozen tokens are; a
-    right-padded response mask, which travels as a (value, length) pair, is not."""
-    if not len(rows):
-        return ()
-    return tuple(
-        key
-        for key in ECHOED_KEYS
-        if key in rows.tensor_keys() and pack_tensor(rows[key])[0].nbytes > DIGEST_BYTES * len(rows)
-    )
+    return keep_resident(rows, pad_token_id, also=resident_response_keys(cfg, scored=scored_on_workers(rows)))
 
 
 def resident_response_keys(cfg: VerityConfig, *, scored: bool = False) -> tuple[str, ...]:
