@@ -1,4 +1,4 @@
-"""Sampled held-out evaluation: k responses per prompt give avg@k and pass@k beside the greedy val/acc."""
+"""A run's sampled held-out evaluation: k responses per prompt give avg@k and pass@k beside the greedy val/acc."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from verity.batch import Batch
 from verity.config import ConfigError, load_config
+from verity.trainer.evaluation import run_validation
 from verity.trainer.loop import RLTrainer, TrainResult
 from verity.trainer.outputs import sampled_before_after
-from verity.trainer.sampled_validation import sampled_validation
 
 R = 6
 # correctness of the k = 4 samples of each held-out prompt (by uid), and the source of the prompt
@@ -75,7 +75,7 @@ def config(*extra: str):
 
 def test_avg_and_pass_at_k_match_hand_computed_values_per_source_and_overall():
     actor = FakeActor()
-    metrics = sampled_validation(config(), actor, FakeRewards(), lambda: iter([prompts()]), step=3)
+    metrics = run_validation(config(), actor, FakeRewards(), lambda: iter([prompts()]), step=3)
     assert metrics["val/k"] == 4.0
     assert metrics["val/avg_at_k"] == pytest.approx((2 + 0 + 4) / 12)
     assert metrics["val/pass_at_k"] == pytest.approx(2 / 3)
@@ -84,7 +84,7 @@ def test_avg_and_pass_at_k_match_hand_computed_values_per_source_and_overall():
     lengths = [j % R + 1 for j in range(12)]
     assert metrics["val/sampled_response_length"] == pytest.approx(sum(lengths) / 12)
     assert metrics["val/sampled_clip_ratio"] == pytest.approx(sum(n >= 6 for n in lengths) / 12)
-    (call,) = actor.calls
+    _, call = actor.calls  # the greedy pass, then the sampled one
     assert call["rows"] == 12  # every prompt repeated k times
     assert call["sampling"]["do_sample"] and call["sampling"]["temperature"] == 1.0
     assert call["sampling"]["top_p"] == 0.7 and call["sampling"]["n"] == 1
@@ -105,6 +105,8 @@ def test_validate_keeps_val_acc_greedy_and_adds_the_sampled_metrics():
     greedy, sampled = actor.calls
     assert not greedy["sampling"]["do_sample"] and greedy["rows"] == 3
     assert sampled["sampling"]["do_sample"] and sampled["seed"] != greedy["seed"]
+    seed = trainer.cfg.trainer.seed * 1_000_003  # the streams every run so far has drawn from
+    assert (greedy["seed"], sampled["seed"]) == (seed + 999_983, seed + 777_767)
 
 
 def test_without_val_n_there_is_one_pass_and_no_sampled_metric():

@@ -60,6 +60,5 @@ def test_verity_eval_reports_avg_and_pass_at_k_on_the_aime_file(files, tmp_path)
         str(tmp_path / "m"), [files[1]], k=4, temperature=1.0, max_new_tokens=4, max_prompt_length=400
     )
     assert report.prompts == 2 and report.responses == 8
-    assert {"eval/all/mean@1", "eval/all/pass@4", "eval/math_dapo/mean@1", "eval/aime2024/pass@4"} <= set(
-        report.metrics
-    )
+    names = {"val/k", "val/avg_at_k", "val/pass_at_k", "val/math_dapo/avg_at_k", "val/aime2024/pass_at_k"}
+    assert names <= set(report.metrics) and report.metrics["val/k"] == 4.0

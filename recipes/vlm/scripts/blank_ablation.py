@@ -28,11 +28,11 @@ def image_blind_ceiling(rows: list[dict]) -> float:
 
 
 def greedy_accuracy(model_dir: str, test_file: str) -> float:
-    """Held-out greedy accuracy (``verity eval``'s mean@1) of ``model_dir`` on ``test_file``."""
+    """Held-out greedy accuracy (``verity eval``'s ``val/acc``) of ``model_dir`` on ``test_file``."""
     from verity.trainer.held_out import evaluate_files
 
     report = evaluate_files(model_dir, [test_file], max_new_tokens=4, max_prompt_length=64, batch_size=128)
-    return report.metrics["eval/all/mean@1"]
+    return report.metrics["val/acc"]
 
 
 def main() -> None:

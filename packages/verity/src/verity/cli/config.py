@@ -5,7 +5,9 @@
     verity config show --config recipes/grpo/src/verity_recipe_grpo/configs/cpu.yaml trainer
 
 The config is composed and validated exactly as ``verity train`` would (plug-in
-sections included), then printed as YAML with each key's comment from the code.
+sections included), then printed as YAML with each key's comment from the code. A model
+preset's keys (``model.path=embedded``: the ``embedded-tiny`` preset) are marked
+``[preset NAME]``, under a first line naming the preset and every key it set.
 Exit codes: 0 shown; 2 bad config or unknown section.
 """
 

@@ -11,7 +11,9 @@ MODEL is an HF model folder, a checkpoint (a ``step_N`` folder, a checkpoint fol
 or a run output folder: its newest complete checkpoint is exported to a temporary
 folder first), or ``embedded``. Data files are in the verl schema; each row is scored
 by the reward function of its ``data_source``. Prints a table and, with ``--json``,
-writes the metrics. One process, no Ray.
+writes the metrics, under the names ``verity train`` logs (:mod:`verity.trainer.evaluation`):
+``val/acc`` for ``-k 1``; ``val/avg_at_k``, ``val/pass_at_k``, ``val/maj_at_k`` and ``val/k``
+for ``-k K > 1``; per data source ``val/<data_source>/...``. One process, no Ray.
 
 Rewards: a checkpoint (or run folder) is scored with the ``reward`` settings of the run
 that saved it (its ``trainer_state.json``): the run's ``reward.custom_path``,

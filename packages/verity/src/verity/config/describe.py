@@ -102,10 +102,12 @@ def _scalar(value: Any) -> str:
     return json.dumps(value, default=str)
 
 
-def _lines(obj: Any, indent: int) -> list[str]:
+def _lines(obj: Any, indent: int, prefix: str = "", marks: dict[str, str] | None = None) -> list[str]:
+    """``obj``'s keys as commented YAML; ``marks``: dotted key -> a note put before its comment."""
     comments = field_comments(type(obj))
     out: list[str] = []
     pad = "  " * indent
+    marks = marks or {}
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         note = comments.get(f.name)
@@ -113,15 +115,29 @@ def _lines(obj: Any, indent: int) -> list[str]:
             if note:
                 out.append(f"{pad}# {note}")
             out.append(f"{pad}{f.name}:")
-            out.extend(_lines(value, indent + 1))
+            out.extend(_lines(value, indent + 1, f"{prefix}{f.name}.", marks))
         else:
             text = f"{pad}{f.name}: {_scalar(value)}"
+            mark = marks.get(prefix + f.name)
+            note = f"[{mark}] {note}" if mark and note else mark or note
             out.append(f"{text}  # {note}" if note else text)
     return out
 
 
 def describe_config(cfg: Any, section: str | None = None) -> str:
-    """The config (or one dotted ``section`` of it, e.g. ``actor.optim``) as commented YAML."""
+    """The config (or one dotted ``section`` of it, e.g. ``actor.optim``) as commented YAML.
+
+    A key that a model preset set (:mod:`verity.config.model_presets`) says so in its comment
+    (``[preset embedded-tiny]``); when the part shown holds such a key, a first line names the
+    preset and every key it set.
+    """
+    from verity.config.model_presets import preset_layer
+
+    layer = preset_layer(cfg)
+    marks = {key: f"preset {layer.name}" for key in layer.applied} if layer is not None else {}
+    shown = f"{section}." if section else ""
+    held = any(key == section or key.startswith(shown) for key in marks)
+    header = [f"# {layer.describe()}"] if layer is not None and (held or not section) else []
     node, name = cfg, None
     if section:
         for part in section.split("."):
@@ -134,7 +150,8 @@ def describe_config(cfg: Any, section: str | None = None) -> str:
                 raise KeyError(f"no config key {section!r}" + (f"; keys here: {known}" if known else ""))
             node, name = getattr(node, part), part
     if not dataclasses.is_dataclass(node):
-        return f"{section}: {_scalar(node)}"
+        mark = marks.get(section or "")
+        return f"{section}: {_scalar(node)}" + (f"  # [{mark}]" if mark else "")
     if name is None:
-        return "\n".join(_lines(node, 0))
-    return "\n".join([f"{section}:", *_lines(node, 1)])
+        return "\n".join([*header, *_lines(node, 0, "", marks)])
+    return "\n".join([*header, f"{section}:", *_lines(node, 1, f"{section}.", marks)])

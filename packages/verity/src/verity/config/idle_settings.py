@@ -8,7 +8,7 @@ options under ``rollout.engine=hf``, a KL coefficient with the KL term off, GAE'
 it count, before anything is built.
 
 "Default" is the schema's own value (the dataclass default; with ``model.path=embedded``
-also :data:`~verity.config.embedded_defaults.EMBEDDED_DEFAULTS`), so a key left alone or
+also the model preset, :mod:`verity.config.model_presets`), so a key left alone or
 set to its default is never an error; only a changed value in an idle part is.
 When the caller knows which keys the user set (``user_keys``: the config file they chose
 and the overrides), only those are rejected; a changed value that a preset brought (the
@@ -265,11 +265,11 @@ def check_idle_settings(cfg: Any, user_keys: set[str] | None = None, source: str
     A changed key outside it came from ``source`` and is left aside with one logged line.
     """
     default = type(cfg)()
-    if cfg.model.path == "embedded":  # the embedded model's own defaults count as defaults too
-        from verity.config.embedded_defaults import apply_embedded_defaults
+    if cfg.model.path == "embedded":  # a model preset's values count as defaults too
+        from verity.config.model_presets import apply_model_preset
 
-        default.actor.engine = cfg.actor.engine  # they set actor.fsdp2 keys only for the fsdp2 engine
-        apply_embedded_defaults(default, set())
+        default.actor.engine = cfg.actor.engine  # it sets actor.fsdp2 keys only for the fsdp2 engine
+        apply_model_preset(default, set())
     lines = []
     for part in idle_parts(cfg):
         keys = [

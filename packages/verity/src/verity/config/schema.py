@@ -43,7 +43,7 @@ class DataConfig:
     train_batch_size: int = 32  # prompts per RL step
     val_batch_size: int = 256  # prompts per evaluation generate call
     # verl's defaults, for real checkpoints; the embedded model's own (48, 8) apply when unset
-    # (verity.config.embedded_defaults)
+    # (the embedded-tiny preset, verity.config.model_presets)
     max_prompt_length: int = 512  # tokens
     max_response_length: int = 512  # tokens
     truncation: str = "error"  # error | filter | truncate_left | truncate_right
@@ -219,7 +219,7 @@ class TrainerConfig:
     # the actor trains on step t's (one-step off-policy, docs/async.md)
     mode: str = "sync"
     # generated rows' prompt-aligned tensors (input_ids, attention_mask, position_ids, prompts) stay on
-    # the worker that made them; the driver holds handles (verity.batch.resident) | false: all on the driver
+    # the worker that made them; the driver holds handles (verity.batch.transport) | false: all on the driver
     resident_rows: bool = True
 
 

@@ -4,8 +4,9 @@
 - :mod:`.builtin` — GSM8K, MATH, math-verify, DAPO and AIME reward functions;
 - :mod:`.code`, :mod:`.sandbox` — code rewards, programs run in a confined child process;
 - :mod:`.registry` — dispatch by ``data_source``, user reward functions (file path + name);
-- :mod:`.process_pool`, :mod:`.manager` — :class:`RewardManager` with per-sample timeouts;
-- :mod:`.metrics` — validation mean@1, pass@k, maj@k.
+- :mod:`.process_pool`, :mod:`.manager` — :class:`RewardManager` with per-sample timeouts.
+
+Held-out accuracy, avg@k, pass@k and maj@k are computed in :mod:`verity.trainer.evaluation`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,6 @@ _EXPORTS = {
     "RewardManagerConfig": "verity.rewards.manager",
     "RewardFailureError": "verity.rewards.failures",
     "token_rewards_from_scores": "verity.rewards.manager",
-    "maj_at_k": "verity.rewards.metrics",
-    "pass_at_k": "verity.rewards.metrics",
-    "validation_metrics": "verity.rewards.metrics",
     "DEFAULT_REWARD_TABLE": "verity.rewards.registry",
     "UnknownDataSourceError": "verity.rewards.registry",
     "call_reward": "verity.rewards.registry",

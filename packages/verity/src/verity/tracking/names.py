@@ -30,8 +30,9 @@ Per-step training metrics (one value per RL step):
 | ``perf/max_memory_gb`` | peak device memory on the driver's device | GiB |
 | ``val/acc``, ``val/reward`` | held-out (validation) accuracy / mean reward | 0..1 / reward |
 | ``val/response_length`` | mean response tokens on the validation set | tokens |
-| ``val/avg_at_k``, ``val/pass_at_k`` | with ``rollout.val_n = k > 1``: mean correctness of k sampled responses per held-out prompt (avg@k) and share of prompts with a correct one among them (pass@k) | 0..1 |
-| ``val/k`` | the k of ``val/avg_at_k`` and ``val/pass_at_k`` (MLflow names cannot hold ``@``) | samples |
+| ``val/avg_at_k``, ``val/pass_at_k`` | with ``rollout.val_n = k > 1`` (``verity eval -k K``): mean correctness of k sampled responses per held-out prompt (avg@k) and the unbiased pass@k, at n = k the share of prompts with a correct one among them (``verity.trainer.evaluation``) | 0..1 |
+| ``val/maj_at_k`` | the same k samples, majority vote over the verifiers' extracted answers (when they report one) | 0..1 |
+| ``val/k`` | the k of ``val/avg_at_k``, ``val/pass_at_k``, ``val/maj_at_k`` (MLflow names cannot hold ``@``) | samples |
 | ``val/sampled_response_length``, ``val/sampled_clip_ratio`` | mean tokens of the k samples, share of them that used the whole response budget | tokens / 0..1 |
 """
 
@@ -69,6 +70,7 @@ VAL_REWARD = "val/reward"
 VAL_RESPONSE_LENGTH = "val/response_length"
 VAL_AVG_AT_K = "val/avg_at_k"
 VAL_PASS_AT_K = "val/pass_at_k"
+VAL_MAJ_AT_K = "val/maj_at_k"
 VAL_K = "val/k"
 
 # Stages of one RL step, in order; plug-ins may time further stages with timing().
@@ -112,6 +114,7 @@ BEST_GOALS: dict[str, str] = {
     VAL_REWARD: "max",
     VAL_AVG_AT_K: "max",
     VAL_PASS_AT_K: "max",
+    VAL_MAJ_AT_K: "max",
 }
 
 

@@ -1,17 +1,15 @@
-"""Held-out evaluation of a model folder on verl-schema files: accuracy, avg@k, pass@k, maj@k.
+"""Held-out evaluation of a model folder on verl-schema files (``verity eval``): accuracy, avg@k, pass@k, maj@k.
 
     report = evaluate_files("outputs/run/hf", ["test.parquet"], k=8, temperature=1.0)
-    report.metrics["eval/all/pass@8"]
+    report.metrics["val/pass_at_k"]
 
 Each prompt gets ``k`` responses (greedy when ``temperature`` is 0, then ``k`` must be
 1), scored by the reward function of its ``data_source`` (the same
-:class:`~verity.rewards.RewardManager` a training run uses). A response is correct
-when its verifier says so (the reward's ``acc`` when it reports one, else ``score >=
-1``). Metrics (:func:`verity.rewards.metrics.validation_metrics`, per data source and
-``all``): ``mean@1`` — the mean correctness over all responses, which is the avg@k of
-the DAPO paper (the expected accuracy of one sample); ``pass@j`` for j = 1, 2, 4, ...
-k (unbiased estimator); ``maj@j`` (majority vote over the verifiers' extracted
-answers, when they report ``pred``). One process, no Ray: the model runs on ``device``.
+:class:`~verity.rewards.RewardManager` a training run uses), through the evaluation path
+of a training run (:mod:`verity.trainer.evaluation`), with its metric names: ``k = 1``
+gives ``val/acc`` (and ``val/reward``, ``val/<data_source>/acc``, ...), ``k > 1``
+``val/avg_at_k``, ``val/pass_at_k``, ``val/maj_at_k`` (when the verifiers report an
+extracted answer) and ``val/k``. One process, no Ray: the model runs on ``device``.
 """
 
 from __future__ import annotations
@@ -72,8 +70,8 @@ def evaluate_files(
     from verity.data.verl_dataset import PromptDataset
     from verity.engines.fsdp2 import load_causal_lm
     from verity.rewards.manager import RewardManager
-    from verity.rewards.metrics import validation_metrics
     from verity.rollout import HFRollout, SamplingParams
+    from verity.trainer.evaluation import one_response_metrics, sampled_metrics, score_pass
 
     if k < 1:
         raise ValueError(f"k: expected >= 1 responses per prompt, got {k}")
@@ -101,26 +99,11 @@ def evaluate_files(
         max_new_tokens=max_new_tokens,
         n=1,
     )
-    sources: list[str] = []
-    uids: list[str] = []
-    correct: list[float] = []
-    preds: list[Any] = []
-    score_sum = 0.0
     with RewardManager(reward, tokenizer=tokenizer) as rewards, torch.no_grad():
-        for prompts in loader:
-            out = rollout.generate(prompts.repeat_interleave(k), params)
-            scores, extra, _ = rewards.score(out)
-            acc = extra.get("acc") or [None] * len(scores)
-            for i, score in enumerate(scores.tolist()):
-                correct.append(float(acc[i]) if acc[i] is not None else float(score >= 1.0))
-                score_sum += score
-            sources += list(out["data_source"])
-            uids += list(out["uid"])
-            preds += list(extra.get("pred") or [None] * len(scores))
-    has_preds = any(p is not None for p in preds)
-    metrics = validation_metrics(
-        sources, uids, correct, preds if has_preds else None, prefix="eval", seed=seed
-    )
+        samples = score_pass(
+            lambda rows: rollout.generate(rows, params), rewards, loader, k=k, budget=max_new_tokens
+        )
+    metrics = one_response_metrics(samples) if k == 1 else sampled_metrics(samples, seed=seed)
     settings = {
         "model_path": model_path,
         "files": list(files),
@@ -131,4 +114,6 @@ def evaluate_files(
         "seed": seed,
         "device": device,
     }
-    return EvalReport(metrics, len(set(uids)), len(correct), score_sum / max(1, len(correct)), settings)
+    responses = len(samples.correct)
+    prompts = len(set(samples.prompt_ids))
+    return EvalReport(metrics, prompts, responses, samples.score_sum / responses, settings)
