@@ -72,8 +72,8 @@ def test_a_stage_over_its_limit_fails_naming_the_stage(group):
         train_batches=None,
         val_batches=None,
         stages=[Stage("generate", generate)],
+        stage_guard=StageGuard(2.0, {"actor": group}),
     )
-    trainer.stage_guard = StageGuard(2.0, {"actor": group})
     prompts = Batch.from_dict({"input_ids": torch.ones(2, 3, dtype=torch.long)})
     start = time.monotonic()
     with pytest.raises(StageTimeoutError) as info:

@@ -26,6 +26,7 @@ ROOMS = [
     "hardware",
     "plugins",
     "registry",
+    "testing",
     "optional_packages",
     "errors",
 ]

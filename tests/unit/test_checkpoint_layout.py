@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 from verity.checkpoint import layout
-from verity.checkpoint.faults import parse_crash_at, parse_stall
 from verity.checkpoint.replay import ReplayAwareTracker
 from verity.checkpoint.resume import config_differences, resolve_resume
 from verity.checkpoint.signals import GracefulStop, TrainingStopped
 from verity.checkpoint.state import TrainerState, capture_rng, restore_rng
 from verity.config import ConfigError, load_config
+from verity.testing.faults import parse_crash_at, parse_stall
 
 
 def make_state(step: int = 3, **overrides) -> TrainerState:

@@ -7,9 +7,10 @@
   RNG states, tracking run id, metrics so far, config and its hash);
 * :mod:`~verity.checkpoint.manager` — :class:`CheckpointManager` saves/restores whole checkpoints;
 * :mod:`~verity.checkpoint.resume` — ``trainer.resume=auto|off|<path>``, decided before workers start;
-* :mod:`~verity.checkpoint.hooks` — the step-end hook: live ``metrics.jsonl``, save policy, SIGTERM;
-* :mod:`~verity.checkpoint.export` — :func:`export_hf` (``verity export``);
-* :mod:`~verity.checkpoint.faults` — fault injection for recovery tests.
+* :mod:`~verity.checkpoint.hooks` — the step-end hook: save policy, SIGTERM;
+* :mod:`~verity.checkpoint.export` — :func:`export_hf` (``verity export``).
+
+Fault injection for recovery tests lives in :mod:`verity.testing.faults`.
 
 See ``docs/checkpoints.md``.
 """

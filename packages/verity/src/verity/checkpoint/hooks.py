@@ -1,20 +1,16 @@
-"""What happens at the end of every RL step: live metrics, checkpoint policy, SIGTERM/Ctrl-C stop.
+"""What happens at the end of every RL step: checkpoint policy, SIGTERM/Ctrl-C stop.
 
 :class:`CheckpointHook` is called by the training loop after a step's metrics are
-logged (and its evaluation, when due), with the step number and the run's results
-so far. It
+logged (and its evaluation, when due, and after :class:`verity.tracking.metrics_file.MetricsFile`
+appended the step to ``metrics.jsonl``), with the step number and the run's results so far. It
 
-1. appends the step's metrics to ``<output_dir>/metrics.jsonl`` (so a killed run
-   leaves them behind; a resumed run first rewrites the file from the checkpoint, so
-   replayed steps appear once);
-2. saves a checkpoint every ``trainer.checkpoint.every`` steps, after the last step
+1. saves a checkpoint every ``trainer.checkpoint.every`` steps, after the last step
    (``trainer.checkpoint.save_final``) and at the step where a SIGTERM or SIGINT was noticed;
-3. after a SIGTERM/SIGINT save, raises :class:`~verity.checkpoint.signals.TrainingStopped`.
+2. after a SIGTERM/SIGINT save, raises :class:`~verity.checkpoint.signals.TrainingStopped`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -22,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import verity
-from verity.checkpoint.faults import maybe_crash
 from verity.checkpoint.manager import CheckpointManager
 from verity.checkpoint.signals import GracefulStop, TrainingStopped
 from verity.checkpoint.state import TrainerState, capture_rng
 from verity.config.schema import VerityConfig
+from verity.testing.faults import maybe_crash
 
 
 class CheckpointHook:
@@ -40,7 +36,6 @@ class CheckpointHook:
         tracker: the run's tracker (for its run id and tracking URI), or None.
         stop: the SIGTERM flag.
         cfg_dict / cfg_hash: the config as a plain dict and its hash.
-        metrics_file: where per-step metrics are appended (``metrics.jsonl``).
         wall_seconds_before: training time spent before this process (when resumed).
     """
 
@@ -55,7 +50,6 @@ class CheckpointHook:
         stop: GracefulStop,
         cfg_dict: dict[str, Any],
         cfg_hash: str,
-        metrics_file: Path,
         model_path: str = "",
         wall_seconds_before: float = 0.0,
     ) -> None:
@@ -67,15 +61,9 @@ class CheckpointHook:
         self.stop = stop
         self.cfg_dict = cfg_dict
         self.cfg_hash = cfg_hash
-        self.metrics_file = metrics_file
         self.model_path = model_path
         self.wall_seconds_before = wall_seconds_before
         self._started = time.perf_counter()
-
-    def start(self, history: list[dict[str, float]]) -> None:
-        """Rewrite ``metrics.jsonl`` from ``history`` (the steps a resumed run keeps; empty when fresh)."""
-        self.metrics_file.parent.mkdir(parents=True, exist_ok=True)
-        self.metrics_file.write_text("".join(json.dumps(row) + "\n" for row in history))
 
     def trainer_state(self, step: int, result: Any) -> TrainerState:
         """The driver's state after ``step`` (histories copied, RNG captured now)."""
@@ -114,9 +102,7 @@ class CheckpointHook:
         return path
 
     def __call__(self, step: int, result: Any) -> None:
-        if result.history:
-            with open(self.metrics_file, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(result.history[-1]) + "\n")
+        """Save when due (see the module docstring); stop after a signal's save; planted crash point."""
         t = self.cfg.trainer
         every = t.checkpoint.every
         last = step >= t.total_steps

@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from verity.checkpoint.faults import maybe_crash
 from verity.checkpoint.layout import TMP_SUFFIX, commit, prune, remove_unfinished, step_dir_name
 from verity.checkpoint.state import TrainerState
+from verity.testing.faults import maybe_crash
 
 logger = logging.getLogger("verity.checkpoint")
 

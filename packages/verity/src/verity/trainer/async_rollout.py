@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from verity.batch import Batch, materialize, register_key
+from verity.trainer.role_handles import ActorHandle
 from verity.trainer.stages import Stage, StepContext, training_rows
 from verity.workers.registry import RoleDef, register_role
 from verity.workers.rollout_worker import RolloutWorker
@@ -100,7 +101,7 @@ class AsyncRollout:
         batch["policy_version"] = torch.full((len(batch),), version, dtype=torch.long)
         return batch
 
-    def sync_from(self, actor: Any, version: int) -> dict[str, float]:
+    def sync_from(self, actor: ActorHandle, version: int) -> dict[str, float]:
         """Publish the actor's weights (policy ``version``) and load them into every rollout rank.
 
         Waits for the load, hence for a generation in flight before it. Returns the

@@ -9,46 +9,30 @@ A stage may leave no rows (a filter that kept no prompt group): the step then en
 there, without the remaining stages (no update), and logs ``train/step_skipped = 1``
 with the metrics the stages reported so far.
 
-Resuming: a run restored from a checkpoint sets ``start_step`` (steps already done)
-and ``result`` (their metrics) before :meth:`RLTrainer.fit`. ``on_step_end(step,
-result)`` runs after each step (checkpoints, SIGTERM; see ``verity.checkpoint.hooks``)
-and ``stage_guard`` puts a time limit on every stage (``verity.trainer.stage_guard``).
+Everything a run wires in is passed at construction: the role handles (typed in
+:mod:`verity.trainer.role_handles`), ``start_step`` and ``result`` of a run restored from
+a checkpoint (steps already done, their metrics), the ``step_end`` hooks run in order after
+each step (``metrics.jsonl``: :mod:`verity.tracking.metrics_file`; checkpoints and SIGTERM:
+:mod:`verity.checkpoint.hooks`) and the ``stage_guard`` that puts a time limit on every
+stage (:mod:`verity.trainer.stage_guard`); :mod:`verity.trainer.recovery` builds the last four.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from verity.batch import Batch
+from verity.batch.transport import DRIVER_TRANSFERS
 from verity.config.schema import VerityConfig
-from verity.controller.transfer_meter import DRIVER_TRANSFERS
-from verity.trainer.agent_metrics import merge_validation_counts, validation_agent_metrics
+from verity.trainer.evaluation import run_validation
 from verity.trainer.metrics import StageTimer, batch_metrics, real_tokens
+from verity.trainer.role_handles import ActorHandle, CriticHandle, StepEndHook
+from verity.trainer.stage_guard import StageGuard
 from verity.trainer.stages import Stage, StepContext
-
-
-def validation_sampling(cfg: VerityConfig) -> dict[str, Any]:
-    """Sampling of the one-response held-out pass (``val/acc``).
-
-    Greedy at ``rollout.val_temperature == 0``, else one sample at it with
-    ``rollout.val_top_p`` (``rollout.top_p`` when null); greedy whenever
-    ``rollout.val_n > 1`` (the ``k`` samples then go to avg@k and pass@k,
-    :mod:`verity.trainer.sampled_validation`).
-    """
-    temperature = cfg.rollout.val_temperature if cfg.rollout.val_n == 1 else 0.0
-    sampled = temperature > 0
-    top_p = cfg.rollout.top_p if cfg.rollout.val_top_p is None else cfg.rollout.val_top_p
-    return {
-        "do_sample": sampled,
-        "temperature": temperature if sampled else 0.0,
-        "top_p": top_p if sampled else 1.0,
-        "top_k": (cfg.rollout.top_k if cfg.rollout.top_k > 0 else -1) if sampled else -1,
-        "max_new_tokens": cfg.data.max_response_length,
-        "n": 1,
-    }
 
 
 @dataclass
@@ -80,23 +64,31 @@ class RLTrainer:
             planners included, :func:`verity.trainer.stage_plan.build_stage_plan`).
         progress: a callable ``(step, metrics)`` for console progress, or ``None``.
         note: a callable ``(message)`` printing a line between steps (validation), or ``None``.
+        start_step: RL steps already done (a run restored from a checkpoint; 0 when fresh).
+        result: their metrics and evaluations (default: empty).
+        step_end: hooks called in this order as ``hook(step, result)`` after each step.
+        stage_guard: the time limit on every stage, or ``None`` (no limit).
     """
 
     def __init__(
         self,
         cfg: VerityConfig,
         *,
-        actor: Any,
+        actor: ActorHandle,
         rewards: Any,
         train_batches: Any,
         val_batches: Any,
         tracker: Any | None = None,
         kl_controller: Any | None = None,
-        critic: Any | None = None,
+        critic: CriticHandle | None = None,
         roles: dict[str, Any] | None = None,
         stages: list[Stage] | None = None,
         progress: Any | None = None,
         note: Any | None = None,
+        start_step: int = 0,
+        result: TrainResult | None = None,
+        step_end: Sequence[StepEndHook] = (),
+        stage_guard: StageGuard | None = None,
     ) -> None:
         self.cfg = cfg
         self.actor = actor
@@ -114,10 +106,10 @@ class RLTrainer:
         self.stages = stages
         self.progress = progress
         self.note = note
-        self.start_step = 0  # RL steps already done (a resumed run)
-        self.result = TrainResult()  # their metrics and evaluations
-        self.on_step_end: Any | None = None  # callable (step, result) after each step
-        self.stage_guard: Any | None = None  # verity.trainer.stage_guard.StageGuard
+        self.start_step = start_step
+        self.result = result if result is not None else TrainResult()
+        self.step_end = tuple(step_end)
+        self.stage_guard = stage_guard
 
     def _guard(self, name: str, step: int) -> contextlib.AbstractContextManager:
         return (
@@ -126,52 +118,18 @@ class RLTrainer:
 
     # ---------------------------------------------------------------- validation
     def validate(self, step: int) -> dict[str, float]:
-        """Accuracy and mean score on the held-out prompts: ``val/acc``, ``val/reward``.
+        """Held-out metrics at ``step`` (:func:`verity.trainer.evaluation.run_validation`).
 
-        One response per prompt: greedy, or sampled at ``rollout.val_temperature`` when it is > 0
-        and ``rollout.val_n`` is 1. With ``rollout.val_n = k > 1`` also ``k`` samples per prompt:
-        ``val/avg_at_k``, ``val/pass_at_k`` (:mod:`verity.trainer.sampled_validation`).
+        One response per prompt (``val/acc``, ``val/reward``, ...): greedy, or sampled at
+        ``rollout.val_temperature`` when it is > 0 and ``rollout.val_n`` is 1. With
+        ``rollout.val_n = k > 1`` also ``k`` samples per prompt: ``val/avg_at_k``,
+        ``val/pass_at_k``, ``val/maj_at_k`` (:mod:`verity.trainer.evaluation`).
         """
         started = time.perf_counter()
         if self.note is not None:
             self.note(f"validating at step {step}")
-        correct = total = 0.0
-        score_sum = 0.0
-        per_source: dict[str, list[float]] = {}
-        lengths = 0.0
-        agent_totals: dict[str, float] = {}
-        for prompts in self.val_batches():
-            prompts.meta["sampling"] = validation_sampling(self.cfg)
-            prompts.meta["seed"] = self.cfg.trainer.seed * 1_000_003 + 999_983 + step
-            out = self.actor.generate(prompts)
-            scores, extra, _ = self.rewards.score(out)
-            acc = extra.get("acc")
-            accs = [
-                float(a) if a is not None else float(s > 0)
-                for a, s in zip(acc or [None] * len(scores), scores.tolist(), strict=True)
-            ]
-            correct += sum(accs)
-            score_sum += float(scores.sum())
-            total += len(accs)
-            lengths += float(out["response_mask"].float().sum())
-            merge_validation_counts(agent_totals, out)
-            for source, a in zip(out["data_source"], accs, strict=True):
-                per_source.setdefault(source, []).append(a)
-        if total == 0:
-            raise ValueError("validation set is empty: give data.val_files or use the embedded task")
-        metrics = {
-            "val/acc": correct / total,
-            "val/reward": score_sum / total,
-            "val/response_length": lengths / total,
-            "val/samples": total,
-        }
-        for source, accs in per_source.items():
-            metrics[f"val/{source}/acc"] = sum(accs) / len(accs)
-        metrics.update(validation_agent_metrics(agent_totals))
-        if self.cfg.rollout.val_n > 1:
-            from verity.trainer.sampled_validation import sampled_validation
-
-            metrics.update(sampled_validation(self.cfg, self.actor, self.rewards, self.val_batches, step))
+        metrics = run_validation(self.cfg, self.actor, self.rewards, self.val_batches, step)
+        total = metrics["val/samples"]
         if self.note is not None:
             seconds = time.perf_counter() - started
             self.note(
@@ -239,7 +197,7 @@ class RLTrainer:
             if (cfg.val_every and step % cfg.val_every == 0) or last:
                 with self._guard("validate", step):
                     result.validation.append({"step": step, **self.validate(step)})
-            if self.on_step_end is not None:
-                self.on_step_end(step, result)
+            for hook in self.step_end:
+                hook(step, result)
         result.wall_seconds += time.perf_counter() - start
         return result

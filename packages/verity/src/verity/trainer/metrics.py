@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import torch
 
 from verity.batch import Batch
-from verity.batch.resident import resident_row_tokens
+from verity.batch.transport import resident_row_tokens
+from verity.testing.slow_stage import SLOWED, slow_down
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
@@ -86,6 +87,8 @@ class StageTimer:
         try:
             yield
         finally:
+            if SLOWED:  # a planted slowdown (tests, the nightly's --plant-slowdown); empty otherwise
+                slow_down(name, time.perf_counter() - start)
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
     def metrics(self) -> dict[str, float]:

@@ -3,12 +3,13 @@
 - ``summary.json``: final and best metrics, ``accuracy_before``/``accuracy_after``
   (held-out greedy accuracy before and after training), with ``rollout.val_n = k > 1``
   also ``avg_at_k_before``/``avg_at_k_after``, ``pass_at_k_before``/``pass_at_k_after``
-  and ``val_k`` (the sampled evaluation, :mod:`verity.trainer.sampled_validation`), ``steps``, ``wall_seconds``,
+  and ``val_k`` (the sampled evaluation, :mod:`verity.trainer.evaluation`), ``steps``, ``wall_seconds``,
   the config hash, the MLflow run id, ``ran`` (the engines the workers reported
   running: ``{"actor": "fsdp2", "rollout": "hf", "device": "cpu", ...}``),
-  ``stage_plan`` and ``resumed_from_step`` (the checkpoint's step this invocation
-  continued from; null for a fresh run);
-- ``metrics.jsonl``: one JSON object of metrics per step;
+  ``stage_plan``, ``resumed_from_step`` (the checkpoint's step this invocation
+  continued from; null for a fresh run) and ``preset`` (the model preset's name and the
+  keys it set, :mod:`verity.config.model_presets`; null without one);
+- ``metrics.jsonl``: one JSON object of metrics per step (:mod:`verity.tracking.metrics_file`);
 - ``validation.jsonl``: one JSON object per evaluation;
 - ``curves.png``: training reward and accuracy per step, held-out accuracy.
 """
@@ -19,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from verity.tracking.metrics_file import MetricsFile
 from verity.trainer.loop import TrainResult
 
 BEST_KEYS = ("val/acc", "val/avg_at_k", "reward/mean", "acc/mean")
@@ -102,7 +104,7 @@ def write_run_outputs(
     """
     from verity.tracking import write_summary
 
-    _write_jsonl(result.history, out_dir / "metrics.jsonl")
+    MetricsFile(out_dir).write(result.history)
     _write_jsonl(result.validation, out_dir / "validation.jsonl")
     (out_dir / "config.json").write_text(json.dumps(cfg_dict, indent=2) + "\n")
     plot_curves(result, out_dir / "curves.png")

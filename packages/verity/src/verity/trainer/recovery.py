@@ -5,11 +5,14 @@
 1. :func:`plan_resume` before anything starts (checks ``trainer.resume``, reads the
    checkpoint's driver state: the run id to continue, the config it ran with);
 2. :func:`open_tracker` to continue the checkpoint's MLflow run (or start one);
-3. :func:`attach_recovery` once the worker groups are up: loads the checkpoint into
-   the groups and the driver (sampler position, KL coefficient, RNG states, metrics so
-   far), installs the step-end :class:`~verity.checkpoint.hooks.CheckpointHook` and the
-   :class:`~verity.trainer.stage_guard.StageGuard`, and writes ``workers.json`` (pid
-   and node of every worker rank, for ``py-spy dump`` or ``kill`` by hand).
+3. :func:`prepare_recovery` once the worker groups are up and before the trainer is built:
+   loads the checkpoint into the groups and the driver (sampler position, KL coefficient,
+   RNG states, metrics so far), builds the step-end hooks
+   (:class:`~verity.tracking.metrics_file.MetricsFile`, then
+   :class:`~verity.checkpoint.hooks.CheckpointHook`) and the
+   :class:`~verity.trainer.stage_guard.StageGuard` that the trainer is constructed with, and
+   writes ``workers.json`` (pid and node of every worker rank, for ``py-spy dump`` or
+   ``kill`` by hand).
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from verity.checkpoint.resume import (
 from verity.checkpoint.signals import GracefulStop
 from verity.checkpoint.state import TrainerState, restore_rng
 from verity.config.schema import VerityConfig
-from verity.trainer.loop import RLTrainer, TrainResult
+from verity.tracking.metrics_file import MetricsFile
+from verity.trainer.loop import TrainResult
+from verity.trainer.role_handles import CheckpointedRole, StepEndHook, worker_group_of
 from verity.trainer.stage_guard import StageGuard
 
 logger = logging.getLogger("verity.trainer")
@@ -88,17 +93,12 @@ def open_tracker(cfg: VerityConfig, out_dir: Path, plan: ResumePlan, **kwargs: A
     return Tracker(out_dir, **kwargs)
 
 
-def _worker_group(handle: Any) -> Any:
-    """The WorkerGroup behind a group or a colocated role's view."""
-    return getattr(handle, "group", handle)
-
-
 def write_workers_file(out_dir: Path, groups: dict[str, Any]) -> Path:
     """``workers.json``: per group, each rank's pid, node IP, node id and CPU niceness."""
     data: dict[str, Any] = {}
     seen: set[int] = set()
     for handle in groups.values():
-        group = _worker_group(handle)
+        group = worker_group_of(handle)
         if id(group) in seen:
             continue
         seen.add(id(group))
@@ -118,65 +118,94 @@ def write_workers_file(out_dir: Path, groups: dict[str, Any]) -> Path:
     return path
 
 
-def attach_recovery(
-    trainer: RLTrainer,
+@dataclass
+class RunRecovery:
+    """What :func:`prepare_recovery` hands the trainer (``RLTrainer(..., **recovery.trainer_parts())``).
+
+    Attributes:
+        start_step / result: the steps the checkpoint holds and their metrics (0 and empty when fresh).
+        tracker: the run's tracker; a resumed run's skips the points its MLflow run already holds.
+        step_end: the step-end hooks, in order: ``metrics.jsonl``, then the checkpoint hook.
+        stage_guard: the time limit on every stage.
+    """
+
+    start_step: int
+    result: TrainResult
+    tracker: Any | None
+    step_end: tuple[StepEndHook, ...]
+    stage_guard: StageGuard
+
+    def trainer_parts(self) -> dict[str, Any]:
+        """The :class:`~verity.trainer.loop.RLTrainer` keyword arguments this recovery sets."""
+        return {
+            "start_step": self.start_step,
+            "result": self.result,
+            "tracker": self.tracker,
+            "step_end": self.step_end,
+            "stage_guard": self.stage_guard,
+        }
+
+
+def prepare_recovery(
     cfg: VerityConfig,
     *,
     plan: ResumePlan,
-    groups: dict[str, Any],
+    groups: dict[str, CheckpointedRole],
     workers: dict[str, Any] | None = None,
+    loader: Any,
+    kl_controller: Any | None,
+    tracker: Any | None,
     stop: GracefulStop,
     out_dir: Path,
     cfg_dict: dict[str, Any],
     cfg_hash: str,
     model_path: str,
     tokenizer_path: str,
-) -> CheckpointHook:
-    """Restore ``plan``'s checkpoint into ``trainer`` and its groups; install hook and stage guard.
+) -> RunRecovery:
+    """Restore ``plan``'s checkpoint into the groups, ``loader`` and ``kl_controller``; build the hooks.
 
-    ``groups``: trained role name -> worker-group handle offering ``save_checkpoint`` /
-    ``load_checkpoint`` (``{"actor": actor}`` or with ``"critic"``). ``workers``: every
-    role's handle (default: ``groups``), for ``workers.json`` and the stage guard.
+    ``groups``: trained role name -> handle offering ``save_checkpoint`` / ``load_checkpoint``
+    (``{"actor": actor}`` or with ``"critic"``). ``workers``: every role's handle (default:
+    ``groups``), for ``workers.json`` and the stage guard. ``loader``: the training prompt
+    loader (its sampler position is restored). Call it before building the trainer, with
+    the objects the trainer will hold.
     """
     workers = dict(workers or groups)
     write_workers_file(out_dir, workers)
     manager = CheckpointManager(
         checkpoint_root(cfg), cfg.trainer.checkpoint.keep, groups, model_path, tokenizer_path
     )
-    wall_before = 0.0
+    start_step, result, wall_before = 0, TrainResult(), 0.0
     if plan.checkpoint is not None and plan.state is not None:
         state = manager.restore(plan.checkpoint)
         warn_on_config_change(state.config, cfg_dict, plan.checkpoint)
-        trainer.train_batches.load_state_dict(state.dataloader)
-        if trainer.kl_controller is not None and state.kl_coef is not None:
-            trainer.kl_controller.value = float(state.kl_coef)
+        loader.load_state_dict(state.dataloader)
+        if kl_controller is not None and state.kl_coef is not None:
+            kl_controller.value = float(state.kl_coef)
         restore_rng(state.rng)
-        trainer.start_step = state.step
-        trainer.result = TrainResult(
+        start_step = state.step
+        result = TrainResult(
             history=[dict(r) for r in state.history],
             validation=[dict(r) for r in state.validation],
             wall_seconds=state.wall_seconds,
         )
         wall_before = state.wall_seconds
-        if trainer.tracker is not None and trainer.tracker.run_id == state.run_id:
-            trainer.tracker = ReplayAwareTracker(
-                trainer.tracker, logged_points(trainer.tracker.tracking_uri, state.run_id)
-            )
+        if tracker is not None and tracker.run_id == state.run_id:
+            tracker = ReplayAwareTracker(tracker, logged_points(tracker.tracking_uri, state.run_id))
+    metrics_file = MetricsFile(out_dir)
+    metrics_file.start(result.history)
     hook = CheckpointHook(
         cfg,
         manager=manager,
-        loader=trainer.train_batches,
-        kl_controller=trainer.kl_controller,
-        tracker=trainer.tracker,
+        loader=loader,
+        kl_controller=kl_controller,
+        tracker=tracker,
         stop=stop,
         cfg_dict=cfg_dict,
         cfg_hash=cfg_hash,
-        metrics_file=out_dir / "metrics.jsonl",
         model_path=model_path,
         wall_seconds_before=wall_before,
     )
-    hook.start(trainer.result.history)
-    trainer.on_step_end = hook
-    unique = {id(_worker_group(h)): _worker_group(h) for h in workers.values()}
-    trainer.stage_guard = StageGuard(cfg.trainer.stage_timeout_s, {g.name: g for g in unique.values()})
-    return hook
+    unique = {id(worker_group_of(h)): worker_group_of(h) for h in workers.values()}
+    guard = StageGuard(cfg.trainer.stage_timeout_s, {g.name: g for g in unique.values()})
+    return RunRecovery(start_step, result, tracker, (metrics_file, hook), guard)

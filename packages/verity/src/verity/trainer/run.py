@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from verity.config.loader import ConfigError, config_to_dict
+from verity.config.model_presets import preset_layer
 from verity.config.schema import VerityConfig
 from verity.trainer.run_dir import OutputClaim
 
@@ -139,9 +140,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
     from verity.algorithms.kl_control import build_kl_controller
     from verity.checkpoint.signals import GracefulStop, TrainingStopped
     from verity.config.cluster_checks import cluster_address
-    from verity.config.derived import columns_held_on_driver
     from verity.controller import init_ray, shutdown_ray
-    from verity.controller.request_echo import HELD_ON_DRIVER
     from verity.data.multimodal import load_image_processor
     from verity.data.prompt_loader import PromptDataLoader
     from verity.data.verl_dataset import PromptDataset
@@ -154,7 +153,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
     from verity.trainer.loop import RLTrainer
     from verity.trainer.outputs import write_run_outputs
     from verity.trainer.placement import plan_run
-    from verity.trainer.recovery import attach_recovery, open_tracker, plan_resume
+    from verity.trainer.recovery import open_tracker, plan_resume, prepare_recovery
     from verity.trainer.roles import RoleGroups, cpus_needed, start_roles
     from verity.trainer.run_dir import run_name
     from verity.trainer.shared_storage import check_shared_output_dir
@@ -192,12 +191,8 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
         raise ConfigError(
             f"data.train_batch_size = {d.train_batch_size} prompts but the training files hold only {len(train_set)}"
         )
-    # the prompt columns only the driver reads do not travel with the generate call
-    held = {HELD_ON_DRIVER: columns_held_on_driver(cfg)}
-    train_loader = PromptDataLoader(
-        train_set, d.train_batch_size, shuffle=d.shuffle, seed=cfg.trainer.seed, batch_meta=held
-    )
-    val_loader = PromptDataLoader(val_set, d.val_batch_size, shuffle=False, drop_last=False, batch_meta=held)
+    train_loader = PromptDataLoader(train_set, d.train_batch_size, shuffle=d.shuffle, seed=cfg.trainer.seed)
+    val_loader = PromptDataLoader(val_set, d.val_batch_size, shuffle=False, drop_last=False)
 
     try:
         backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
@@ -232,6 +227,10 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
     plan_text = build_stage_plan(cfg).describe()
     print(f"verity: stages {plan_text}", flush=True)
     tracker.log_params({"trainer.stage_plan": plan_text})
+    layer = preset_layer(cfg)
+    if layer is not None:  # the model's preset: which keys it set (verity.config.model_presets)
+        print(f"verity: {layer.describe()}", flush=True)
+        tracker.log_params({"config.preset": layer.name})
     address = cluster_address(cfg)
     if address is not None and cfg.trainer.ray_address is None:
         print(f"verity: joining the Ray cluster at RAY_ADDRESS={address} (trainer.ray_address is unset)", flush=True)
@@ -260,31 +259,34 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
         actor, critic = groups.handles["actor"], groups.handles.get("critic")
         show = cfg.trainer.progress and cfg.trainer.total_steps > 0
         progress = ProgressLine(cfg.trainer.total_steps, desc="train") if show else None
-        trainer = RLTrainer(
-            cfg,
-            actor=actor,
-            rewards=rewards,
-            train_batches=train_loader,
-            val_batches=lambda: iter(val_loader),
-            tracker=tracker,
-            kl_controller=build_kl_controller(cfg.algorithm.kl),
-            critic=critic,
-            roles=groups.handles,
-            progress=(lambda step, m: progress.update(step, m)) if progress else None,
-            note=progress.note if progress else None,
-        )
-        attach_recovery(
-            trainer,
+        kl_controller = build_kl_controller(cfg.algorithm.kl)
+        recovery = prepare_recovery(
             cfg,
             plan=plan,
             groups=groups.trained,
             workers=groups.handles,
+            loader=train_loader,
+            kl_controller=kl_controller,
+            tracker=tracker,
             stop=stop,
             out_dir=out_dir,
             cfg_dict=cfg_dict,
             cfg_hash=config_hash(cfg_dict),
             model_path=inputs.model_path,
             tokenizer_path=inputs.tokenizer_path,
+        )
+        trainer = RLTrainer(
+            cfg,
+            actor=actor,
+            rewards=rewards,
+            train_batches=train_loader,
+            val_batches=lambda: iter(val_loader),
+            kl_controller=kl_controller,
+            critic=critic,
+            roles=groups.handles,
+            progress=(lambda step, m: progress.update(step, m)) if progress else None,
+            note=progress.note if progress else None,
+            **recovery.trainer_parts(),  # tracker, start_step, result, step_end hooks, stage_guard
         )
         claim.training_started = True  # from here a failed run keeps its folder's lock and outputs
         try:
@@ -304,6 +306,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
                 "ran": {**ran, "device": backend.name},
                 "stage_plan": plan_text.split(" -> "),
                 "resumed_from_step": plan.state.step if plan.state is not None else None,
+                "preset": {"name": layer.name, "set": layer.applied} if layer is not None else None,
             },
         )
         status = "FINISHED"

@@ -31,7 +31,6 @@ import torch
 from verity.algorithms.advantages import compute_advantages
 from verity.algorithms.kl_control import apply_kl_penalty
 from verity.batch import Batch, register_key
-from verity.batch.resident import send_echoes_as_handles
 from verity.config.derived import (
     needs_baseline,
     needs_critic,
@@ -40,7 +39,6 @@ from verity.config.derived import (
     scores_on_workers,
 )
 from verity.config.schema import VerityConfig
-from verity.controller.wire import REPEATED_ROWS
 from verity.data.vision_inputs import VISION_KEYS
 from verity.rewards.manager import response_span, token_rewards_from_scores
 from verity.rewards.on_workers import (
@@ -50,6 +48,7 @@ from verity.rewards.on_workers import (
     scored_on_workers,
 )
 from verity.trainer.agent_metrics import agent_metrics
+from verity.trainer.role_handles import ActorHandle, CriticHandle, RewardModelHandle
 
 
 @dataclass
@@ -72,12 +71,12 @@ class StepContext:
     """
 
     cfg: VerityConfig
-    actor: Any
+    actor: ActorHandle
     rewards: Any
     kl_controller: Any | None
     step: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
-    critic: Any | None = None
+    critic: CriticHandle | None = None
     roles: dict[str, Any] = field(default_factory=dict)
     loader: Any | None = None
 
@@ -87,7 +86,11 @@ class StepContext:
                 self.roles.setdefault(name, handle)
 
     def role(self, name: str) -> Any:
-        """The handle of role ``name``; KeyError naming the roles this run has otherwise."""
+        """The handle of role ``name``; KeyError naming the roles this run has otherwise.
+
+        Its type is the role's own (:mod:`verity.trainer.role_handles`: ``RewardModelHandle``,
+        ``AsyncRolloutHandle``, a plug-in's protocol); annotate the variable that receives it.
+        """
         if name not in self.roles:
             raise KeyError(f"this run has no role {name!r}; its roles: {sorted(self.roles)}")
         return self.roles[name]
@@ -151,9 +154,8 @@ def generate_baseline(ctx: StepContext, prompts: Batch) -> Batch:
 def training_rows(cfg: VerityConfig, prompts: Batch, step: int) -> Batch:
     """Step ``step``'s rows: each prompt repeated ``rollout.n`` times (interleaved), ``group`` ids, sampling and seed.
 
-    The rows are marked as repeats (``controller.wire.REPEATED_ROWS``), so a group call sends
-    each prompt once and the workers repeat it again; with ``reward.placement=workers`` they also
-    ask the generating ranks to score them (:mod:`verity.rewards.on_workers`).
+    With ``reward.placement=workers`` they also ask the generating ranks to score them
+    (:mod:`verity.rewards.on_workers`).
     """
     n = cfg.rollout.n
     rows = prompts.repeat_interleave(n)
@@ -161,7 +163,6 @@ def training_rows(cfg: VerityConfig, prompts: Batch, step: int) -> Batch:
     rows["group"] = torch.arange(base, base + len(prompts), dtype=torch.long).repeat_interleave(n)
     rows.meta["sampling"] = sampling_for_training(cfg)
     rows.meta["seed"] = cfg.trainer.seed * 1_000_003 + step
-    rows.meta[REPEATED_ROWS] = n
     if scores_on_workers(cfg):
         ask_ranks_to_score(rows)
     return rows
@@ -207,9 +208,8 @@ SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 
 def _model_keys(batch: Batch, *keys: str) -> Batch:
-    """``batch.select(keys)`` plus the per-row image keys when the prompts have images, as it goes to
-    workers: the echoed keys the driver has not changed travel as handles (:mod:`verity.batch.resident`)."""
-    return send_echoes_as_handles(batch.select(*keys, *(k for k in VISION_KEYS if k in batch)))
+    """``batch.select(keys)`` plus the per-row image keys when the prompts have images, as it goes to workers."""
+    return batch.select(*keys, *(k for k in VISION_KEYS if k in batch))
 
 
 def old_log_prob(ctx: StepContext, batch: Batch) -> Batch:
@@ -327,7 +327,8 @@ def reward_model_score(ctx: StepContext, batch: Batch) -> Batch:
         [row[m].tolist() for row, m in zip(batch["responses"], mask, strict=True)], skip_special_tokens=True
     )
     request = Batch.from_dict(non_tensors={"response_text": texts, "raw_prompt": list(batch["raw_prompt"])})
-    rm_scores = ctx.role("reward_model").compute_rm_score(request)["rm_scores"]
+    reward_model: RewardModelHandle = ctx.role("reward_model")
+    rm_scores = reward_model.compute_rm_score(request)["rm_scores"]
     batch["rm_scores"] = rm_scores
     batch["scores"] = mix_scores(batch["scores"], rm_scores, ctx.cfg.reward_model.weight)
     batch["token_rewards"] = token_rewards_from_scores(batch["scores"], batch["response_mask"])

@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from verity.batch import Batch
-from verity.checkpoint.faults import maybe_stall
 from verity.checkpoint.sharded import load_engine, save_engine
 from verity.config.derived import skips_zero_advantage_rows
 from verity.config.schema import VerityConfig
@@ -39,6 +38,7 @@ from verity.hardware import get_backend
 from verity.resharding import iter_engine_weights, sync_weights
 from verity.resharding.object_store import publish_weight_buckets
 from verity.rollout import RolloutEngine
+from verity.testing.faults import maybe_stall
 from verity.workers.actor_loss import make_actor_loss
 from verity.workers.role_training import (
     build_role_engine,
@@ -165,7 +165,7 @@ class ActorRolloutRefWorker(Worker):
         return facts
 
     # ------------------------------------------------------------ generation
-    @register(Dispatch.DP_SPLIT, extends_request=True)  # the prompts' own columns stay on the driver
+    @register(Dispatch.DP_SPLIT)
     def generate(self, batch: Batch) -> Batch:
         """Sample one response per row of a (repeated) prompt batch.
 

@@ -16,13 +16,13 @@ from typing import Any
 import torch
 
 from verity.batch import Batch
-from verity.checkpoint.faults import maybe_stall
 from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines.fsdp2 import load_causal_lm
 from verity.hardware import get_backend
 from verity.resharding.object_store import load_weight_buckets
 from verity.rollout import RolloutEngine
+from verity.testing.faults import maybe_stall
 from verity.workers.role_training import role_device, rollout_dtype
 from verity.workers.rollout_side import RowScorer, build_role_rollout, generate_batch, pad_id, rows_for_driver
 
@@ -72,7 +72,7 @@ class RolloutWorker(Worker):
             "rollout_wrappers": list(self.rollout.wrappers),
         }
 
-    @register(Dispatch.DP_SPLIT, extends_request=True)  # the prompts' own columns stay on the driver
+    @register(Dispatch.DP_SPLIT)
     def generate(self, batch: Batch) -> Batch:
         """Sample one response per row, as :meth:`ActorRolloutRefWorker.generate` does (``sampling``, ``seed`` meta)."""
         assert self.rollout is not None, "init_model() must run first"

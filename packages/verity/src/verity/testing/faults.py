@@ -1,4 +1,4 @@
-"""Fault injection for testing recovery: kill or stall a run at a chosen point.
+"""Fault injection for recovery tests: kill or stall a run at a chosen point.
 
 Read from environment variables (never from the run config, so a resumed run has
 the same config hash as the one that crashed):
@@ -17,7 +17,11 @@ the same config hash as the one that crashed):
     group method ``method`` (e.g. ``update_actor:3:60``): a hung collective or a slow
     stage, on demand.
 
-Unset (the default), every hook is a cheap no-op.
+Both variables are read once, when this module is imported (the driver and every worker
+process import it before their first step). Unset (the default), :data:`CRASH` and
+:data:`STALL` are None and each hook returns after one ``is None`` test: nothing is read,
+parsed or counted on the hot path. A malformed value raises ``ValueError`` with one sentence
+naming the variable, at import, so a planted run stops before any compute starts.
 """
 
 from __future__ import annotations
@@ -25,13 +29,10 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections import Counter
 
 CRASH_ENV = "VERITY_DEBUG_CRASH_AT"
 STALL_ENV = "VERITY_DEBUG_STALL"
 CRASH_POINTS = ("step_end", "save")
-
-_calls: Counter[str] = Counter()
 
 
 def parse_crash_at(value: str) -> tuple[str, int]:
@@ -42,31 +43,39 @@ def parse_crash_at(value: str) -> tuple[str, int]:
     return point, int(step)
 
 
-def maybe_crash(point: str, step: int) -> None:
-    """SIGKILL this process if ``VERITY_DEBUG_CRASH_AT`` names ``point`` and ``step``."""
-    value = os.environ.get(CRASH_ENV)
-    if not value:
-        return
-    if parse_crash_at(value) == (point, step):
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
 def parse_stall(value: str) -> tuple[str, int, float]:
-    """``"update_actor:3:60"`` -> ``("update_actor", 3, 60.0)``."""
+    """``"update_actor:3:60"`` -> ``("update_actor", 3, 60.0)`` (method, 1-based call, seconds)."""
     parts = value.split(":")
     try:
+        if len(parts) != 3:
+            raise ValueError
         method, call, seconds = parts[0], int(parts[1]), float(parts[2])
-    except (IndexError, ValueError):
+    except ValueError:
         raise ValueError(f"{STALL_ENV}={value!r}: expected <method>:<call>:<seconds>") from None
     return method, call, seconds
 
 
-def maybe_stall(method: str) -> None:
-    """Count this call of ``method``; sleep if ``VERITY_DEBUG_STALL`` names this call."""
-    value = os.environ.get(STALL_ENV)
-    if not value:
+# What this process was asked for; None when the variable is unset or empty.
+CRASH: tuple[str, int] | None = parse_crash_at(os.environ[CRASH_ENV]) if os.environ.get(CRASH_ENV) else None
+STALL: tuple[str, int, float] | None = (
+    parse_stall(os.environ[STALL_ENV]) if os.environ.get(STALL_ENV) else None
+)
+_stall_calls = 0  # calls so far of the method STALL names, in this process
+
+
+def maybe_crash(point: str, step: int) -> None:
+    """SIGKILL this process if ``VERITY_DEBUG_CRASH_AT`` named ``point`` and ``step``."""
+    if CRASH is None:
         return
-    _calls[method] += 1
-    name, call, seconds = parse_stall(value)
-    if name == method and _calls[method] == call:
-        time.sleep(seconds)
+    if (point, step) == CRASH:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_stall(method: str) -> None:
+    """Sleep if ``VERITY_DEBUG_STALL`` named this call of ``method`` (calls counted per process)."""
+    global _stall_calls
+    if STALL is None or STALL[0] != method:
+        return
+    _stall_calls += 1
+    if _stall_calls == STALL[1]:
+        time.sleep(STALL[2])
