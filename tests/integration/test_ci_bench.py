@@ -47,3 +47,23 @@ def test_bench_vllm_pairs_at_each_size() -> None:
 def test_bench_rejects_zero_repeats() -> None:
     with pytest.raises(ValueError, match="repeats must be >= 1, got 0"):
         load_ci_script("bench").run_bench(repeats=0)
+
+
+def test_a_planted_update_slowdown_is_flagged_by_the_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The training pair's verity side runs the update; slowed by 100% (planted) its ratio fails the gate."""
+    from verity.testing import slow_stage
+
+    bench = load_ci_script("bench")
+    gates = load_ci_script("nightly_gates")
+    size = {"repeats": 3, "batch": 32, "prompt_len": 16, "response_len": 16, "vllm_sizes": ()}
+    accepted = bench.run_bench(**size)
+    monkeypatch.setitem(slow_stage.SLOWED, "update_actor", 1.0)
+    planted = bench.run_bench(**size)
+    name = "train_vs_plain_torch"
+    assert len(planted["ratio_rounds"][name]) == 3
+    spec = {"value": accepted["ratios"][name], "rounds": accepted["ratio_rounds"][name]}
+    finding = gates.judge(
+        f"bench.{name}", gates.Figure(planted["ratios"][name], planted["ratio_rounds"][name]), spec
+    )
+    assert not finding.ok, finding
+    assert finding.ratio == pytest.approx(0.5, abs=0.15)

@@ -62,6 +62,8 @@ def test_rounds_take_the_median_of_each_runs_steady_median() -> None:
     result = bench_trl.build_result(runs, {})
     assert result["shapes"]["quickstart"]["trl"]["s_per_step_per_round"] == [1.0, 3.0, 2.0]
     assert result["ratios"]["grpo_step_vs_trl_quickstart"] == pytest.approx(2.0)
+    # each round's ratio: that round's TRL run over the verity run beside it (the nightly's spread)
+    assert result["ratio_rounds"]["grpo_step_vs_trl_quickstart"] == pytest.approx([1.0, 3.0, 0.25])
 
 
 def test_a_shape_missing_a_side_is_an_error() -> None:
@@ -131,23 +133,39 @@ def test_verity_overrides_are_keys_the_quickstart_preset_accepts(shape: str, tmp
 
 
 def test_nightly_compares_the_trl_ratios_and_names_a_regression() -> None:
-    baseline = {"figures": {"bench.grpo_step_vs_trl_quickstart": {"value": 2.0, "min_ratio": 0.7}}}
+    accepted = {"figures": {"bench.grpo_step_vs_trl_quickstart": {"value": 2.0}}}
     bench = nightly.merge_trl(
-        {"ratios": {"train_vs_plain_torch": 1.0}, "exit_code": 0},
-        {"ratios": {"grpo_step_vs_trl_quickstart": 1.2}, "exit_code": 0},
+        {
+            "ratios": {"train_vs_plain_torch": 1.0},
+            "ratio_rounds": {"train_vs_plain_torch": [1.0] * 3},
+            "exit_code": 0,
+        },
+        {
+            "ratios": {"grpo_step_vs_trl_quickstart": 1.2},
+            "ratio_rounds": {"grpo_step_vs_trl_quickstart": [1.1, 1.2, 1.3]},
+            "exit_code": 0,
+        },
     )
     assert bench["ratios"] == {"train_vs_plain_torch": 1.0, "grpo_step_vs_trl_quickstart": 1.2}
-    findings = {f.metric: f for f in nightly.compare_with_baseline({}, bench, baseline)}
+    assert bench["ratio_rounds"]["grpo_step_vs_trl_quickstart"] == [1.1, 1.2, 1.3]
+    findings = {f.metric: f for f in nightly.compare_with_baseline({}, bench, accepted)}
     failed = findings["bench.grpo_step_vs_trl_quickstart"]
     assert not failed.ok and failed.ratio == pytest.approx(0.6)
 
-    ok = nightly.merge_trl({"ratios": {}}, {"ratios": {"grpo_step_vs_trl_quickstart": 1.9}, "exit_code": 0})
-    assert all(f.ok for f in nightly.compare_with_baseline({}, ok, baseline))
+    ok = nightly.merge_trl(
+        {"ratios": {}},
+        {
+            "ratios": {"grpo_step_vs_trl_quickstart": 1.9},
+            "ratio_rounds": {"grpo_step_vs_trl_quickstart": [1.8, 1.9, 2.0]},
+            "exit_code": 0,
+        },
+    )
+    assert all(f.ok for f in nightly.compare_with_baseline({}, ok, accepted))  # 5% down, MAD 5%: allowed 15%
 
 
 def test_nightly_fails_when_the_trl_bench_fails() -> None:
     bench = nightly.merge_trl({"ratios": {}, "exit_code": 0}, {"exit_code": 1})
-    findings = {f.metric: f for f in nightly.compare_with_baseline({}, bench, {})}
+    findings = {f.metric: f for f in nightly.compare_with_baseline({}, bench, None)}
     assert not findings["bench_trl.run"].ok
     assert "exited 1" in findings["bench_trl.run"].note
 
@@ -237,7 +255,9 @@ def test_the_all_rows_side_trains_every_row_and_gets_its_own_ratio(tmp_path: Pat
     assert result["ratios"]["grpo_step_vs_trl_512x8_verity_all_rows"] == pytest.approx(2.0)
     table = bench_trl.format_table(result)
     assert "| 512x8 | verity, every row trained (actor.skip_zero_advantage=off) | 2 | 25.000 |" in table
-    job = bench_trl.SideJob("verity", "512x8", 3, str(tmp_path / "w"), str(tmp_path / "m"), "", "", all_rows=True)
+    job = bench_trl.SideJob(
+        "verity", "512x8", 3, str(tmp_path / "w"), str(tmp_path / "m"), "", "", all_rows=True
+    )
     overrides = sides.verity_overrides(job, bench_trl.SHAPES["512x8"], tmp_path / "out")
     assert "actor.skip_zero_advantage=off" in overrides
     preset = [o for o in overrides if not o.startswith(("model.path", "data.train_files", "data.val_files"))]
@@ -299,7 +319,15 @@ def test_sides_that_cannot_be_compared_are_refused_before_any_side_runs(tmp_path
     only = ["trl-bf16-compiled", "verity-bf16-all-rows-compiled"]  # neither reference side of bf16
     with pytest.raises(ValueError, match="no 'verity-bf16' side to compare with"):
         bench_trl.run_bench(
-            ["512x8"], {}, 1, tmp_path, str(tmp_path), all_rows=True, bf16=True, compile_sides=True, only_sides=only
+            ["512x8"],
+            {},
+            1,
+            tmp_path,
+            str(tmp_path),
+            all_rows=True,
+            bf16=True,
+            compile_sides=True,
+            only_sides=only,
         )
     bench_trl.check_sides(["512x8"], ["trl-bf16", "verity-bf16", *only])  # with them it can
 
@@ -316,14 +344,26 @@ def test_compile_adds_a_compiled_twin_of_each_bf16_side(tmp_path: Path, monkeypa
         return _run([9.0, {"trl-bf16-compiled": 15.0, "verity-bf16-all-rows-compiled": 6.0}.get(side, 10.0)])
 
     monkeypatch.setattr(bench_trl, "run_side_process", fake_side)
-    monkeypatch.setattr(bench_trl, "prepare_inputs", lambda *a: {"model_dir": "m", "train_file": "", "test_file": ""})
+    monkeypatch.setattr(
+        bench_trl, "prepare_inputs", lambda *a: {"model_dir": "m", "train_file": "", "test_file": ""}
+    )
     result = bench_trl.run_bench(
-        ["512x8"], {"512x8": 2}, 1, tmp_path, str(tmp_path), trl_micro_batches=[32], all_rows=True,
-        bf16=True, compile_sides=True,
+        ["512x8"],
+        {"512x8": 2},
+        1,
+        tmp_path,
+        str(tmp_path),
+        trl_micro_batches=[32],
+        all_rows=True,
+        bf16=True,
+        compile_sides=True,
     )
     compiled = {side for side, job in jobs.items() if job.compile}
     assert compiled == {
-        "trl-bf16-compiled", "verity-bf16-compiled", "verity-bf16-all-rows-compiled", "trl-bf16-mb32-compiled"
+        "trl-bf16-compiled",
+        "verity-bf16-compiled",
+        "verity-bf16-all-rows-compiled",
+        "trl-bf16-mb32-compiled",
     }
     assert all(jobs[s].bf16 for s in compiled)  # compiled sides are bf16 sides, compared with bf16 ones
     assert jobs["verity-bf16-all-rows-compiled"].all_rows and not jobs["verity-bf16-compiled"].all_rows
@@ -339,7 +379,9 @@ def test_compile_adds_a_compiled_twin_of_each_bf16_side(tmp_path: Path, monkeypa
     with pytest.raises(ValueError, match="compile_sides adds compiled bf16 sides"):
         bench_trl.run_bench(["512x8"], {}, 1, tmp_path, str(tmp_path), compile_sides=True)
 
-    overrides = sides.verity_overrides(jobs["verity-bf16-compiled"], bench_trl.SHAPES["512x8"], tmp_path / "o")
+    overrides = sides.verity_overrides(
+        jobs["verity-bf16-compiled"], bench_trl.SHAPES["512x8"], tmp_path / "o"
+    )
     preset = [o for o in overrides if not o.startswith(("model.path", "data.train_files", "data.val_files"))]
     cfg = load_config(preset, config_file=preset_path())
     assert cfg.actor.fsdp2.compile is True and cfg.actor.fsdp2.mixed_precision is True
@@ -349,7 +391,9 @@ def test_a_run_of_some_sides_compares_each_with_its_counterpart(tmp_path: Path, 
     # the nightly's compute-bound pair: TRL's default bf16 beside verity's compiled bf16, every row
     runs = {"512x8": {"trl-bf16": [_run([9.0, 18.0])], "verity-bf16-all-rows-compiled": [_run([9.0, 6.0])]}}
     result = bench_trl.build_result(runs, {})
-    assert result["ratios"] == {"grpo_step_vs_trl_bf16_512x8_verity_bf16_all_rows_compiled": pytest.approx(3.0)}
+    assert result["ratios"] == {
+        "grpo_step_vs_trl_bf16_512x8_verity_bf16_all_rows_compiled": pytest.approx(3.0)
+    }
     assert "ratio" not in result["shapes"]["512x8"]  # no float32 pair ran
     table = bench_trl.format_table(result)
     assert "512x8: TRL s/step / verity s/step, side by side:" in table
@@ -361,25 +405,41 @@ def test_a_run_of_some_sides_compares_each_with_its_counterpart(tmp_path: Path, 
         bench_trl.build_result({"512x8": {"trl": two, "verity": two, "trl-bf16": two}}, {})
 
     planned: list[str] = []
-    monkeypatch.setattr(bench_trl, "run_side_process", lambda job, out: planned.append(job) or _run([9.0, 6.0]))
-    monkeypatch.setattr(bench_trl, "prepare_inputs", lambda *a: {"model_dir": "m", "train_file": "", "test_file": ""})
+    monkeypatch.setattr(
+        bench_trl, "run_side_process", lambda job, out: planned.append(job) or _run([9.0, 6.0])
+    )
+    monkeypatch.setattr(
+        bench_trl, "prepare_inputs", lambda *a: {"model_dir": "m", "train_file": "", "test_file": ""}
+    )
     only = ["trl-bf16", "verity-bf16-all-rows-compiled"]
     result = bench_trl.run_bench(
-        ["512x8"], {"512x8": 2}, 1, tmp_path, str(tmp_path), all_rows=True, bf16=True, compile_sides=True,
+        ["512x8"],
+        {"512x8": 2},
+        1,
+        tmp_path,
+        str(tmp_path),
+        all_rows=True,
+        bf16=True,
+        compile_sides=True,
         only_sides=only,
     )
     assert [(j.side, j.bf16, j.compile, j.all_rows) for j in planned] == [
-        ("trl", True, False, False), ("verity", True, True, True)
+        ("trl", True, False, False),
+        ("verity", True, True, True),
     ]
     assert result["settings"]["sides"] == only
     with pytest.raises(ValueError, match=r"sides \['verity-bf16-compiled'\] are not planned"):
-        bench_trl.run_bench(["512x8"], {}, 1, tmp_path, str(tmp_path), bf16=True, only_sides=["verity-bf16-compiled"])
+        bench_trl.run_bench(
+            ["512x8"], {}, 1, tmp_path, str(tmp_path), bf16=True, only_sides=["verity-bf16-compiled"]
+        )
 
 
 def test_the_nightly_runs_the_compute_bound_pair_and_fails_when_it_fails(tmp_path: Path, monkeypatch) -> None:
     calls: list[list[str]] = []
     monkeypatch.setattr(nightly.subprocess, "call", lambda cmd, cwd=None: calls.append(cmd) or 4)
-    pair = nightly.run_bench_trl(tmp_path, args=nightly.NIGHTLY_COMPUTE_BOUND_ARGS, name="bench_trl_compute_bound")
+    pair = nightly.run_bench_trl(
+        tmp_path, args=nightly.NIGHTLY_COMPUTE_BOUND_ARGS, name="bench_trl_compute_bound"
+    )
     assert pair == {"exit_code": 4}
     cmd = calls[-1]
     assert cmd[cmd.index("--out") + 1] == str(tmp_path / "bench_trl_compute_bound.json")
@@ -393,11 +453,17 @@ def test_the_nightly_runs_the_compute_bound_pair_and_fails_when_it_fails(tmp_pat
     assert "bench_trl.run" not in findings
 
     # the sides the pair names are planned by its options, and give the ratio the baseline holds
-    monkeypatch.setattr(bench_trl, "run_side_process", lambda job, out: _run([9.0, 6.0 if job.compile else 18.0]))
-    monkeypatch.setattr(bench_trl, "prepare_inputs", lambda *a: {"model_dir": "m", "train_file": "", "test_file": ""})
+    monkeypatch.setattr(
+        bench_trl, "run_side_process", lambda job, out: _run([9.0, 6.0 if job.compile else 18.0])
+    )
+    monkeypatch.setattr(
+        bench_trl, "prepare_inputs", lambda *a: {"model_dir": "m", "train_file": "", "test_file": ""}
+    )
     out = tmp_path / "pair.json"
     argv = [*nightly.NIGHTLY_COMPUTE_BOUND_ARGS, "--out", str(out), "--workdir", str(tmp_path / "wd")]
     assert bench_trl.main(argv) == 0  # bench_trl.py's own parser plans the two sides from these options
     result = json.loads(out.read_text())
     assert result["settings"]["sides"] == ["trl-bf16", "verity-bf16-all-rows-compiled"]
-    assert result["ratios"] == {"grpo_step_vs_trl_bf16_512x8_verity_bf16_all_rows_compiled": pytest.approx(3.0)}
+    assert result["ratios"] == {
+        "grpo_step_vs_trl_bf16_512x8_verity_bf16_all_rows_compiled": pytest.approx(3.0)
+    }

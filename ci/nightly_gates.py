@@ -1,0 +1,280 @@
+"""The nightly's gates: which figure regressed, judged against the noise measured with it.
+
+A fixed threshold (a speed figure passing down to 0.7x its accepted value) lets a 25% slower
+step land green; a tight one turns a shared machine's noise into false alarms. So each figure
+carries its own noise and the gate is sized from it.
+
+**Speed figures** (``bench.<ratio>``, ``<row>.tokens_per_s_vs_plain_torch``): every figure is
+the median of at least :data:`MIN_ROUNDS` rounds measured inside the night, and its spread is
+the rounds' median absolute deviation (MAD). With ``rel = max(MAD / median tonight,
+MAD / median of the accepted night's rounds)``:
+
+    allowed drop = max(MAD_FACTOR x rel, floor)          (MAD_FACTOR = 3)
+    higher is better: regression when  median < baseline x (1 - allowed drop)
+    lower is better (bench.weight_sync_*): regression when median > baseline x (1 + allowed drop)
+
+The floor is :data:`SIDE_BY_SIDE_FLOOR` (5%) for the bench's ratios, whose rounds alternate
+verity and its peer in one process (A B A B ...) so the machine's speed cancels, and
+:data:`ROW_FLOOR` (10%) for a recipe row's tokens/s against the bench's plain-PyTorch
+tokens/s: the row is one training run whose rounds are consecutive blocks of its steps, and
+its yardstick runs minutes later, so load that changes between the two is not in the rounds.
+A speed figure with fewer than :data:`MIN_ROUNDS` rounds fails: its spread is not measured.
+
+**Accuracy figures** (``<row>.accuracy_gain``): one run per night (one seed), so their noise is
+the seed spread the row's expected file was measured from: its ``accuracy_gain`` tolerance
+(e.g. ``grpo``'s 0.06 = the spread of seeds 0-2 on two warm-start builds, with a margin).
+Regression when ``gain < baseline - tolerance``; the tolerance is tonight's expected-file
+check's, else the one stored with the baseline.
+
+Every figure is a :class:`Finding`; ``report.json`` keeps, per figure, its value (the median),
+rounds, spread (MAD), baseline, allowed drop, ok and the machine class it was compared in.
+
+Two bench documents (``ci/bench.py --out``) judged against each other, the first as accepted::
+
+    python ci/nightly_gates.py accepted-bench.json tonight-bench.json   # exit 1 if a ratio regressed
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAD_FACTOR = 3.0
+SIDE_BY_SIDE_FLOOR = 0.05
+ROW_FLOOR = 0.10
+MIN_ROUNDS = 3
+ROW_BLOCKS = 5  # a row's measured steps are cut into this many consecutive blocks, one round each
+
+RULE = (
+    f"speed: regression when median < baseline x (1 - max({MAD_FACTOR:g} x MAD/median, floor)), "
+    f"MAD/median the larger of tonight's and the accepted night's, floor {SIDE_BY_SIDE_FLOOR:.0%} for "
+    f"bench ratios and {ROW_FLOOR:.0%} for a row's tokens/s vs plain torch, >= {MIN_ROUNDS} rounds "
+    "(mirrored for lower-is-better figures); accuracy: regression when gain < baseline - the expected "
+    "file's tolerance (its seed spread)"
+)
+
+
+@dataclass
+class Figure:
+    """One figure measured tonight: its ``value`` (median of ``rounds``) and what its gate needs.
+
+    ``kind``: ``"speed"`` or ``"accuracy"``; ``allowed_drop``: for an accuracy figure the
+    absolute tolerance from the expected file (None if the row had no such check).
+    """
+
+    value: float | None
+    rounds: list[float] = field(default_factory=list)
+    kind: str = "speed"
+    allowed_drop: float | None = None
+
+    @property
+    def spread(self) -> float | None:
+        """The rounds' median absolute deviation (None for a speed figure without rounds, or accuracy)."""
+        return mad(self.rounds) if self.kind == "speed" and self.rounds else None
+
+
+@dataclass
+class Finding:
+    """One judged figure or check. ``allowed_drop`` is relative for speed figures, absolute for accuracy."""
+
+    metric: str
+    value: float | None
+    baseline: float | None
+    ratio: float | None
+    threshold: str
+    ok: bool
+    note: str = ""
+    rounds: list[float] = field(default_factory=list)
+    spread: float | None = None
+    allowed_drop: float | None = None
+    machine_class: str | None = None
+
+
+def mad(values: Sequence[float]) -> float:
+    """Median absolute deviation from the median of ``values`` (same unit as the values); 0.0 for one value."""
+    if not values:
+        raise ValueError("mad: expected at least one value")
+    centre = statistics.median(values)
+    return statistics.median(abs(v - centre) for v in values)
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a smaller value is the better one (the weight-sync ratio: verity's seconds over the peer's)."""
+    return metric.startswith("bench.weight_sync")
+
+
+def speed_floor(metric: str) -> float:
+    """The smallest allowed drop of a speed figure: :data:`SIDE_BY_SIDE_FLOOR` for bench ratios, else :data:`ROW_FLOOR`."""
+    return SIDE_BY_SIDE_FLOOR if metric.startswith("bench.") else ROW_FLOOR
+
+
+def relative_spread(rounds: Sequence[float]) -> float:
+    """MAD / median of ``rounds`` (0.0 for none, or a median of 0)."""
+    if not rounds:
+        return 0.0
+    centre = statistics.median(rounds)
+    return mad(rounds) / abs(centre) if centre else 0.0
+
+
+def allowed_speed_drop(metric: str, rounds: Sequence[float], baseline_rounds: Sequence[float] = ()) -> float:
+    """The relative drop a speed figure may show before it counts as a regression (see the module docstring)."""
+    rel = max(relative_spread(rounds), relative_spread(baseline_rounds))
+    return max(MAD_FACTOR * rel, speed_floor(metric))
+
+
+def judge_speed(
+    metric: str, figure: Figure, spec: Mapping[str, Any] | None, machine_class: str | None = None
+) -> Finding:
+    """``figure`` against the accepted ``spec = {"value", "rounds"?}`` of its machine class."""
+    rounds = list(figure.rounds)
+    base = Finding(
+        metric, figure.value, None, None, "-", True, "", rounds, figure.spread, None, machine_class
+    )
+    if spec is None:
+        base.note = "no accepted value for this machine class yet"
+        return base
+    accepted = float(spec["value"])
+    base.baseline = accepted
+    if figure.value is None:
+        base.ok, base.note = False, "not measured tonight"
+        return base
+    if len(rounds) < MIN_ROUNDS:
+        base.ok = False
+        base.note = f"{len(rounds)} round(s): the gate needs >= {MIN_ROUNDS} to measure the spread"
+        return base
+    if accepted == 0:
+        base.note = "accepted value is 0: no ratio"
+        return base
+    allowed = allowed_speed_drop(metric, rounds, spec.get("rounds") or ())
+    base.ratio = figure.value / accepted
+    base.allowed_drop = allowed
+    if lower_is_better(metric):
+        base.threshold = f"<= {1 + allowed:.3f}"
+        base.ok = base.ratio <= 1 + allowed
+    else:
+        base.threshold = f">= {1 - allowed:.3f}"
+        base.ok = base.ratio >= 1 - allowed
+    return base
+
+
+def judge_accuracy(
+    metric: str, figure: Figure, spec: Mapping[str, Any] | None, machine_class: str | None = None
+) -> Finding:
+    """An accuracy gain against the accepted one, allowed to drop by the expected file's tolerance."""
+    rounds = [figure.value] if figure.value is not None else []
+    tolerance = figure.allowed_drop if figure.allowed_drop is not None else (spec or {}).get("allowed_drop")
+    base = Finding(metric, figure.value, None, None, "-", True, "", rounds, None, tolerance, machine_class)
+    if spec is None:
+        base.note = "no accepted value for this machine class yet"
+        return base
+    accepted = float(spec["value"])
+    base.baseline = accepted
+    if figure.value is None:
+        base.ok, base.note = False, "not measured tonight"
+        return base
+    if tolerance is None:
+        base.ok, base.note = False, "no tolerance: the row's expected file has no check of this figure"
+        return base
+    base.ratio = figure.value / accepted if accepted else None
+    base.threshold = f">= {accepted - float(tolerance):.4g} (baseline - {float(tolerance):g})"
+    base.ok = figure.value >= accepted - float(tolerance)
+    return base
+
+
+def judge(
+    metric: str, figure: Figure, spec: Mapping[str, Any] | None, machine_class: str | None = None
+) -> Finding:
+    """The gate of ``figure``'s kind."""
+    if figure.kind == "accuracy":
+        return judge_accuracy(metric, figure, spec, machine_class)
+    return judge_speed(metric, figure, spec, machine_class)
+
+
+def row_step_rounds(run_dir: str | Path | None, blocks: int = ROW_BLOCKS) -> list[float]:
+    """A row's tokens/s per round: the mean ``perf/tokens_per_s`` of consecutive blocks of its steps.
+
+    Step 1 (start-up) is left out, as in the harness's throughput. Fewer measured steps than
+    ``blocks``: one round per step. ``[]`` when the run's ``metrics.jsonl`` cannot be read.
+    """
+    if not run_dir:
+        return []
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    values = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            v = json.loads(line).get("perf/tokens_per_s")
+            if isinstance(v, int | float) and v == v:
+                values.append(float(v))
+    values = values[1:] if len(values) > 1 else values
+    if len(values) <= blocks:
+        return values
+    size = len(values) / blocks
+    cuts = [round(i * size) for i in range(blocks + 1)]
+    return [statistics.fmean(values[cuts[i] : cuts[i + 1]]) for i in range(blocks)]
+
+
+def tonight_figures(recipes: Mapping[str, Mapping[str, Any]], bench: Mapping[str, Any]) -> dict[str, Figure]:
+    """The figures compared with the baseline, by metric name.
+
+    Bench ratios with their ``ratio_rounds`` (``ci/bench.py``, ``ci/bench_trl.py``); per row
+    ``<row>.accuracy_gain`` (its tolerance from the row's expected-file check) and
+    ``<row>.tokens_per_s_vs_plain_torch`` (the row's tokens/s over the bench's plain-PyTorch
+    training tokens/s, per block of steps: :func:`row_step_rounds`; left out when the bench
+    was skipped, ``bench == {}``).
+    """
+    figures: dict[str, Figure] = {}
+    ratio_rounds = bench.get("ratio_rounds") or {}
+    for key, value in (bench.get("ratios") or {}).items():
+        figures[f"bench.{key}"] = Figure(value, [float(v) for v in ratio_rounds.get(key) or []])
+    plain = (bench.get("train") or {}).get("plain_torch_tokens_per_s")
+    for name, result in recipes.items():
+        scores = result.get("scores") or {}
+        tolerance = next(
+            (c.get("tolerance") for c in result.get("checks") or [] if c.get("metric") == "accuracy_gain"),
+            None,
+        )
+        figures[f"{name}.accuracy_gain"] = Figure(
+            scores.get("accuracy_gain"), kind="accuracy", allowed_drop=tolerance
+        )
+        tps = (result.get("throughput") or {}).get("tokens_per_s")
+        if not bench:  # --skip-bench: no yardstick tonight, so no speed figure to judge
+            continue
+        if tps and plain:
+            rounds = [r / plain for r in row_step_rounds(result.get("run_dir"))]
+            value = statistics.median(rounds) if rounds else tps / plain
+            figures[f"{name}.tokens_per_s_vs_plain_torch"] = Figure(value, rounds)
+        else:
+            figures[f"{name}.tokens_per_s_vs_plain_torch"] = Figure(None)
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Judge the ratios of one bench document against another's; print a line per ratio; 1 if any regressed."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python ci/nightly_gates.py ACCEPTED_BENCH.json TONIGHT_BENCH.json", file=sys.stderr)
+        return 2
+    accepted, tonight = (json.loads(Path(a).read_text()) for a in args)
+    specs = {m: {"value": f.value, "rounds": f.rounds} for m, f in tonight_figures({}, accepted).items()}
+    failed = 0
+    for metric, figure in tonight_figures({}, tonight).items():
+        f = judge(metric, figure, specs.get(metric))
+        failed += not f.ok
+        print(
+            f"{metric}: {f.value:.4f} (MAD {f.spread or 0:.4f}, {len(f.rounds)} rounds) vs "
+            f"{f.baseline if f.baseline is None else round(f.baseline, 4)}: ratio "
+            f"{'-' if f.ratio is None else round(f.ratio, 4)}, allowed drop "
+            f"{'-' if f.allowed_drop is None else f'{f.allowed_drop:.1%}'} -> {'ok' if f.ok else 'REGRESSION'}"
+        )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
