@@ -203,3 +203,19 @@ def test_grpo_cpu_2node_promises_the_cpu_targets_on_two_nodes(result_factory) ->
         checks = attach_checks(result, grpo, ["cpu"])
         assert [c.metric for c in checks][-1] == "nodes"
         assert result["passed"] is passed and result["expected_source"] == "config:cpu"
+
+
+def test_an_entry_with_a_trainer_mode_fails_a_run_that_ran_another() -> None:
+    data = {
+        **VALID,
+        "configs": {"cpu-async": {"trainer_mode": "async", "metrics": VALID["configs"]["cpu"]["metrics"]}},
+    }
+    expectations = parse_expected(data).configs["cpu-async"]
+    assert expectations.trainer_mode == "async"
+    assert expectations.check_mode("async") is None
+    wrong = expectations.check_mode("sync")
+    assert wrong is not None and not wrong.passed and "the run ran trainer.mode=sync" in wrong.reason
+    silent = expectations.check_mode(None)  # a run from before runs reported their mode
+    assert silent is not None and not silent.passed and "did not report" in silent.reason
+    with pytest.raises(ValueError, match="trainer_mode: expected sync or async, got 'fast'"):
+        parse_expected({**VALID, "configs": {"x": {**data["configs"]["cpu-async"], "trainer_mode": "fast"}}})

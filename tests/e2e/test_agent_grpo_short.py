@@ -132,6 +132,7 @@ def test_multi_turn_rl_on_two_workers_trains_only_the_models_tokens(tmp_path, mo
         "rollout_dtype": "float32",
         "rollout_attention": "sdpa",  # what the plug-in's own generate runs, not HFRollout's decode
         "rollout_wrappers": "agent",
+        "mode": "sync",  # no rollout worker group of its own
         "device": "cpu",
     }
     assert summary["stage_plan"][:4] == ["generate", "agent_metrics", "reward", "old_log_prob"]

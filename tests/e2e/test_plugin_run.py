@@ -84,6 +84,7 @@ def test_a_plugin_stage_estimator_role_and_section_run_in_the_workers(
         "rollout": "hf",
         "rollout_dtype": "float32",
         "rollout_attention": "verity_sdpa_gqa",  # grouped key/value heads read in place on CPU
+        "mode": "sync",  # no rollout worker group of its own
         "device": "cpu",
     }
     assert (outcome.result["backend"], outcome.result["train_engine"]) == ("hf", "fsdp2")

@@ -129,6 +129,16 @@ def test_ran_names_the_device_the_actor_computed_on():
     assert "device_name" not in RoleGroups(roles=[], facts={"actor": {"train_engine": "fsdp2"}}).ran()
 
 
+def test_ran_names_the_trainer_mode_from_the_roles_that_started():
+    from verity.trainer.roles import RoleGroups
+
+    sync = RoleGroups(roles=[], handles={"actor": object()}, facts={"actor": {"train_engine": "fsdp2"}})
+    assert sync.ran()["mode"] == "sync"
+    # a rollout worker group of its own is what generates a step ahead (trainer.mode=async)
+    both = RoleGroups(roles=[], handles={"actor": object(), "rollout": object()}, facts={})
+    assert both.ran()["mode"] == "async"
+
+
 def test_ran_says_when_the_loss_head_was_compiled():
     from verity.trainer.roles import RoleGroups
 

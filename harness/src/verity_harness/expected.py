@@ -10,6 +10,7 @@
         reference: "5 runs, 2026-11-22, 2-core x86 CPU"
         train_engine: fsdp2             # optional: the training engine the promise is for
         nodes: 2                        # optional: the Ray nodes the run's pools must have used
+        trainer_mode: async             # optional: the trainer.mode the run must report it ran (ran.mode)
         metrics:
           accuracy_after: {target: 0.80, tolerance: 0.06}
           accuracy_gain:  {target: 0.30, tolerance: 0.12, mode: at_least}
@@ -25,7 +26,9 @@ Each metric passes when, with ``t = target`` and ``d = tolerance``:
 A metric missing from the run fails (a promise nobody checked is not kept). A config
 entry with ``train_engine`` (e.g. the ``cpu-megatron`` config of recipes/grpo) also
 fails when the run's workers reported another training engine; one with ``nodes`` (the
-``cpu-2node`` config) when the run's pools used another number of nodes (``ran.nodes``).
+``cpu-2node`` config) when the run's pools used another number of nodes (``ran.nodes``); one
+with ``trainer_mode`` (the ``cpu-async`` config) when the run reported another ``trainer.mode``
+running (``ran.mode``: ``async`` when a rollout worker group of its own generated ahead).
 
 ``source: config:<name>`` says the targets are another config's of the same file, measured
 there and carried over because the two configs are shown to run identically (e.g. ``cpu-2node``
@@ -124,6 +127,15 @@ class ConfigExpectations:
     path: Path | None = None
     train_engine: str | None = None  # the engine the promise is for; None: any
     nodes: int | None = None  # the Ray nodes the run's pools must have used; None: any
+    trainer_mode: str | None = None  # the trainer.mode the run must report it ran (ran.mode); None: any
+
+    def check_mode(self, ran: str | None) -> Check | None:
+        """A failing Check when the run did not report running the promised ``trainer.mode``, else None."""
+        if self.trainer_mode is None or ran == self.trainer_mode:
+            return None
+        said = f"ran trainer.mode={ran}" if ran else "did not report the trainer.mode it ran"
+        reason = f"this expectation is for trainer.mode={self.trainer_mode}; the run {said}"
+        return Check("trainer_mode", None, 0.0, 0.0, "within", False, reason)
 
     def check_engine(self, ran: str | None) -> Check | None:
         """A failing Check when the run's training engine is not the one promised, else None."""
@@ -209,11 +221,17 @@ def parse_expected(data: Any, source: str = "<expected>", path: Path | None = No
                 if str(err).startswith(where):
                     raise
                 raise ValueError(f"{where}.metrics.{name}: {err}") from None
-        unknown = sorted(set(body) - {"source", "reference", "metrics", "train_engine", "nodes"})
+        unknown = sorted(
+            set(body) - {"source", "reference", "metrics", "train_engine", "nodes", "trainer_mode"}
+        )
         if unknown:
             raise ValueError(
-                f"{where}: unknown keys {unknown}; allowed: source, reference, train_engine, nodes, metrics"
+                f"{where}: unknown keys {unknown}; allowed: source, reference, train_engine, nodes, "
+                "trainer_mode, metrics"
             )
+        mode = body.get("trainer_mode")
+        if mode is not None and mode not in ("sync", "async"):
+            raise ValueError(f"{where}.trainer_mode: expected sync or async, got {mode!r}")
         engine = body.get("train_engine")
         nodes = body.get("nodes")
         if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1):
@@ -226,6 +244,7 @@ def parse_expected(data: Any, source: str = "<expected>", path: Path | None = No
             path,
             str(engine) if engine is not None else None,
             nodes,
+            mode,
         )
     for config, entry in configs.items():
         _check_config_source(entry, configs, f"{source}: configs.{config}")

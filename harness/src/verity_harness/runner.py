@@ -237,6 +237,9 @@ def attach_checks(result: dict[str, Any], recipe: Recipe, labels: Sequence[str])
     nodes = expectations.check_nodes(result.get("nodes"))
     if nodes is not None:
         checks.append(nodes)
+    mode = expectations.check_mode((result.get("ran") or {}).get("mode"))
+    if mode is not None:
+        checks.append(mode)
     result.update(
         checks=[c.as_dict() for c in checks],
         passed=all(c.passed for c in checks),

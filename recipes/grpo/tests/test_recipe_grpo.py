@@ -78,3 +78,28 @@ def test_cpu_tools_config_runs_the_agent_loop_with_the_calculator_on_the_multipl
     assert cfg.data.max_response_length >= 120
     without = load_config(["rollout.agent.enabled=false"], config_file=PACKAGE / "configs" / "cpu-tools.yaml")
     assert not without.rollout.agent.enabled
+
+
+def test_cpu_async_config_is_the_cpu_config_one_step_off_policy_and_its_promise_checks_the_mode() -> None:
+    from verity.config.loader import config_to_dict
+    from verity_harness.expected import find_expectations
+
+    def flat(node: dict, prefix: str = "") -> dict:
+        return {
+            k: v
+            for key, value in node.items()
+            for k, v in (
+                flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value}
+            ).items()
+        }
+
+    cpu = flat(config_to_dict(load_config([], config_file=PACKAGE / "configs" / "cpu.yaml")))
+    run = flat(config_to_dict(load_config([], config_file=PACKAGE / "configs" / "cpu-async.yaml")))
+    differ = {key for key in cpu if cpu[key] != run[key]}
+    # 1 actor + 1 rollout process: the 2 CPUs of cpu's 2 actor workers; is_cap: the one-step-stale batch
+    assert differ == {"trainer.mode", "trainer.n_workers", "actor.off_policy.is_cap"}
+    assert run["trainer.mode"] == "async" and run["rollout.n_workers"] == 1
+    promise = find_expectations(PACKAGE / "expected", "cpu-async", ["cpu-amd-epyc", "cpu"], "hf")
+    assert promise is not None and promise.source == "measured" and promise.trainer_mode == "async"
+    assert {e.metric for e in promise.expectations} == {"accuracy_before", "accuracy_after", "accuracy_gain"}
+    assert promise.check_mode("sync") is not None and promise.check_mode("async") is None

@@ -6,7 +6,8 @@ nothing fetched). Tables carry ids the browser test reads:
 - ``table#latest-<recipe>``: newest run per (config, hardware, backend), side by side —
   the Ray nodes its pools used ("–" for results that do not say; "2 (simulated)" where the
   harness simulated them on one machine, the actor's placement as the cell's tooltip),
-  held-out accuracy (the score, greedy), its gain, avg@k and pass@k of the sampled
+  ``trainer.mode`` as the run reported it ran (``ran.mode``: sync or async; "–" for results that do
+  not say), held-out accuracy (the score, greedy), its gain, avg@k and pass@k of the sampled
   evaluation (``rollout.val_n = k > 1``; "–" for runs without), check verdict,
   throughput (generation and training tokens/s in its tooltip), MFU, s/step, date and
   commit (one cell). A run with overrides shows them under its config
@@ -15,7 +16,8 @@ nothing fetched). Tables carry ids the browser test reads:
 - ``figure.plot`` holds one inline ``<svg class="plot">``.
 
 With bench results (:mod:`verity_harness.leaderboard.bench`) there is also ``bench.html``,
-linked from the index (``a#bench-link``).
+linked from the index (``a#bench-link``); with nightly nights (:mod:`verity_harness.leaderboard.trend`),
+``trend.html`` (``a#trend-link``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 from verity_harness.leaderboard.bench import bench_body
 from verity_harness.leaderboard.collect import by_recipe, latest_per_key, sort_time
 from verity_harness.leaderboard.plots import curves_svg, throughput_svg
+from verity_harness.leaderboard.trend import trend_body
 from verity_harness.machine import device_text
 
 STYLE = """
@@ -45,6 +48,8 @@ th{background:#f6f8fa} td.text,th.text{text-align:left}
 td.pass{color:#1a7f37;font-weight:600} td.fail{color:#cf222e;font-weight:600} td.none{color:#59636e}
 .plots{display:flex;flex-wrap:wrap;gap:1rem} figure.plot{margin:0;flex:1 1 480px;max-width:640px}
 figure.plot svg{width:100%;height:auto} figcaption{font-size:.8rem;color:#59636e}
+figure.plot.trend{flex:0 0 330px;max-width:330px} figure.plot.trend svg{width:320px;height:120px}
+figure.plot.trend figcaption{overflow-wrap:anywhere}
 code{font-size:.85em}
 """
 
@@ -53,6 +58,7 @@ LATEST_COLUMNS = (
     ("hardware", "hardware", "hardware"),
     ("rollout", "backend", "text"),
     ("train engine", "train_engine", "text"),
+    ("mode", "ran:mode", "text"),
     ("nodes", "nodes", "nodes"),
     ("held-out acc.", "score:accuracy_after", "pct"),
     ("gain", "score:accuracy_gain", "pts"),
@@ -72,6 +78,8 @@ def _value(run: Mapping[str, Any], key: str) -> Any:
         return (run.get("scores") or {}).get(key[6:])
     if key.startswith("tp:"):
         return (run.get("throughput") or {}).get(key[3:])
+    if key.startswith("ran:"):  # what the run reported running (trainer.mode: ran.mode), not its config
+        return (run.get("ran") or {}).get(key[4:])
     return run.get(key)
 
 
@@ -211,8 +219,12 @@ def index_page(
     generated: str,
     sources: str = DEFAULT_SOURCES,
     bench_link: bool = False,
+    trend_link: bool = False,
 ) -> str:
-    """The overview: one section per recipe with its latest runs and plots (``bench_link``: a link to ``bench.html``)."""
+    """The overview: one section per recipe with its latest runs and plots.
+
+    ``bench_link``: a link to ``bench.html``; ``trend_link``: a link to ``trend.html``.
+    """
     grouped = by_recipe(runs)
     intro = (
         "<h1>verity leaderboards</h1>"
@@ -228,6 +240,11 @@ def index_page(
             '<p><a id="bench-link" href="bench.html">Hardware bench</a>: the actor update\'s MFU and '
             "generation tokens/s of a Qwen2.5-0.5B-shaped model on accelerators, verity beside plain "
             "PyTorch and HF <code>generate</code>.</p>"
+        )
+    if trend_link:
+        intro += (
+            '<p><a id="trend-link" href="trend.html">Nightly trend</a>: each figure the nightly judges, '
+            "over nights, with its accepted band and the regressions marked.</p>"
         )
     sections = "".join(recipe_section(name, rs, link=True) for name, rs in grouped.items())
     if not grouped:
@@ -256,15 +273,19 @@ def write_pages(
     sources: str = DEFAULT_SOURCES,
     bench: Sequence[Mapping[str, Any]] = (),
     bench_sources: str = "",
+    nights: Sequence[Mapping[str, Any]] = (),
+    nights_sources: str = "",
 ) -> list[Path]:
-    """Write ``index.html``, one page per recipe and, with ``bench`` rows, ``bench.html`` into ``out_dir``.
+    """Write ``index.html``, one page per recipe, with ``bench`` rows ``bench.html`` and with ``nights`` ``trend.html``.
 
-    ``sources``, ``bench_sources``: the footers' words for where the runs came from (HTML).
+    ``sources``, ``bench_sources``, ``nights_sources``: the footers' words for where the runs came
+    from (HTML); ``nights``: :func:`verity_harness.leaderboard.trend.load_nights`'s.
     Returns the paths written, the index first.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "index.html"]
-    written[0].write_text(index_page(runs, generated, sources, bench_link=bool(bench)), encoding="utf-8")
+    index = index_page(runs, generated, sources, bench_link=bool(bench), trend_link=bool(nights))
+    written[0].write_text(index, encoding="utf-8")
     for recipe, recipe_runs in by_recipe(runs).items():
         path = out_dir / f"{recipe}.html"
         path.write_text(recipe_page(recipe, recipe_runs, generated, sources), encoding="utf-8")
@@ -274,5 +295,10 @@ def write_pages(
         path.write_text(
             _page("verity hardware bench", bench_body(bench), generated, bench_sources), encoding="utf-8"
         )
+        written.append(path)
+    if nights:
+        path = out_dir / "trend.html"
+        page = _page("verity nightly trend", trend_body(nights), generated, nights_sources)
+        path.write_text(page, encoding="utf-8")
         written.append(path)
     return written

@@ -73,6 +73,8 @@ class RoleGroups:
                 out.setdefault("device_name", str(facts["device_name"]))
             if facts.get("rollout_wrappers"):
                 out["rollout_wrappers"] = "+".join(str(w) for w in facts["rollout_wrappers"])
+        # trainer.mode as it ran: a rollout worker group of its own is what generates one step ahead
+        out["mode"] = "async" if "rollout" in self.handles else "sync"
         out.update(self.placement())
         return out
 
