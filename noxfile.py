@@ -7,7 +7,7 @@
                           folder in recipes/: recipe-grpo, recipe-ppo, recipe-rloo, ...)
     nox -s bench          generation / training / weight-sync throughput beside same-run baselines
     nox -s bench-trl      verity's GRPO step beside TRL's GRPOTrainer on the same work (ci/bench_trl.py)
-    nox -s leaderboard    rebuild leaderboards/*.html (and the screenshot when Chromium is there)
+    nox -s leaderboard    rebuild leaderboards/*.html and docs/benchmarks.md (and the screenshot when Chromium is there)
     nox -s docs           build the documentation site (mkdocs build --strict) into outputs/site
     nox -s nightly        every recipe + bench, compared with ci/baseline.json; fails on a regression
 
@@ -192,12 +192,13 @@ def bench_trl(session: nox.Session) -> None:
 
 @nox.session
 def leaderboard(session: nox.Session) -> None:
-    """Rebuild leaderboards/ from the result files (and the harness's MLflow store, if any)."""
+    """Rebuild leaderboards/ and docs/benchmarks.md from the result files (and the harness's MLflow store, if any)."""
     import shutil
 
     install_harness(session, browser=True)
     shot = ["--screenshot"] if shutil.which("chromium") else []
-    session.run("verity-harness", "leaderboard", *shot, *session.posargs)
+    page = ["--benchmarks-page", "docs/benchmarks.md"]
+    session.run("verity-harness", "leaderboard", *page, *shot, *session.posargs)
 
 
 @nox.session

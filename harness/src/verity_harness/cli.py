@@ -3,7 +3,7 @@
     verity-harness list
     verity-harness run RECIPE [--config NAME] [--hardware NAME] [key=value ...]
     verity-harness compare RUN_A RUN_B
-    verity-harness leaderboard [--screenshot]
+    verity-harness leaderboard [--screenshot] [--benchmarks-page docs/benchmarks.md]
 
 Exit codes: 0 success; 1 a run missed its expected metrics (the failing metrics are
 named); 2 bad arguments or configuration.
@@ -21,7 +21,8 @@ from verity_harness.recipes import DEFAULT_CONFIG, RecipeNotFoundError, list_rec
 from verity_harness.runner import DEFAULT_OUTPUT_ROOT, DEFAULT_RESULTS_DIR, SCRATCH_RESULTS_DIR
 
 DEFAULT_LEADERBOARD_DIR = Path("leaderboards")
-DEFAULT_BENCH_DIR = Path("ci/reports")  # where GPU sessions commit ci/bench_gpu.py's JSON
+DEFAULT_BENCH_DIR = Path("leaderboards/bench")  # the committed ci/bench_gpu.py results, with their provenance
+DEFAULT_NIGHTLY_DIR = Path("leaderboards/nightly")  # one JSON per night (ci/nightly_history.py): trend.html
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,7 +78,21 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         action="append",
         default=None,
-        help="folder(s) searched for ci/bench_gpu.py results for bench.html (default: ci/reports when it exists)",
+        help="folder(s) searched for ci/bench_gpu.py results for bench.html (default: leaderboards/bench when it exists)",
+    )
+    board.add_argument(
+        "--nightly-dir",
+        type=Path,
+        action="append",
+        default=None,
+        help="folder(s) of per-night JSONs (ci/nightly_history.py) for trend.html "
+        "(default: leaderboards/nightly when it exists)",
+    )
+    board.add_argument(
+        "--benchmarks-page",
+        type=Path,
+        default=None,
+        help="also write this Markdown page (docs/benchmarks.md) from leaderboards/bench and ci/baseline.json",
     )
     board.add_argument(
         "--screenshot", action="store_true", help="save <out>/screenshot.png of index.html (Chromium)"
@@ -170,9 +185,28 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     if missing:
         print(f"verity-harness leaderboard: --bench-dir {missing[0]}: no such folder", file=sys.stderr)
         return 2
-    paths = build_leaderboard(args.results_dir, args.out, uris, bench_dirs=bench_dirs)
+    nightly_dirs = args.nightly_dir or ([DEFAULT_NIGHTLY_DIR] if DEFAULT_NIGHTLY_DIR.is_dir() else [])
+    missing = [d for d in nightly_dirs if not d.is_dir()]
+    if missing:
+        print(f"verity-harness leaderboard: --nightly-dir {missing[0]}: no such folder", file=sys.stderr)
+        return 2
+    page = None
+    if args.benchmarks_page is not None:
+        from verity_harness.leaderboard.benchmarks_page import BenchmarksPageError, render_benchmarks_page
+
+        try:
+            page = render_benchmarks_page(Path.cwd())
+        except BenchmarksPageError as err:
+            print(f"verity-harness leaderboard: --benchmarks-page: {err}", file=sys.stderr)
+            return 2
+    paths = build_leaderboard(
+        args.results_dir, args.out, uris, bench_dirs=bench_dirs, nightly_dirs=nightly_dirs
+    )
     for path in paths:
         print(f"wrote {path}")
+    if page is not None:
+        args.benchmarks_page.write_text(page, encoding="utf-8")
+        print(f"wrote {args.benchmarks_page}")
     if args.screenshot:
         from verity_harness.browser import browser_unavailable, inspect_page
 

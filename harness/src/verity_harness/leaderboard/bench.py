@@ -2,8 +2,9 @@
 
 ``ci/bench_gpu.py`` times the actor update (MFU) and generation (tokens/s) of a
 Qwen2.5-0.5B-shaped model on one device, verity's engine beside a plain PyTorch loop and HF
-``generate`` on the same work, and writes one JSON per run; the GPU sessions commit theirs
-under ``ci/reports/``. This module finds those JSONs (any ``*.json`` under the folders given
+``generate`` on the same work, and writes one JSON per run; the GPU sessions commit theirs,
+with a ``provenance`` object (machine, date, commit, command), under ``leaderboards/bench/``
+(:mod:`.benchmarks_page` reads the same files for ``docs/benchmarks.md``). This module finds those JSONs (any ``*.json`` under the folders given
 whose shape is bench_gpu's: ``environment.device``, ``config.model``, ``sides``), turns each
 side of each run into one row, and composes the page (:mod:`.pages` writes it):
 
