@@ -96,6 +96,8 @@ def load_result(path: str | Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a result file (a JSON document); it is not text") from None
     result = validate_result(data, str(path))
     result["source"] = str(path)
     return result

@@ -57,6 +57,37 @@ def check_output_folder(out_dir: str | Path) -> Path:
     return out
 
 
+def refuse_overwriting_inputs(out: Path, ckpt: Path, base_model: str | Path | None = None) -> None:
+    """ValueError when writing the model to ``out`` would overwrite what the export reads.
+
+    That is: the checkpoint ``ckpt`` itself (or a folder in it), or the model the run
+    started from (the ``model_path`` in its ``trainer_state.json``, or ``base_model``) --
+    a merged export written there would replace the original weights.
+    """
+    from verity.checkpoint.state import TrainerState
+
+    target = out.expanduser().resolve()
+    step = ckpt.resolve()
+    if target == step or step in target.parents:
+        raise ValueError(
+            f"{out}: is inside the checkpoint being exported ({ckpt}); writing the model there would "
+            f"change the checkpoint: give a folder outside it, e.g. {ckpt.parent.parent / 'hf'}"
+        )
+    try:
+        state = TrainerState.read(ckpt)
+        started_from = (
+            Path(state.working_dir or ".") / Path(state.model_path).expanduser() if state.model_path else ""
+        )
+    except (OSError, ValueError, TypeError):
+        started_from = ""
+    for source in (base_model, started_from):
+        if source and str(source) != "embedded" and target == Path(source).expanduser().resolve():
+            raise ValueError(
+                f"{out}: is the model folder this run started from; exporting there would overwrite "
+                "the original weights: give another folder"
+            )
+
+
 def read_model_state(role_dir: str | Path) -> dict[str, torch.Tensor]:
     """Full (unsharded) model tensors of one role's DCP checkpoint, keyed by module name, on CPU.
 
@@ -120,6 +151,7 @@ def export_hf(
             f"{out}: exists and is not a folder; give the path of a folder to write the model into"
         )
     ckpt = find_checkpoint(checkpoint)
+    refuse_overwriting_inputs(out, ckpt, base_model)
     role_dir = ckpt / role
     if not role_dir.is_dir():
         roles = sorted(p.name for p in ckpt.iterdir() if (p / DCP_DIR).is_dir())

@@ -48,16 +48,23 @@ def synth_rows(task: str, n: int, seed: int, split: str, difficulty: dict[str, A
     if task not in TASKS:
         raise ValueError(f"--task: unknown task {task!r}; known tasks: {sorted(TASKS)}")
     module = TASKS[task]
-    if hasattr(module, "generate"):
-        return module.generate(n, seed=seed, split=split, **difficulty)
     configs = [
         obj
         for name, obj in vars(module).items()
         if name.endswith("Config") and dataclasses.is_dataclass(obj) and isinstance(obj, type)
     ]
-    config = configs[0](**difficulty) if configs else None
-    if config is None and difficulty:
+    if difficulty and not configs:
         raise ValueError(f"--difficulty: task {task!r} has no difficulty knobs")
+    if configs:
+        knobs = [field.name for field in dataclasses.fields(configs[0])]
+        unknown = [key for key in difficulty if key not in knobs]
+        if unknown:
+            raise ValueError(
+                f"--difficulty: task {task!r} has no knob {', '.join(map(repr, unknown))}; its knobs: {knobs}"
+            )
+    if hasattr(module, "generate"):
+        return module.generate(n, seed=seed, split=split, **difficulty)
+    config = configs[0](**difficulty) if configs else None
     train, test = module.generate_splits(
         n if split != "test" else 0, n if split == "test" else 0, seed, config
     )

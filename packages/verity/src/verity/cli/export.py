@@ -10,7 +10,8 @@ the run trained on, or ``--base-model``), or with ``--adapter`` as a ``peft`` ad
 Runs offline in one process, whatever number of workers wrote the checkpoint. The
 folder holds safetensors weights, ``config.json``, the generation config and the
 tokenizer; ``AutoModelForCausalLM.from_pretrained(OUT)`` loads it.
-Exit codes: 0 written; 2 no such checkpoint, role or dtype, or OUT is an existing file.
+Exit codes: 0 written; 2 no such checkpoint, role or dtype, OUT is an existing file, or OUT
+is (inside) the checkpoint or the model folder the run started from (it would be overwritten).
 """
 
 from __future__ import annotations
@@ -46,7 +47,12 @@ def main(argv: list[str]) -> int:
         check_output_folder(args.out)
         source = find_checkpoint(args.checkpoint)
         out = export_hf(
-            source, args.out, role=args.role, dtype=args.dtype, adapter=args.adapter, base_model=args.base_model
+            source,
+            args.out,
+            role=args.role,
+            dtype=args.dtype,
+            adapter=args.adapter,
+            base_model=args.base_model,
         )
     except (FileNotFoundError, ValueError) as err:
         print(f"verity export: {err}", file=sys.stderr)

@@ -18,7 +18,6 @@ Exit codes: 0 done; 2 bad arguments or input files.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,23 +43,53 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def read_rows(path: str) -> list[dict[str, Any]]:
-    """Rows of a verl-schema ``.parquet`` or ``.jsonl`` file."""
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    if file.suffix == ".parquet":
-        from verity.data.tasks.arithmetic import read_parquet_rows
+    """Rows of a verl-schema ``.parquet``, ``.jsonl`` or ``.json`` file, each with a prompt and an answer.
 
-        return read_parquet_rows(file)
-    if file.suffix in (".jsonl", ".json"):
-        return [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
-    raise ValueError(f"{path}: expected a .parquet or .jsonl file")
+    An empty file, one without a ``prompt`` column, or a row without an answer (``response``
+    or ``reward_model.ground_truth``) is a ``ValueError`` naming the file (and the row).
+    """
+    from verity.data.verl_dataset import read_nonempty_rows
+    from verity.trainer.sft import sft_answer
+
+    rows = read_nonempty_rows(path)
+    for index, row in enumerate(rows):
+        try:
+            sft_answer(row)
+        except KeyError:
+            raise ValueError(
+                f"{path}: row {index} (0-based) has no answer to train on: SFT needs a 'response' "
+                f"or a 'reward_model.ground_truth' field; the row's fields are {sorted(row)}"
+            ) from None
+    return rows
+
+
+def argument_problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the numbers and the output folder, checked before any work starts."""
+    problems = [
+        f"{flag} must be {bound}, got {value}"
+        for flag, value, ok, bound in (
+            ("--steps", args.steps, args.steps >= 1, ">= 1"),
+            ("--batch-size", args.batch_size, args.batch_size >= 1, ">= 1"),
+            ("--lr", args.lr, args.lr > 0, "> 0"),
+        )
+        if not ok
+    ]
+    out = Path(args.output).expanduser()
+    blocking = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocking == out:
+        problems.append(f"--output {args.output!r} exists and is not a folder; give a folder's path")
+    elif blocking is not None:
+        problems.append(
+            f"--output {args.output!r} cannot be created: {str(blocking)!r} is a file, not a folder"
+        )
+    return problems
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    if args.steps < 1 or args.batch_size < 1 or args.lr <= 0:
-        print("verity sft: --steps and --batch-size must be >= 1 and --lr > 0", file=sys.stderr)
+    problems = argument_problems(args)
+    if problems:
+        print(f"verity sft: {'; '.join(problems)}", file=sys.stderr)
         return 2
     import torch
     from transformers import AutoTokenizer

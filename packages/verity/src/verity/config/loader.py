@@ -22,8 +22,8 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from verity.config.embedded_defaults import apply_embedded_defaults
 from verity.config.errors import ConfigError
+from verity.config.model_presets import apply_model_preset
 from verity.config.schema import VerityConfig
 from verity.config.validate import validate_config
 
@@ -52,7 +52,7 @@ def load_config(
     not read is an error. ``preset=True`` says the file is a preset the user did not pick
     (``verity quickstart`` without ``--config``): its keys for a part the run does not read
     (its ``actor.fsdp2`` tuning under ``actor.engine=megatron``) step aside with a logged
-    line, as the embedded default's do.
+    line, as a model preset's do (:mod:`verity.config.model_presets`).
     """
     from verity.config.cluster_checks import apply_cluster_shape
     from verity.config.keys import check_keys, non_bool_values, one_value_lists, one_values_for_lists
@@ -94,15 +94,13 @@ def load_config(
     cfg = OmegaConf.to_object(raw)
     assert isinstance(cfg, VerityConfig)
     explicit = _explicit_keys(file_data, overrides)
-    applied = apply_embedded_defaults(cfg, explicit)
+    layer = apply_model_preset(cfg, explicit)  # a run prints it among its first lines
     apply_cluster_shape(cfg, explicit)
-    if applied:
-        logger.info(
-            "model.path=embedded: unset keys take the embedded default's settings: %s",
-            ", ".join(f"{k}={v}" for k, v in applied.items()),
-        )
     user_keys = _explicit_keys({}, overrides) if preset else explicit
-    source = f"the {path.stem} preset" if preset and path is not None else "the embedded default"
+    if preset and path is not None:
+        source = f"the {path.stem} preset"
+    else:
+        source = f"the {layer.name} preset" if layer is not None else "the schema's defaults"
     validate_config(cfg, user_keys, source)
     return cfg
 
@@ -136,7 +134,7 @@ def _read_with_chain(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     """The file's data merged over the files its ``defaults`` list names (``[verity, cpu, _self_]``).
 
     A recipe config may build on another in its folder; the keys every file of the chain
-    sets count as set by the user (checked, and never replaced by embedded defaults).
+    sets count as set by the user (checked, and never replaced by a model preset's values).
     """
     if path in seen:
         raise ConfigError(
@@ -172,7 +170,12 @@ def _read_config_file(path: Path) -> dict:
         raise ConfigError(f"config file {str(path)!r} is a folder; give the path of a YAML file")
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
-    text = path.read_text()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"config file {str(path)!r} is not text (a data or model file?); give the path of a YAML file"
+        ) from None
     try:
         data = OmegaConf.create(text) if text.strip() else OmegaConf.create({})
     except yaml.YAMLError as err:

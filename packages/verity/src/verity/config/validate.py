@@ -179,10 +179,12 @@ def validate_config(cfg: VerityConfig, user_keys: set[str] | None = None, source
         raise ConfigError(f"model.tokenizer_path {cfg.model.tokenizer_path!r} is not a local folder")
     check_model_folders(cfg)  # config.json readable, model_type known to transformers
     check_trainer(cfg)
+    from verity.data.verl_dataset import data_file_problem
+
     for key in ("train_files", "val_files"):
         for f in getattr(d, key):
-            if not Path(f).expanduser().is_file():
-                raise ConfigError(f"data.{key}: file {f!r} does not exist")
+            if problem := data_file_problem(f):
+                raise ConfigError(f"data.{key}: {problem}")
     from verity.config.derived import REWARD_PLACEMENTS
 
     if cfg.reward.placement not in REWARD_PLACEMENTS:
@@ -190,7 +192,12 @@ def validate_config(cfg: VerityConfig, user_keys: set[str] | None = None, source
             f"reward.placement must be one of {'|'.join(REWARD_PLACEMENTS)}, got {cfg.reward.placement!r}"
         )
     if cfg.reward.custom_path and not Path(cfg.reward.custom_path).expanduser().is_file():
-        raise ConfigError(f"reward.custom_path: file {cfg.reward.custom_path!r} does not exist")
+        what = (
+            "is a folder, not a .py file"
+            if Path(cfg.reward.custom_path).expanduser().is_dir()
+            else "does not exist"
+        )
+        raise ConfigError(f"reward.custom_path: file {cfg.reward.custom_path!r} {what}")
     check_optional_packages(cfg)  # after the checks of what cannot run at all, installed or not
     check_idle_settings(cfg, user_keys, source)  # last: the checks above name a bad value more precisely
 

@@ -212,21 +212,40 @@ def read_raw(path: str | Path) -> list[dict[str, Any]]:
 
 
 def write_rows(rows: Sequence[Mapping[str, Any]], path: str | Path) -> Path:
-    """Write verl rows to ``.parquet`` or ``.jsonl`` (by suffix); parent folders are created."""
-    path = Path(path).expanduser()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    """Write verl rows to ``.parquet`` or ``.jsonl`` (by suffix); parent folders are created.
 
-        pq.write_table(pa.Table.from_pylist([dict(r) for r in rows]), path)
-    elif suffix in (".jsonl", ".ndjson"):
-        with open(path, "w", encoding="utf-8") as handle:
-            for row in rows:
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-    else:
+    An output path that cannot be written (a folder, under a file, no permission) is a
+    ``ValueError`` naming it, raised before anything is written.
+    """
+    path = Path(path).expanduser()
+    suffix = path.suffix.lower()
+    if suffix not in (".parquet", ".jsonl", ".ndjson"):
         raise ValueError(f"output: {str(path)!r} must end in .parquet or .jsonl")
+    if path.is_dir():
+        raise ValueError(f"output: {str(path)!r} is a folder; give the path of a .parquet or .jsonl file")
+    blocking = next((parent for parent in path.parents if parent.is_file()), None)
+    if blocking is not None:
+        raise ValueError(
+            f"output: {str(path)!r} cannot be written: {str(blocking)!r} is a file, not a folder"
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(
+            f"output: {str(path)!r} cannot be written: its folder cannot be created ({error.strerror or error})"
+        ) from None
+    try:
+        if suffix == ".parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.Table.from_pylist([dict(r) for r in rows]), path)
+        else:
+            with open(path, "w", encoding="utf-8") as handle:
+                for row in rows:
+                    handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    except OSError as error:
+        raise ValueError(f"output: {str(path)!r} cannot be written ({error.strerror or error})") from None
     return path
 
 

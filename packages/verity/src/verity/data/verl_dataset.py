@@ -68,11 +68,40 @@ def _read_jsonl(path: Path) -> list[Any]:
     return rows
 
 
+DATA_SUFFIXES = (".parquet", ".jsonl", ".ndjson", ".json")
+
+
+def data_file_problem(path: str | Path, label: str = "file") -> str | None:
+    """Why ``path`` is not one readable dataset file, in words starting ``label 'path'``; None when it is a file.
+
+    A folder (a downloaded dataset's directory, say) is named as a folder, with the
+    data files found in it and one level below, instead of "does not exist".
+    """
+    resolved = Path(path).expanduser()
+    if resolved.is_file():
+        return None
+    if not resolved.is_dir():
+        return f"{label} {str(path)!r} does not exist"
+    found = sorted(
+        str(child)
+        for pattern in ("*", "*/*")
+        for child in resolved.glob(pattern)
+        if child.suffix.lower() in DATA_SUFFIXES and child.is_file()
+    )
+    if found:
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
+        inside = f"the data files in it: {', '.join(found[:3])}{more}"
+    else:
+        inside = "it holds no .parquet, .jsonl or .json file"
+    return f"{label} {str(path)!r} is a folder, not a data file; list its files instead ({inside})"
+
+
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """Read all rows of one ``.parquet``, ``.jsonl``/``.ndjson`` or ``.json`` (a list) file as plain dicts."""
+    problem = data_file_problem(path, "dataset file:")
+    if problem:
+        raise FileNotFoundError(problem)
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"dataset file: {str(path)!r} does not exist")
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pyarrow as pa
