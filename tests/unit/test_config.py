@@ -35,9 +35,9 @@ def test_overrides_reach_nested_fields() -> None:
         (["data.truncation=cut"], "data.truncation"),
         (["data.train_files=[/no/such/file.parquet]"], "/no/such/file.parquet"),
         (["model.path=/no/such/model"], "model.path"),
-        (["reward.inline_builtin=2"], "reward.inline_builtin must be true or false, got 2"),
+        (["data.shuffle=2"], "data.shuffle must be true or false, got 2"),
         (["trainer.progress=maybe"], "trainer.progress must be true or false, got 'maybe'"),
-        (["reward.inline_builtin=null"], "reward.inline_builtin must be true or false, got None"),
+        (["data.shuffle=null"], "data.shuffle must be true or false, got None"),
     ],
 )
 def test_bad_config_is_named(overrides: list[str], needle: str) -> None:

@@ -153,9 +153,6 @@ class RewardConfig:
     timeout_overrides: dict[str, float] = field(default_factory=dict)  # {data_source: seconds per sample}
     max_failure_rate: float = 0.5  # a step with more failed (error/timeout) samples than this share stops
     max_workers: int | None = None  # processes while samples hang (null: max(num_workers, 16))
-    # score the built-in string verifiers (embedded tasks, gsm8k, math_boxed, dapo, aime) in the calling
-    # process (microseconds each, no pool round trip); user functions, math_verify and code always use the pool
-    inline_builtin: bool = True
     # where training samples are scored: workers (each rollout rank scores the rows it generated, so the
     # responses stay there and only per-row scores, accuracies and statuses come back) | driver (one
     # reward manager in the driver process; every response comes back). Held-out evaluation is scored
@@ -219,7 +216,9 @@ class TrainerConfig:
     # the actor trains on step t's (one-step off-policy, docs/async.md)
     mode: str = "sync"
     # generated rows' prompt-aligned tensors (input_ids, attention_mask, position_ids, prompts) stay on
-    # the worker that made them; the driver holds handles (verity.batch.transport) | false: all on the driver
+    # the worker that made them; the driver holds handles and fetches a key when a stage reads it
+    # (verity.batch.transport) | false: all on the driver. Leave it on: false exists to measure what it
+    # saves (ci/bench_transport.py) and for a driver-side stage that reads every prompt-aligned key each step
     resident_rows: bool = True
 
 
