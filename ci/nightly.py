@@ -31,10 +31,12 @@ Steps:
      process) must not fall below the accepted value by more than
      ``max(3 x MAD/median, 5%)`` (above it, for the lower-is-better weight-sync ratio);
    - ``<row>.tokens_per_s_vs_plain_torch``: the row's step tokens/s per block of steps divided
-     by the bench's plain-PyTorch training tokens/s measured the same night, same rule with a
-     10% floor (the row and its yardstick do not run side by side);
-   - ``<row>.accuracy_gain``: may drop below the accepted gain by the expected file's tolerance
-     (the seed spread it was measured from), no more;
+     by the bench's plain-PyTorch training tokens/s measured the same night: reported and
+     trended as information only, never in the verdict (the row's wall clock and its yardstick's
+     CPU seconds, minutes apart, read the load as much as the code);
+   - ``<row>.accuracy_gain``: may drop below the accepted gain by ``max(3 x seed_spread, 0.02)``
+     when tonight's ``accuracy_before`` equals the accepted one (the same warm-start build) and
+     the expected file records the metric's ``seed_spread``, else by the expected file's tolerance;
 
    plus every recipe's own expected-file checks. A machine class with no baseline compares
    nothing: the report says so and ``<out>/proposed-baseline.json`` holds tonight's figures

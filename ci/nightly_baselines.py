@@ -15,7 +15,11 @@ beside its report (the baseline file with tonight's class added), which
      "classes": {"cpu-intel-xeon/amx_bf16": {
          "accepted": {"date", "commit", "machine"},
          "figures": {"bench.train_vs_plain_torch": {"value": 0.98, "rounds": [...], "spread": 0.01},
-                     "grpo.accuracy_gain": {"value": 0.44, "allowed_drop": 0.06}, ...}}}}
+                     "grpo.accuracy_gain": {"value": 0.44, "allowed_drop": 0.06,
+                                            "seed_spread": 0.01, "accuracy_before": 0.534}, ...}}}}
+
+An accuracy figure's ``accuracy_before`` is the accepted row's held-out accuracy before RL: it
+names the warm-start build, and the gate allows the smaller seed-spread drop only on that build.
 
 A speed figure's ``rounds``/``spread`` are absent for a baseline accepted before nights kept
 their rounds (the Intel class's, 2026-11-25); its gate then uses tonight's spread alone.
@@ -68,13 +72,16 @@ def class_baseline(baselines: Mapping[str, Any], klass: str) -> dict[str, Any] |
 
 
 def figure_spec(figure: Figure) -> dict[str, Any]:
-    """What a baseline keeps of one figure: value, and rounds + spread (speed) or allowed drop (accuracy)."""
+    """What a baseline keeps of one figure: value, and rounds + spread (speed) or allowed drop, seed
+    spread and accuracy before RL (accuracy; each when known)."""
     spec: dict[str, Any] = {"value": round(float(figure.value), 4)} if figure.value is not None else {}
     if figure.kind == "speed" and figure.rounds:
         spec["rounds"] = [round(float(r), 4) for r in figure.rounds]
         spec["spread"] = round(float(figure.spread or 0.0), 4)
-    if figure.kind == "accuracy" and figure.allowed_drop is not None:
-        spec["allowed_drop"] = float(figure.allowed_drop)
+    if figure.kind == "accuracy":
+        for key in ("allowed_drop", "seed_spread", "accuracy_before"):
+            if getattr(figure, key) is not None:
+                spec[key] = float(getattr(figure, key))
     return spec
 
 
@@ -104,15 +111,24 @@ def with_accepted_night(
 
 def report_figures(report: Mapping[str, Any]) -> dict[str, Figure]:
     """A night's figures from its ``report.json``: its ``figures`` entries (with their rounds), or
-    for a report from before nights kept them, rebuilt from its recipes and bench."""
-    if "figures" in report:
-        return {
-            metric: Figure(
-                f.get("value"), list(f.get("rounds") or []), f.get("kind", "speed"), f.get("allowed_drop")
-            )
-            for metric, f in report["figures"].items()
-        }
-    return tonight_figures(report.get("recipes") or {}, report.get("bench") or {})
+    for a report from before nights kept them, rebuilt from its recipes and bench. An accuracy
+    figure from before nights kept its seed spread and accuracy before RL takes them from the
+    row's result in the report."""
+    rebuilt = tonight_figures(report.get("recipes") or {}, report.get("bench") or {})
+    if "figures" not in report:
+        return rebuilt
+    figures = {}
+    for metric, f in report["figures"].items():
+        old = rebuilt.get(metric) or Figure(None)
+        figures[metric] = Figure(
+            f.get("value"),
+            list(f.get("rounds") or []),
+            f.get("kind", "speed"),
+            f.get("allowed_drop"),
+            f.get("seed_spread", old.seed_spread),
+            f.get("accuracy_before", old.accuracy_before),
+        )
+    return figures
 
 
 def night_commit(recipes: Mapping[str, Mapping[str, Any]]) -> str | None:

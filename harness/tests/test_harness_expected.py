@@ -40,6 +40,35 @@ def test_parse_valid_file_keeps_order_and_modes() -> None:
     assert cfg.source == "measured" and cfg.reference == "3 runs"
 
 
+def test_a_seed_spread_is_optional_and_carried_into_the_checks_dict() -> None:
+    import copy
+
+    data = copy.deepcopy(VALID)
+    data["configs"]["cpu"]["metrics"]["accuracy_gain"]["seed_spread"] = 0.01
+    cfg = parse_expected(data).configs["cpu"]
+    spreads = {e.metric: e.seed_spread for e in cfg.expectations}
+    assert spreads == {"accuracy_after": None, "accuracy_gain": 0.01, "wall_seconds": None}
+    checks = {
+        c.metric: c.as_dict() for c in check_metrics({"accuracy_gain": 0.35, "accuracy_after": 0.8}, cfg)
+    }
+    assert checks["accuracy_gain"]["seed_spread"] == 0.01 and checks["accuracy_gain"]["passed"]
+    assert "seed_spread" not in checks["accuracy_after"]  # none recorded: the dict is as before
+    missing = check_metrics({}, cfg)[1]
+    assert not missing.passed and missing.seed_spread == 0.01
+
+
+def test_the_shipped_seed_spreads_are_the_recorded_seeds_spread() -> None:
+    root = Path(__file__).resolve().parents[2]
+    grpo = load_expected(root / "recipes/grpo/src/verity_recipe_grpo/expected/cpu-hf.yaml").configs
+    gain = {
+        name: {e.metric: e.seed_spread for e in c.expectations}["accuracy_gain"] for name, c in grpo.items()
+    }
+    assert gain["cpu"] == pytest.approx(0.432 - 0.422)  # seeds 0-2 on the 0.534 build
+    assert gain["cpu-async"] == pytest.approx(0.428 - 0.422)
+    assert gain["cpu-2node"] == gain["cpu"]  # carried over with the targets
+    assert gain["cpu-megatron"] is None and gain["cpu-tools"] is None  # one seed, or seeds on no one build
+
+
 @pytest.mark.parametrize(
     ("mode", "value", "passed"),
     [
@@ -96,6 +125,22 @@ def test_check_metrics_and_table_name_the_failing_metric() -> None:
             "expected a number",
         ),
         (lambda d: d["configs"]["cpu"]["metrics"]["accuracy_after"].update(tol=1), "unknown keys ['tol']"),
+        (
+            lambda d: d["configs"]["cpu"]["metrics"]["accuracy_after"].update(tol=1),
+            "allowed: target, tolerance, mode, seed_spread, note",
+        ),
+        (
+            lambda d: d["configs"]["cpu"]["metrics"]["accuracy_gain"].update(seed_spread=-0.01),
+            "configs.cpu.metrics.accuracy_gain: metric 'accuracy_gain': seed_spread must be a number >= 0",
+        ),
+        (
+            lambda d: d["configs"]["cpu"]["metrics"]["accuracy_gain"].update(seed_spread="0.01"),
+            "configs.cpu.metrics.accuracy_gain.seed_spread: expected a number, got '0.01'",
+        ),
+        (
+            lambda d: d["configs"]["cpu"]["metrics"]["accuracy_gain"].update(seed_spread=True),
+            "accuracy_gain.seed_spread: expected a number",
+        ),
         (lambda d: d["configs"]["cpu"].update(source="guess"), "source: must be one of"),
         (lambda d: d["configs"]["cpu"].update(metrics={}), "non-empty 'metrics'"),
     ],

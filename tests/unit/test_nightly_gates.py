@@ -59,9 +59,15 @@ def test_lower_is_better_figures_regress_upwards() -> None:
     assert gates.judge("bench.weight_sync_vs_load_state_dict", _speed(0.5), {"value": 1.0}).ok
 
 
-def test_a_rows_figure_has_the_wider_floor() -> None:
-    assert gates.judge("grpo.tokens_per_s_vs_plain_torch", _speed(0.93), {"value": 1.0}).ok
-    assert not gates.judge("grpo.tokens_per_s_vs_plain_torch", _speed(0.89), {"value": 1.0}).ok
+def test_a_rows_tokens_per_s_figure_is_information_only() -> None:
+    for tonight in (_speed(0.3), gates.Figure(0.5, [0.5]), gates.Figure(None)):
+        finding = gates.judge("grpo.tokens_per_s_vs_plain_torch", tonight, {"value": 1.0})
+        assert finding.ok and finding.threshold == "info" and "information only" in finding.note
+        assert finding.allowed_drop is None and finding.baseline == 1.0
+    assert gates.judge(
+        "grpo.tokens_per_s_vs_plain_torch", _speed(0.3), {"value": 1.0}
+    ).ratio == pytest.approx(0.3)
+    assert "information only" in gates.RULE and "tokens/s vs plain torch" in gates.RULE
 
 
 def test_a_speed_figure_needs_three_rounds() -> None:
@@ -79,6 +85,62 @@ def test_an_accuracy_gain_may_drop_by_the_expected_files_tolerance() -> None:
     assert not gates.judge("grpo.accuracy_gain", gates.Figure(0.385, kind="accuracy"), spec).ok
     missing = gates.judge("grpo.accuracy_gain", gates.Figure(0.4, kind="accuracy"), {"value": 0.44})
     assert not missing.ok and "no tolerance" in missing.note
+
+
+# the grpo row on the 0.534 warm-start build: accepted gain 0.422 (night A of 2026-11-28), seeds
+# 0-2 spread 0.010 on that build; the expected file's tolerance 0.06 covers the 0.516 build too
+GRPO_ACCEPTED = {"value": 0.422, "allowed_drop": 0.06, "accuracy_before": 0.534}
+
+
+def _gain(gain: float, before: float | None = 0.534, spread: float | None = 0.010) -> gates.Figure:
+    return gates.Figure(gain, kind="accuracy", allowed_drop=0.06, seed_spread=spread, accuracy_before=before)
+
+
+def test_a_halved_learning_rate_is_flagged_on_the_accepted_build() -> None:
+    finding = gates.judge("grpo.accuracy_gain", _gain(0.362), GRPO_ACCEPTED)  # night D: lr 1.5e-5
+    assert not finding.ok
+    assert finding.allowed_drop == pytest.approx(0.03)  # max(3 x 0.010, 0.02)
+    assert finding.threshold == ">= 0.392 (baseline - 0.03)" and "same warm-start build" in finding.note
+
+
+def test_an_unchanged_night_on_the_accepted_build_passes() -> None:
+    for gain in (0.422, 0.426, 0.432, 0.395):  # the seeds, and a drop just inside 3 seed spreads
+        assert gates.judge("grpo.accuracy_gain", _gain(gain), GRPO_ACCEPTED).ok
+    assert not gates.judge("grpo.accuracy_gain", _gain(0.389), GRPO_ACCEPTED).ok
+
+
+def test_a_tiny_seed_spread_is_floored() -> None:
+    finding = gates.judge("grpo.accuracy_gain", _gain(0.405, spread=0.001), GRPO_ACCEPTED)
+    assert finding.ok and finding.allowed_drop == pytest.approx(0.02)
+    assert not gates.judge("grpo.accuracy_gain", _gain(0.40, spread=0.001), GRPO_ACCEPTED).ok
+
+
+@pytest.mark.parametrize(
+    ("figure", "spec", "why"),
+    [
+        (
+            _gain(0.384, before=0.516),
+            GRPO_ACCEPTED,
+            "another warm-start build (accuracy before 0.516, accepted 0.534)",
+        ),
+        (_gain(0.384, spread=None), GRPO_ACCEPTED, "records no seed_spread"),
+        (_gain(0.384, before=None), GRPO_ACCEPTED, "tonight reported none"),
+        (_gain(0.384), {"value": 0.422, "allowed_drop": 0.06}, "the accepted night kept no accuracy_before"),
+    ],
+)
+def test_otherwise_the_gain_falls_back_to_the_tolerance_and_says_why(
+    figure: gates.Figure, spec: dict, why: str
+) -> None:
+    finding = gates.judge("grpo.accuracy_gain", figure, spec)
+    assert finding.ok and finding.allowed_drop == pytest.approx(0.06)
+    assert why in finding.note and "the expected file's tolerance" in finding.note
+    figure.value = 0.36
+    assert not gates.judge("grpo.accuracy_gain", figure, spec).ok
+
+
+def test_the_baselines_seed_spread_serves_when_tonight_has_none() -> None:
+    spec = {**GRPO_ACCEPTED, "seed_spread": 0.01}
+    assert not gates.judge("grpo.accuracy_gain", _gain(0.362, spread=None), spec).ok
 
 
 def _night(update_slowdown: float = 0.0, gain: float = 0.44) -> dict[str, gates.Figure]:

@@ -13,7 +13,7 @@
         trainer_mode: async             # optional: the trainer.mode the run must report it ran (ran.mode)
         metrics:
           accuracy_after: {target: 0.80, tolerance: 0.06}
-          accuracy_gain:  {target: 0.30, tolerance: 0.12, mode: at_least}
+          accuracy_gain:  {target: 0.30, tolerance: 0.12, mode: at_least, seed_spread: 0.01}
 
 Each metric passes when, with ``t = target`` and ``d = tolerance``:
 
@@ -22,6 +22,12 @@ Each metric passes when, with ``t = target`` and ``d = tolerance``:
 | ``within`` | ``|x - t| <= d``   | the default: a rerun must reproduce the run  |
 | ``at_least`` | ``x >= t - d``   | scores where doing better is not a failure   |
 | ``at_most``  | ``x <= t + d``   | costs (seconds, memory) where less is fine   |
+
+``seed_spread`` (optional, >= 0) is the metric's max - min over the seeds it was measured
+from on ONE warm-start build of the model (the tolerance usually covers several builds or
+machines as well). The checks do not use it; it is carried into each check's dict for the
+nightly's accuracy gate (``ci/nightly_gates.py``), which allows a smaller drop when tonight's
+warm-start build is the accepted night's.
 
 A metric missing from the run fails (a promise nobody checked is not kept). A config
 entry with ``train_engine`` (e.g. the ``cpu-megatron`` config of recipes/grpo) also
@@ -65,9 +71,11 @@ class Check:
     mode: str
     passed: bool
     reason: str  # "" when passed; otherwise why, with the numbers
+    seed_spread: float | None = None  # the expectation's seed spread on one build; None: not recorded
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        """The check as a result document keeps it; ``seed_spread`` only when the expected file records one."""
+        out: dict[str, Any] = {
             "metric": self.metric,
             "value": self.value,
             "target": self.target,
@@ -76,6 +84,9 @@ class Check:
             "passed": self.passed,
             "reason": self.reason,
         }
+        if self.seed_spread is not None:
+            out["seed_spread"] = self.seed_spread
+        return out
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,7 @@ class Expectation:
     target: float
     tolerance: float
     mode: str = "within"
+    seed_spread: float | None = None  # max - min over the seeds on one warm-start build; None: not recorded
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -98,12 +110,19 @@ class Expectation:
             raise ValueError(
                 f"metric {self.metric!r}: tolerance must be a number >= 0, got {self.tolerance!r}"
             )
+        if self.seed_spread is not None and not (math.isfinite(self.seed_spread) and self.seed_spread >= 0):
+            raise ValueError(
+                f"metric {self.metric!r}: seed_spread must be a number >= 0 (max - min over the seeds on "
+                f"one warm-start build), got {self.seed_spread!r}"
+            )
 
     def check(self, value: float | None) -> Check:
         """Compare ``value`` (None: the run did not report the metric) with this expectation."""
         t, d = self.target, self.tolerance
         if value is None or not math.isfinite(value):
-            return Check(self.metric, None, t, d, self.mode, False, "metric missing from the run")
+            return Check(
+                self.metric, None, t, d, self.mode, False, "metric missing from the run", self.seed_spread
+            )
         if self.mode == "within":
             passed = abs(value - t) <= d + 1e-12
             reason = f"{value:.4g} is outside {t:.4g} ± {d:.4g}"
@@ -113,7 +132,9 @@ class Expectation:
         else:
             passed = value <= t + d + 1e-12
             reason = f"{value:.4g} is above {t:.4g} + {d:.4g} = {t + d:.4g}"
-        return Check(self.metric, float(value), t, d, self.mode, passed, "" if passed else reason)
+        return Check(
+            self.metric, float(value), t, d, self.mode, passed, "" if passed else reason, self.seed_spread
+        )
 
 
 @dataclass(frozen=True)
@@ -176,9 +197,11 @@ def _number(value: Any, where: str) -> float:
 def _parse_metric(name: str, spec: Any, where: str) -> Expectation:
     if not isinstance(spec, Mapping):
         raise ValueError(f"{where}: expected a mapping with target and tolerance, got {spec!r}")
-    unknown = sorted(set(spec) - {"target", "tolerance", "mode", "note"})
+    unknown = sorted(set(spec) - {"target", "tolerance", "mode", "seed_spread", "note"})
     if unknown:
-        raise ValueError(f"{where}: unknown keys {unknown}; allowed: target, tolerance, mode, note")
+        raise ValueError(
+            f"{where}: unknown keys {unknown}; allowed: target, tolerance, mode, seed_spread, note"
+        )
     for key in ("target", "tolerance"):
         if key not in spec:
             raise ValueError(f"{where}: missing {key!r}")
@@ -187,6 +210,7 @@ def _parse_metric(name: str, spec: Any, where: str) -> Expectation:
         target=_number(spec["target"], f"{where}.target"),
         tolerance=_number(spec["tolerance"], f"{where}.tolerance"),
         mode=str(spec.get("mode", "within")),
+        seed_spread=_number(spec["seed_spread"], f"{where}.seed_spread") if "seed_spread" in spec else None,
     )
 
 
@@ -271,7 +295,7 @@ def _check_config_source(
     if {e.metric: e for e in entry.expectations} != {e.metric: e for e in other.expectations}:
         raise ValueError(
             f"{where}.metrics: the targets carried over from config {name!r} (source {entry.source}) must equal its "
-            f"metrics, targets, tolerances and modes; they differ"
+            f"metrics, targets, tolerances, modes and seed spreads; they differ"
         )
 
 
