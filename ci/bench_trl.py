@@ -152,8 +152,17 @@ class SideJob:
 
 
 def prepare_inputs(shape: Shape, workdir: Path, cache_dir: str) -> dict[str, str]:
-    """The model folder and data files of ``shape`` (the embedded default's data for both shapes)."""
+    """The model folder and data files of ``shape`` (the embedded default's data for both shapes).
+
+    First, ValueError when TRL is not installed (every run has a TRL side; named before any
+    model is built or side runs, with the install command).
+    """
+    from verity.optional_packages import missing_package_sentence
     from verity.trainer.embedded import ensure_embedded_default
+
+    sentence = missing_package_sentence("the TRL side", "trl")
+    if sentence is not None:
+        raise ValueError(sentence)
 
     paths = ensure_embedded_default(Path(cache_dir).expanduser(), log=None)
     model_dir = str(paths.model_dir)
@@ -432,22 +441,26 @@ def main(argv: list[str] | None = None) -> int:
         lens = {n: getattr(args, f"new_tokens_{n}") for n in shapes if getattr(args, f"new_tokens_{n}", None)}
         layouts = [x for x in args.verity_layouts.split(",") if x]
         micros = [int(x) for x in args.trl_micro_batches.split(",") if x]
-        result = run_bench(
-            shapes,
-            steps,
-            args.rounds,
-            workdir,
-            args.cache_dir,
-            args.trl_threads,
-            lens,
-            layouts,
-            micros,
-            all_rows=args.verity_all_rows,
-            bf16=args.bf16,
-            trl_eager=args.trl_eager,
-            compile_sides=args.compile,
-            only_sides=[x for x in args.sides.split(",") if x],
-        )
+        try:
+            result = run_bench(
+                shapes,
+                steps,
+                args.rounds,
+                workdir,
+                args.cache_dir,
+                args.trl_threads,
+                lens,
+                layouts,
+                micros,
+                all_rows=args.verity_all_rows,
+                bf16=args.bf16,
+                trl_eager=args.trl_eager,
+                compile_sides=args.compile,
+                only_sides=[x for x in args.sides.split(",") if x],
+            )
+        except ValueError as err:  # bad arguments or a missing package (TRL), named before any side runs
+            print(f"ci/bench_trl.py: {err}", file=sys.stderr)
+            return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(format_table(result))

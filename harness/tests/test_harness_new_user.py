@@ -15,3 +15,18 @@ def test_harness_compare_of_a_binary_file_names_it(tmp_path: Path, capsys: pytes
     err = capsys.readouterr().err
     assert f"verity-harness compare: {binary}: not a result file (a JSON document); it is not text" in err
     assert "codec" not in err and "Traceback" not in err
+
+
+def test_harness_run_without_a_needed_package_refuses_and_leaves_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """grpo cpu-lora with peft missing: the install sentence, exit 2, no MLflow store or run folder made."""
+    import verity.optional_packages as optional
+
+    installed = optional.is_installed
+    monkeypatch.setattr(optional, "is_installed", lambda module: module != "peft" and installed(module))
+    root = tmp_path / "harness"
+    assert main(["run", "grpo", "--config", "cpu-lora", "--output-root", str(root), "--no-result-file"]) == 2
+    err = capsys.readouterr().err
+    assert "actor.lora.rank=8 needs peft, which is not installed here: pip install peft" in err
+    assert not root.exists() or not any(root.iterdir())

@@ -279,12 +279,13 @@ def run_recipe(
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
     run_dir = output_root / recipe.name / f"{config}-{machine.label}-{stamp}"
     uri = tracking_uri or store_uri(output_root)
-    ensure_experiment(uri, f"{EXPERIMENT_PREFIX}{recipe.name}", output_root)
     ours = harness_overrides(recipe, config, machine, run_dir, uri)
     simulated = shape_to_simulate([*ours, *overrides], config_file, machine.family)
     with simulated_cluster(simulated) as address:
         joined = [] if address is None else [f"trainer.ray_address={address}"]
         cfg = load_config([*ours, *joined, *overrides], config_file=config_file)
+        # after the config checks: a refused config (a missing package, say) leaves no store behind
+        ensure_experiment(uri, f"{EXPERIMENT_PREFIX}{recipe.name}", output_root)
         machine, peak_source = with_measured_cpu_peak(machine, cfg)
         summary = run_training(cfg)
     run_dir = Path(cfg.trainer.output_dir)

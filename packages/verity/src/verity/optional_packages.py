@@ -50,6 +50,11 @@ PACKAGES: dict[str, OptionalPackage] = {
         "triton", "Triton", "pip install triton (PyTorch's CUDA and ROCm wheels bring it)"
     ),
     "pillow": OptionalPackage("PIL", "Pillow", "pip install pillow"),
+    "trl": OptionalPackage(
+        "trl",
+        "TRL",
+        "pip install -c constraints.txt -e 'packages/verity[bench-trl]' (nox -s bench installs it)",
+    ),
 }
 
 

@@ -3,13 +3,17 @@
     verity eval outputs/run/hf --data test.parquet                   # greedy accuracy
     verity eval outputs/run --data aime2024.parquet -k 32 --temperature 1.0 --max-new-tokens 4096
     verity eval outputs/run --data test.parquet                      # scored with the run's reward settings
+    verity eval outputs/run                                          # on what the run validated on
     verity eval hf_folder --data test.parquet reward.custom_path=myreward.py   # a reward function of your own
     verity eval embedded                                             # the embedded default on its held-out split
     verity eval embedded --preset NAME -k 8 --temperature 1.0        # another embedded preset (a plug-in's)
 
 MODEL is an HF model folder, a checkpoint (a ``step_N`` folder, a checkpoint folder
 or a run output folder: its newest complete checkpoint is exported to a temporary
-folder first), or ``embedded``. Data files are in the verl schema; each row is scored
+folder first), or ``embedded``. Without ``--data``, a checkpoint (or run folder) is evaluated on the
+held-out data its run validated on -- the run's ``data.val_files``, or for the embedded
+model its preset's held-out split -- with the run's response budget
+(``data.max_response_length``); the data used is printed. Data files are in the verl schema; each row is scored
 by the reward function of its ``data_source``. Prints a table and, with ``--json``,
 writes the metrics, under the names ``verity train`` logs (:mod:`verity.trainer.evaluation`):
 ``val/acc`` for ``-k 1``; ``val/avg_at_k``, ``val/pass_at_k``, ``val/maj_at_k`` and ``val/k``
@@ -55,7 +59,8 @@ def _parser() -> argparse.ArgumentParser:
         "--data",
         nargs="+",
         default=[],
-        help="verl-schema parquet/JSONL files (default for embedded: its test split)",
+        help="verl-schema parquet/JSONL files (default: for a checkpoint or run folder, the held-out "
+        "files its run validated on, data.val_files or the embedded test split; for embedded, its test split)",
     )
     p.add_argument("-k", type=int, default=1, help="responses per prompt (default 1)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0 needed for k > 1")
@@ -64,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-new-tokens",
         type=int,
         default=None,
-        help="response budget (default 16 embedded, 1024 otherwise)",
+        help="response budget (default: a run's data.max_response_length without --data; 16 embedded; 1024)",
     )
     p.add_argument(
         "--max-prompt-length", type=int, default=1024, help="longer prompts are an error naming the row"
@@ -102,7 +107,9 @@ def _resolve_model(
 
         load_plugins()  # a plug-in may provide the preset
         settings = EMBEDDED_PRESETS.get(preset)
-        paths = ensure_embedded_default(Path(ModelConfig().embedded_cache_dir).expanduser(), settings=settings)
+        paths = ensure_embedded_default(
+            Path(ModelConfig().embedded_cache_dir).expanduser(), settings=settings
+        )
         return str(paths.model_dir), [str(paths.test_file)], settings.eval_max_new_tokens
     if preset != "default":
         raise ValueError(f"--preset {preset!r} applies only to MODEL=embedded")
@@ -117,6 +124,27 @@ def _resolve_model(
     out = export_hf(checkpoint, scratch / "hf", role=role)
     print(f"verity eval: exported {checkpoint} ({role}) to a temporary HF folder", file=sys.stderr)
     return str(out), [], 1024
+
+
+def _default_data(model: str):
+    """The held-out data MODEL is evaluated on without ``--data``: a checkpoint's or run folder's
+    :class:`~verity.trainer.held_out.HeldOutData` (what ``verity train`` validated on), None for
+    ``embedded`` (its preset's test split); ValueError for an HF folder (it records no data),
+    FileNotFoundError for a folder that is no model, checkpoint or run folder."""
+    if model == "embedded":
+        return None
+    path = Path(model).expanduser()
+    if _is_hf_model_folder(path):
+        raise ValueError(
+            f"--data: {model} is an HF model folder, which names no held-out data; give at least one "
+            "verl-schema parquet/JSONL file to evaluate on"
+        )
+    from verity.checkpoint.export import find_checkpoint
+    from verity.checkpoint.state import TrainerState
+    from verity.trainer.held_out import run_held_out_files
+
+    state = TrainerState.read(find_checkpoint(path))
+    return run_held_out_files(state.config, state.working_dir or None)
 
 
 def _is_relative_file(target: str) -> bool:
@@ -218,17 +246,20 @@ def main(argv: list[str]) -> int:
         try:
             if args.model != "embedded" and not Path(args.model).expanduser().exists():
                 raise FileNotFoundError(f"{args.model!r}: no such model folder or checkpoint")
-            if not args.data and args.model != "embedded":  # before exporting a checkpoint for nothing
-                raise ValueError("--data: give at least one verl-schema parquet/JSONL file to evaluate on")
             missing = [f for f in args.data or [] if not Path(f).expanduser().is_file()]
             if missing:
                 raise FileNotFoundError(f"--data: no such file(s): {', '.join(missing)}")
+            # before exporting a checkpoint for nothing: a folder that is no checkpoint or run is named
+            held_out = None if args.data else _default_data(args.model)
             reward, origin = reward_settings(args.model, reward_args)
             if origin is not None:
                 print(f"verity eval: reward settings of the run, from {origin}", file=sys.stderr)
             model_path, default_files, default_tokens = _resolve_model(
                 args.model, args.role, Path(scratch), args.preset
             )
+            if held_out is not None:
+                default_files, default_tokens = held_out.files, held_out.max_new_tokens or default_tokens
+                print(f"verity eval: data: {held_out.source}: {', '.join(held_out.files)}", file=sys.stderr)
             files = args.data or default_files
             report = evaluate_files(
                 model_path,

@@ -10,17 +10,21 @@ of a training run (:mod:`verity.trainer.evaluation`), with its metric names: ``k
 gives ``val/acc`` (and ``val/reward``, ``val/<data_source>/acc``, ...), ``k > 1``
 ``val/avg_at_k``, ``val/pass_at_k``, ``val/maj_at_k`` (when the verifiers report an
 extracted answer) and ``val/k``. One process, no Ray: the model runs on ``device``.
+
+:func:`run_held_out_files` names the files a training run validated on (from its saved
+config), for ``verity eval RUN`` without ``--data``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["EvalReport", "evaluate_files"]
+__all__ = ["EvalReport", "HeldOutData", "evaluate_files", "run_held_out_files"]
 
 
 @dataclass
@@ -32,6 +36,60 @@ class EvalReport:
     responses: int
     mean_score: float
     settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class HeldOutData:
+    """The held-out files a run validated on: ``files`` (absolute paths), ``source`` (where they
+    came from, in words) and ``max_new_tokens`` (the run's response budget, tokens; None: unknown)."""
+
+    files: list[str]
+    source: str
+    max_new_tokens: int | None = None
+
+
+def run_held_out_files(config: Mapping[str, Any], working_dir: str | Path | None = None) -> HeldOutData:
+    """The files ``verity train`` validated on, from a run's saved ``config`` (its trainer_state.json).
+
+    ``data.val_files`` when set, their relative paths read against ``working_dir`` (the folder
+    the run ran in; None: the current folder); otherwise, for ``model.path=embedded``, the
+    test split of the run's embedded preset (``model.embedded_preset``, ``embedded_sft_steps``,
+    ``embedded_cache_dir``; rebuilt if the cache was cleared). FileNotFoundError names a
+    val file that is gone; ValueError a config naming no held-out data.
+    """
+    data = config.get("data") or {}
+    model = config.get("model") or {}
+    budget = data.get("max_response_length")
+    budget = int(budget) if isinstance(budget, int) and budget > 0 else None
+    base = Path(working_dir) if working_dir else Path.cwd()
+    val_files = [str(f) for f in data.get("val_files") or []]
+    if val_files:
+        files = [str(base / Path(f).expanduser()) for f in val_files]
+        missing = [given for given, path in zip(val_files, files, strict=True) if not Path(path).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"the run's data.val_files: no such file(s) now: {', '.join(missing)} (read against "
+                f"{base}); give the held-out files with --data FILE"
+            )
+        return HeldOutData(files, "the run's data.val_files", budget)
+    if model.get("path") == "embedded":
+        from verity.data.embedded_presets import EMBEDDED_PRESETS
+        from verity.plugins import load_plugins
+        from verity.trainer.embedded import ensure_embedded_default
+
+        load_plugins()  # a plug-in may provide the preset
+        preset = str(model.get("embedded_preset") or "default")
+        cache = model.get("embedded_cache_dir") or "~/.cache/verity/embedded"
+        paths = ensure_embedded_default(
+            Path(cache).expanduser(),
+            sft_steps=model.get("embedded_sft_steps"),
+            settings=EMBEDDED_PRESETS.get(preset),
+        )
+        return HeldOutData([str(paths.test_file)], f"the embedded {preset!r} preset's held-out split", budget)
+    raise ValueError(
+        "--data: the run's config names no held-out files (data.val_files is empty); give at least "
+        "one verl-schema parquet/JSONL file to evaluate on"
+    )
 
 
 def evaluate_files(
