@@ -191,3 +191,14 @@ def test_sft_command_writes_a_checkpoint(tmp_path, rows, capsys):
     assert AutoTokenizer.from_pretrained(out).decode([37]) == "A"
     assert sft_main(["--output", str(out), "--train", str(tmp_path / "missing.parquet")]) == 2
     assert sft_main(["--output", str(out), "--steps", "0"]) == 2
+
+
+def test_a_killed_build_leaves_no_staging_folder_after_the_next_build(tmp_path):
+    # a build stopped by SIGKILL (or SIGTERM before Python unwinds) cannot clean up its staging folder
+    settings = EmbeddedSettings(num_train=16, num_test=4, model=SMALL_MODEL, sft_steps=1, sft_batch_size=4)
+    stale = tmp_path / f".{settings.key()}-killed"
+    (stale / "model").mkdir(parents=True)
+    other_key = tmp_path / ".someotherkey-killed"  # another settings' build may be running: left alone
+    other_key.mkdir()
+    paths = ensure_embedded_default(tmp_path, settings=settings, log=None)
+    assert paths.manifest_file.exists() and not stale.exists() and other_key.exists()

@@ -131,6 +131,10 @@ def ensure_embedded_default(
             return paths
         if paths.root.exists():
             shutil.rmtree(paths.root)
+        # a build killed outright (SIGKILL, SIGTERM before Python unwinds) leaves its staging
+        # folder behind; under this settings' lock no other build of it is running, so they go
+        for stale in cache_dir.glob(f".{settings.key()}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         say(f"verity: building the embedded default in {paths.root} (runs once per settings)")
         staging = Path(tempfile.mkdtemp(prefix=f".{settings.key()}-", dir=cache_dir))
         try:
