@@ -102,15 +102,10 @@ def _resolve_model(
     if model == "embedded":
         from verity.config.schema import ModelConfig
         from verity.data.embedded_presets import EMBEDDED_PRESETS
-        from verity.plugins import load_plugins
-        from verity.trainer.embedded import ensure_embedded_default
+        from verity.trainer.embedded import ensure_embedded_preset
 
-        load_plugins()  # a plug-in may provide the preset
-        settings = EMBEDDED_PRESETS.get(preset)
-        paths = ensure_embedded_default(
-            Path(ModelConfig().embedded_cache_dir).expanduser(), settings=settings
-        )
-        return str(paths.model_dir), [str(paths.test_file)], settings.eval_max_new_tokens
+        paths = ensure_embedded_preset(preset, ModelConfig().embedded_cache_dir)
+        return str(paths.model_dir), [str(paths.test_file)], EMBEDDED_PRESETS.get(preset).eval_max_new_tokens
     if preset != "default":
         raise ValueError(f"--preset {preset!r} applies only to MODEL=embedded")
     path = Path(model).expanduser()

@@ -147,6 +147,23 @@ def ensure_embedded_default(
     return paths
 
 
+def ensure_embedded_preset(
+    preset: str = "default", cache_dir: str | Path = "~/.cache/verity/embedded", sft_steps: int | None = None
+) -> EmbeddedPaths:
+    """The cached build of the embedded preset named ``preset`` (built on first use).
+
+    Plug-ins are loaded first, so a preset a plug-in registers resolves as a built-in one
+    does; ``cache_dir`` and ``sft_steps`` as in :func:`ensure_embedded_default`.
+    """
+    from verity.data.embedded_presets import EMBEDDED_PRESETS
+    from verity.plugins import load_plugins
+
+    load_plugins()
+    return ensure_embedded_default(
+        Path(cache_dir).expanduser(), sft_steps=sft_steps, settings=EMBEDDED_PRESETS.get(preset)
+    )
+
+
 def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str], None]) -> None:
     """Write data, base model, warm-started model and manifest under ``paths.root``."""
     import tokenizers

@@ -73,18 +73,11 @@ def run_held_out_files(config: Mapping[str, Any], working_dir: str | Path | None
             )
         return HeldOutData(files, "the run's data.val_files", budget)
     if model.get("path") == "embedded":
-        from verity.data.embedded_presets import EMBEDDED_PRESETS
-        from verity.plugins import load_plugins
-        from verity.trainer.embedded import ensure_embedded_default
+        from verity.trainer.embedded import ensure_embedded_preset
 
-        load_plugins()  # a plug-in may provide the preset
         preset = str(model.get("embedded_preset") or "default")
         cache = model.get("embedded_cache_dir") or "~/.cache/verity/embedded"
-        paths = ensure_embedded_default(
-            Path(cache).expanduser(),
-            sft_steps=model.get("embedded_sft_steps"),
-            settings=EMBEDDED_PRESETS.get(preset),
-        )
+        paths = ensure_embedded_preset(preset, cache, model.get("embedded_sft_steps"))
         return HeldOutData([str(paths.test_file)], f"the embedded {preset!r} preset's held-out split", budget)
     raise ValueError(
         "--data: the run's config names no held-out files (data.val_files is empty); give at least "
