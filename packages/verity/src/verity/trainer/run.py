@@ -49,8 +49,7 @@ def resolve_inputs(cfg: VerityConfig) -> ResolvedInputs:
     """
     d = cfg.data
     if cfg.model.path == "embedded":
-        from verity.data.embedded_presets import EMBEDDED_PRESETS
-        from verity.trainer.embedded import ensure_embedded_default
+        from verity.trainer.embedded import ensure_embedded_preset
 
         if d.train_files and not d.val_files:
             raise ConfigError(
@@ -64,10 +63,8 @@ def resolve_inputs(cfg: VerityConfig) -> ResolvedInputs:
                 "(data.val_files names your held-out rows); without them the run would train on the "
                 f"embedded {cfg.model.embedded_preset!r} preset's task, not on yours"
             )
-        paths = ensure_embedded_default(
-            Path(cfg.model.embedded_cache_dir).expanduser(),
-            sft_steps=cfg.model.embedded_sft_steps,
-            settings=EMBEDDED_PRESETS.get(cfg.model.embedded_preset),
+        paths = ensure_embedded_preset(
+            cfg.model.embedded_preset, cfg.model.embedded_cache_dir, cfg.model.embedded_sft_steps
         )
         model_path = str(paths.model_dir)
         train = list(d.train_files) or [str(paths.train_file)]
