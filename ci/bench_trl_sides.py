@@ -126,9 +126,9 @@ def run_trl(job: Any, shape: Any, threads: int) -> dict[str, Any]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
     from trl import GRPOConfig, GRPOTrainer
-    from verity.data.tasks.arithmetic import read_parquet_rows
     from verity.rollout.sampling import SamplingParams
     from verity.trainer.evaluate import evaluate, score_with_task
+    from verity_toyworld.tasks.arithmetic import read_parquet_rows
 
     rows = shape.prompts * shape.samples
     micro = getattr(job, "trl_micro_batch", None) or rows  # rows per forward/backward pass

@@ -37,7 +37,9 @@ deadline=$(( $(date +%s) + ${TOTAL_S:-570} ))  # the device tool stops a call at
 if [ -f .gpu/site.tar.xz ] && [ ! -d .gpu/site ]; then
   mkdir -p .gpu/site && tar -xJf .gpu/site.tar.xz -C .gpu/site
 fi
-export PYTHONPATH="$PWD/.gpu/site:$PWD/packages/verity/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD/.gpu/site:$PWD/packages/verity/src:$PWD/packages/toyworld/src${PYTHONPATH:+:$PYTHONPATH}"
+# not pip-installed here, so the toy world's entry point is named directly (model.path=embedded, tiny models)
+export VERITY_PLUGINS="verity_toyworld.plugin:register${VERITY_PLUGINS:+,$VERITY_PLUGINS}"
 export MLFLOW_ALLOW_FILE_STORE=true PYTHONUNBUFFERED=1
 skip=",${SKIP:-},"
 sides="${SIDES:-update-verity-cudagraphs,update-verity-compiled}"  # the bench step's sides

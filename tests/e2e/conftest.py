@@ -10,9 +10,9 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model_and_task(tmp_path_factory) -> dict[str, str]:
     """An untrained tiny Qwen2 + character tokenizer in HF format, and train/test parquet files."""
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tasks.arithmetic import ArithmeticConfig, write_splits
-    from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity_toyworld.char_tokenizer import CharTokenizer
+    from verity_toyworld.tasks.arithmetic import ArithmeticConfig, write_splits
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     root = tmp_path_factory.mktemp("tiny")
     tokenizer = CharTokenizer()

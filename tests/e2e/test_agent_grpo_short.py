@@ -46,9 +46,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
 
 
 def _write_inputs(root: Path) -> dict[str, str]:
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tasks.arithmetic import write_parquet
-    from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity_toyworld.char_tokenizer import CharTokenizer
+    from verity_toyworld.tasks.arithmetic import write_parquet
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     tokenizer = CharTokenizer()
     tokenizer.chat_template = TOOL_TEMPLATE

@@ -14,9 +14,9 @@ require_vllm()
 @pytest.fixture(scope="module")
 def vllm_model_and_task(tmp_path_factory) -> dict[str, str]:
     """The e2e task with a tiny model whose head size vLLM's CPU attention takes (32)."""
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tasks.arithmetic import ArithmeticConfig, write_splits
-    from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity_toyworld.char_tokenizer import CharTokenizer
+    from verity_toyworld.tasks.arithmetic import ArithmeticConfig, write_splits
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     root = tmp_path_factory.mktemp("tiny_vllm")
     tokenizer = CharTokenizer()

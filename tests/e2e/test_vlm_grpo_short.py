@@ -35,8 +35,8 @@ def _with_images(rows: list[dict]) -> list[dict]:
 
 @pytest.mark.slow
 def test_multimodal_parquet_trains_two_grpo_steps(tmp_path) -> None:
-    from verity.data.tasks.arithmetic import ArithmeticConfig, generate_splits
-    from verity.data.tiny_vlm import save_tiny_vlm
+    from verity_toyworld.tasks.arithmetic import ArithmeticConfig, generate_splits
+    from verity_toyworld.tiny_vlm import save_tiny_vlm
 
     model = save_tiny_vlm(tmp_path / "model")
     train_rows, test_rows = generate_splits(32, 8, 0, ArithmeticConfig(digits=1, style="expr"))

@@ -148,7 +148,7 @@ def save_char_qwen2(
     Returns ``(model, tokenizer)``; the model is in eval mode, float32.
     """
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    from verity.data.char_tokenizer import CharTokenizer
+    from verity_toyworld.char_tokenizer import CharTokenizer
 
     tokenizer = CharTokenizer()
     config = Qwen2Config(

@@ -16,10 +16,10 @@ import time
 
 def main(model_dir: str, cache_dir: str, mode: str) -> None:
     import psutil
-    from verity.data.char_tokenizer import CharTokenizer
     from verity.rollout import SamplingParams
     from verity.rollout.orphan_reaper import mapped_segments
     from verity.rollout.vllm_rollout import VLLMRollout
+    from verity_toyworld.char_tokenizer import CharTokenizer
 
     tokenizer = CharTokenizer()
     rollout = VLLMRollout(

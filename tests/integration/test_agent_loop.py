@@ -21,14 +21,14 @@ from helpers.agent_plugin import (
     scripted_tools,
 )
 from verity.batch import Batch
-from verity.data.char_tokenizer import CharTokenizer
-from verity.data.tiny_model import build_tiny_qwen2_for
 from verity.engines.logprobs import response_logprobs
 from verity.rollout import HFRollout, SamplingParams
 from verity.rollout.agent.config import AgentConfig, ToolConfig
 from verity.rollout.agent.loop import AgentRollout
 from verity.rollout.agent.parsers import TOOL_PARSERS, ParsedTurn, ToolCall, register_tool_parser
 from verity.rollout.prompts import encode_prompts
+from verity_toyworld.char_tokenizer import CharTokenizer
+from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
 
 @pytest.fixture(scope="module")

@@ -41,8 +41,8 @@ def ray_cluster():
 
 
 def _model(tmp_path) -> str:
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity_toyworld.char_tokenizer import CharTokenizer
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     tokenizer = CharTokenizer()
     model = build_tiny_qwen2_for(tokenizer, hidden=32, layers=2, heads=4, kv_heads=2, intermediate=64)

@@ -90,9 +90,9 @@ def test_code_rewards_in_an_actor(cluster):
 def test_reward_model_worker_group_splits_rows_over_ranks(cluster, tmp_path):
     from verity.batch import Batch
     from verity.controller import ResourcePool, WorkerGroup
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tiny_model import build_tiny_qwen2_for
     from verity.workers.reward_model import RewardModelWorker, score_texts
+    from verity_toyworld.char_tokenizer import CharTokenizer
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     tokenizer = CharTokenizer()
     model = build_tiny_qwen2_for(tokenizer, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)

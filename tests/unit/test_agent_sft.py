@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from verity.data.char_tokenizer import CharTokenizer
-from verity.data.embedded_presets import EMBEDDED_PRESETS, SFT_TEACHERS
-from verity.data.tasks import multiply
 from verity.rollout.agent.calculator import Calculator
 from verity.rollout.agent.parsers import parse_hermes
 from verity.trainer.sft import IGNORE_INDEX, collate_examples, multi_turn_target, tokenize_examples
+from verity_toyworld.char_tokenizer import CharTokenizer
+from verity_toyworld.presets import EMBEDDED_PRESETS, SFT_TEACHERS
+from verity_toyworld.tasks import multiply
 
 
 def test_the_multiply_tools_teacher_demonstrates_calls_the_calculator_answers_right() -> None:

@@ -56,7 +56,7 @@ class _Engine(RolloutEngine):
 
 
 def test_the_agent_wraps_any_engine_through_the_wrapper_seam() -> None:
-    from verity.data.char_tokenizer import CharTokenizer
+    from verity_toyworld.char_tokenizer import CharTokenizer
 
     wrap = ROLLOUT_WRAPPERS.get("agent")
     off = load_config([])
@@ -73,8 +73,8 @@ def test_the_agent_wraps_any_engine_through_the_wrapper_seam() -> None:
 
 
 def test_the_chat_template_must_render_tool_messages() -> None:
-    from verity.data.char_tokenizer import CharTokenizer
     from verity.rollout.agent.render import ToolMessageRenderer
+    from verity_toyworld.char_tokenizer import CharTokenizer
 
     tokenizer = CharTokenizer()
     tokenizer.chat_template = (
@@ -101,8 +101,8 @@ QWEN_LIKE = (  # the tool-message part of Qwen2.5's template, newlines inside ex
 
 
 def test_tool_answers_render_as_a_qwen_style_template_puts_them() -> None:
-    from verity.data.char_tokenizer import CharTokenizer
     from verity.rollout.agent.render import ToolMessageRenderer
+    from verity_toyworld.char_tokenizer import CharTokenizer
 
     tokenizer = CharTokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
@@ -199,9 +199,9 @@ def test_agent_metrics_rates_and_kinds() -> None:
 def test_tool_tokens_get_no_gradient_from_the_policy_kl_and_entropy_terms() -> None:
     """d loss / d logprob and d loss / d entropy are exactly 0 at tool positions; scrambling every
     per-token input there leaves the parameters' gradient unchanged; including them changes it."""
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tiny_model import build_tiny_qwen2_for
     from verity.engines.logprobs import response_logprobs
+    from verity_toyworld.char_tokenizer import CharTokenizer
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     model = build_tiny_qwen2_for(CharTokenizer(), hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)
     batch = _rows_with_tools()

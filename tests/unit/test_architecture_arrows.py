@@ -68,3 +68,33 @@ def test_every_room_is_in_the_table() -> None:
     rooms = {p.name.removesuffix(".py") for p in SRC.iterdir() if not p.name.startswith("_")}
     rooms = {r for r in rooms if (SRC / r).is_dir() or (SRC / f"{r}.py").is_file()} - {"py.typed"}
     assert rooms <= set(ROOMS), f"rooms missing from the table: {sorted(rooms - set(ROOMS))}"
+
+
+# packages the runtime must never import: they plug into it (the toy world through
+# verity.data.task_registry and verity.data.embedded), and a recipe or the harness sits above it
+PLUG_INS = ("verity_toyworld", "verity_recipe_", "verity_harness", "verity_demo_plugin")
+
+
+def test_the_runtime_imports_no_plug_in() -> None:
+    found = [
+        f"{path.relative_to(SRC)} imports {module}"
+        for path in sorted(SRC.rglob("*.py"))
+        for module in _imports(path)
+        if module.startswith(PLUG_INS)
+    ]
+    assert not found, "the runtime imports a plug-in package:\n" + "\n".join(found)
+
+
+def test_the_toy_world_imports_the_runtime_only_downwards_of_the_trainer() -> None:
+    """The toy world sits beside the recipes: it may use the runtime's data, model and training
+    tools, never the CLI (which reaches it only through the registries)."""
+    import verity_toyworld
+
+    root = Path(verity_toyworld.__file__).parent
+    found = [
+        f"{path.relative_to(root)} imports {module}"
+        for path in sorted(root.rglob("*.py"))
+        for module in _imports(path)
+        if _room(module) == "cli"
+    ]
+    assert not found, "\n".join(found)

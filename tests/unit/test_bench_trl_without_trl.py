@@ -16,7 +16,7 @@ def test_bench_trl_without_trl_names_the_install_command(tmp_path: Path, monkeyp
     installed = optional.is_installed
     monkeypatch.setattr(optional, "is_installed", lambda module: module != "trl" and installed(module))
     built = []
-    monkeypatch.setattr("verity.trainer.embedded.ensure_embedded_default", lambda *a, **k: built.append(a))
+    monkeypatch.setattr("verity_toyworld.build.ensure_embedded_default", lambda *a, **k: built.append(a))
     out = tmp_path / "bench.json"
     argv = [
         "--shapes",
@@ -46,6 +46,6 @@ def test_the_check_passes_when_trl_is_there(tmp_path: Path, monkeypatch) -> None
     def stop(*a, **k):  # noqa: ANN002, ANN003, ANN202
         raise RuntimeError("inputs built")
 
-    monkeypatch.setattr("verity.trainer.embedded.ensure_embedded_default", stop)
+    monkeypatch.setattr("verity_toyworld.build.ensure_embedded_default", stop)
     with pytest.raises(RuntimeError, match="inputs built"):
         bench_trl.prepare_inputs(bench_trl.SHAPES["quickstart"], tmp_path, str(tmp_path))

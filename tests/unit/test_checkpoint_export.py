@@ -15,8 +15,8 @@ P, R = 4, 5
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity_toyworld.char_tokenizer import CharTokenizer
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     torch.manual_seed(0)
     tokenizer = CharTokenizer()

@@ -106,9 +106,9 @@ def test_rollout_dtype_follows_the_model_unless_given_and_is_checked():
 
 
 def test_a_bf16_hf_rollout_serves_a_cast_copy_and_takes_float32_weights():
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tiny_model import build_tiny_qwen2_for
     from verity.rollout import RolloutBuildContext, SamplingParams, build_rollout_engine, encode_prompts
+    from verity_toyworld.char_tokenizer import CharTokenizer
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     tokenizer = CharTokenizer()
     rollout = build_rollout_engine(

@@ -8,10 +8,10 @@ import json
 import pandas as pd
 import pytest
 from verity.cli import data as data_cli
-from verity.data.char_tokenizer import CharTokenizer
 from verity.data.prepare import RawFormatError, aime_rows, gsm8k_rows, math_rows, prepare_file
 from verity.data.verl_dataset import PromptDataset, check_rows, read_rows
 from verity.rewards import RewardManager
+from verity_toyworld.char_tokenizer import CharTokenizer
 
 GSM8K_RAW = [
     {

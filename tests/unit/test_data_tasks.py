@@ -6,9 +6,9 @@ import json
 import pickle
 
 import pytest
-from verity.data.tasks import TASKS, countdown, digit_sequence, gsm8k_style, multiply
-from verity.data.tasks._common import draw_rows
 from verity.data.verl_dataset import check_rows
+from verity_toyworld.tasks import TASKS, countdown, digit_sequence, gsm8k_style, multiply
+from verity_toyworld.tasks._common import draw_rows
 
 MY_TASKS = [gsm8k_style, countdown, digit_sequence, multiply]
 

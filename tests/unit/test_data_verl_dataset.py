@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 import torch
 from verity.batch import Batch
-from verity.data.char_tokenizer import CharTokenizer
 from verity.data.chat_template import render_prompt
 from verity.data.prompt_loader import PromptDataLoader, ResumableSampler, collate_prompts
 from verity.data.verl_dataset import MalformedDatasetError, PromptDataset, PromptTooLongError, read_rows
+from verity_toyworld.char_tokenizer import CharTokenizer
 
 
 def _row(content, truth="1", source="openai/gsm8k", extra=None):

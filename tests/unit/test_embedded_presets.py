@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from verity.config import ConfigError, load_config
-from verity.data.embedded_presets import (
+from verity_toyworld.presets import (
     EMBEDDED_PRESETS,
     SFT_TEACHERS,
     EmbeddedSettings,
@@ -12,7 +12,7 @@ from verity.data.embedded_presets import (
     register_embedded_preset,
     register_sft_teacher,
 )
-from verity.data.tasks.arithmetic import read_parquet_rows
+from verity_toyworld.tasks.arithmetic import read_parquet_rows
 
 SMALL_MODEL = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64, "max_pos": 64}
 TAUGHT: list[int] = []

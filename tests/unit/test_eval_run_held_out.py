@@ -13,9 +13,9 @@ from verity.cli.main import main as verity
 def model_and_test(tmp_path_factory) -> dict[str, Path]:
     """An untrained tiny model (HF folder) and a 6-row arithmetic test split."""
     import torch
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tasks.arithmetic import ArithmeticConfig, write_splits
-    from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity_toyworld.char_tokenizer import CharTokenizer
+    from verity_toyworld.tasks.arithmetic import ArithmeticConfig, write_splits
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     root = tmp_path_factory.mktemp("heldout")
     torch.manual_seed(0)
@@ -70,7 +70,7 @@ def test_a_run_is_evaluated_on_its_own_val_files(model_and_test, tmp_path, monke
 def test_an_embedded_run_is_evaluated_on_its_presets_held_out_split(
     model_and_test, tmp_path, monkeypatch, capsys
 ):
-    from verity.trainer import embedded
+    from verity_toyworld import build as embedded
 
     built = []
 

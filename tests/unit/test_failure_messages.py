@@ -18,8 +18,8 @@ from verity.cli import train as train_cli
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity_toyworld.char_tokenizer import CharTokenizer
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     root = tmp_path_factory.mktemp("inputs")
     tokenizer = CharTokenizer()
@@ -231,7 +231,7 @@ def test_the_embedded_model_on_your_data_needs_your_held_out_file(inputs, tmp_pa
     def no_embedded_build(*args, **kwargs):
         raise AssertionError("refused before the embedded model is built")
 
-    monkeypatch.setattr("verity.trainer.embedded.ensure_embedded_default", no_embedded_build)
+    monkeypatch.setattr("verity_toyworld.build.ensure_embedded_default", no_embedded_build)
     out = tmp_path / "out"
     mine = inputs / "good.parquet"
     reward = inputs / "reward_text.py"

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 from verity.batch import Batch
-from verity.data.char_tokenizer import CharTokenizer
-from verity.data.tiny_model import build_tiny_qwen2_for
 from verity.workers.reward_model import (
     RewardModelWorker,
     load_reward_model,
     mix_scores,
     render_conversations,
 )
+from verity_toyworld.char_tokenizer import CharTokenizer
+from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,6 @@ from contextlib import nullcontext
 
 import pytest
 import torch
-from verity.data.char_tokenizer import CharTokenizer
-from verity.data.tiny_model import build_tiny_qwen2_for
 from verity.rollout import HFRollout, SamplingParams, encode_prompts, gqa_attention
 from verity.rollout import hf_rollout as hf_rollout_module
 from verity.rollout.gqa_attention import (
@@ -19,6 +17,8 @@ from verity.rollout.gqa_attention import (
     takes_grouped_sdpa,
 )
 from verity.rollout.kv_cache import reserved_cache
+from verity_toyworld.char_tokenizer import CharTokenizer
+from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
 PROMPTS = ["12+3=", "7-2=", "40+41=", "5=", "123-45="]
 

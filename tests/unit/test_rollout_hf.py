@@ -8,10 +8,10 @@ import pytest
 import torch
 from helpers.scripted_cache import ScriptedCache
 from verity.batch import Batch
-from verity.data.char_tokenizer import CharTokenizer
-from verity.data.tiny_model import build_tiny_qwen2_for
 from verity.rollout import HFRollout, SamplingParams, encode_prompts, filter_top_k_top_p, left_pad
 from verity.rollout.prompts import position_ids_from_mask
+from verity_toyworld.char_tokenizer import CharTokenizer
+from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
 PROMPTS = ["12+3=", "7-2=", "40+41=", "5="]
 
@@ -345,7 +345,7 @@ def test_the_reserved_kv_cache_decodes_what_a_growing_one_does(model, tokenizer,
 def test_finished_rows_leaving_the_batch_changes_no_token(tokenizer, monkeypatch):
     """Greedy decoding with and without dropping finished rows: the same responses and log-probs."""
     import verity.rollout.hf_rollout as hf_rollout
-    from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     model = build_tiny_qwen2_for(tokenizer, seed=7).eval()
     eos = tokenizer.eos_token_id

@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 from verity.batch import Batch
-from verity.data.char_tokenizer import CharTokenizer
 from verity.rollout import SamplingParams, encode_prompts
 from verity.rollout.sglang_rollout import (
     SGLangOptions,
@@ -21,6 +20,7 @@ from verity.rollout.sglang_rollout import (
     sglang_request_params,
     tensor_buckets,
 )
+from verity_toyworld.char_tokenizer import CharTokenizer
 
 EOS = 2
 

@@ -6,8 +6,8 @@ import random
 import re
 
 import pytest
-from verity.data.tasks import TASKS, task_for_data_source
-from verity.data.tasks.arithmetic import (
+from verity_toyworld.tasks import TASKS, task_for_data_source
+from verity_toyworld.tasks.arithmetic import (
     ArithmeticConfig,
     Problem,
     count_distinct_problems,

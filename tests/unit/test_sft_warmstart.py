@@ -10,12 +10,17 @@ import torch
 from helpers.scripted_cache import ScriptedCache
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from verity.cli.sft import main as sft_main
-from verity.data.char_tokenizer import CharTokenizer
-from verity.data.tasks.arithmetic import ArithmeticConfig, generate_splits, read_parquet_rows, write_parquet
-from verity.data.tiny_model import build_tiny_qwen2_for
-from verity.trainer.embedded import EmbeddedSettings, ensure_embedded_default, teacher_rows
 from verity.trainer.evaluate import evaluate, evaluate_greedy
 from verity.trainer.sft import collate_examples, learning_rate_at, run_sft, tokenize_examples
+from verity_toyworld.build import EmbeddedSettings, ensure_embedded_default, teacher_rows
+from verity_toyworld.char_tokenizer import CharTokenizer
+from verity_toyworld.tasks.arithmetic import (
+    ArithmeticConfig,
+    generate_splits,
+    read_parquet_rows,
+    write_parquet,
+)
+from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
 SMALL_MODEL = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64, "max_pos": 64}
 

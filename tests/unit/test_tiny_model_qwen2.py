@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
-from verity.data.char_tokenizer import CharTokenizer
-from verity.data.tiny_model import build_tiny_qwen2, build_tiny_qwen2_for, load_causal_lm
+from verity_toyworld.char_tokenizer import CharTokenizer
+from verity_toyworld.tiny_model import build_tiny_qwen2, build_tiny_qwen2_for, load_causal_lm
 
 
 def test_architecture_and_parameter_count():

@@ -6,8 +6,8 @@ import json
 
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
-from verity.data.char_tokenizer import CharTokenizer
-from verity.data.tiny_model import build_tiny_qwen2_for
+from verity_toyworld.char_tokenizer import CharTokenizer
+from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
 
 @pytest.fixture(scope="module")

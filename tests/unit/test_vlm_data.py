@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 from verity.batch.schema import validate
 from verity.data.prompt_loader import PromptDataLoader, collate_prompts
-from verity.data.tiny_vlm import build_vlm_image_processor, build_vlm_tokenizer
 from verity.data.verl_dataset import MalformedDatasetError, PromptDataset
+from verity_toyworld.tiny_vlm import build_vlm_image_processor, build_vlm_tokenizer
 
 
 def png(size: tuple[int, int] = (56, 56), color: tuple[int, int, int] = (0, 200, 0)) -> bytes:

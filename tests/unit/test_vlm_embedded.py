@@ -6,15 +6,15 @@ import copy
 
 import pytest
 import torch
-from verity.data.embedded_presets import EMBEDDED_PRESETS, SFT_TEACHERS, EmbeddedSettings
-from verity.data.tasks.arithmetic import read_parquet_rows
-from verity.data.tasks.shape_count import ShapeCountConfig, generate_splits
-from verity.data.tiny_vlm import build_tiny_qwen2_5_vl, build_vlm_image_processor, build_vlm_tokenizer
 from verity.data.verl_dataset import MalformedDatasetError
 from verity.rollout.sampling import SamplingParams
-from verity.trainer.embedded import ensure_embedded_default
 from verity.trainer.evaluate import evaluate
 from verity.trainer.sft import run_sft
+from verity_toyworld.build import ensure_embedded_default
+from verity_toyworld.presets import EMBEDDED_PRESETS, SFT_TEACHERS, EmbeddedSettings
+from verity_toyworld.tasks.arithmetic import read_parquet_rows
+from verity_toyworld.tasks.shape_count import ShapeCountConfig, generate_splits
+from verity_toyworld.tiny_vlm import build_tiny_qwen2_5_vl, build_vlm_image_processor, build_vlm_tokenizer
 
 SMALL_VLM = {"hidden": 32, "layers": 1, "heads": 2, "kv_heads": 1, "intermediate": 64, "vision_hidden": 16}
 TASK = {"min_shapes": 2, "max_shapes": 6, "question_first": True}
@@ -70,7 +70,7 @@ def test_evaluation_generates_with_the_images() -> None:
     sampling = SamplingParams(do_sample=False, max_new_tokens=3)
     seen = evaluate(model, tokenizer, train, sampling=sampling, image_processor=processor)
     assert len(seen.scores) == 12 and seen.accuracy > 0.5  # it memorised the pictures it was taught
-    from verity.data.tasks.shape_count import blank_picture
+    from verity_toyworld.tasks.shape_count import blank_picture
 
     blank = [{**row, "images": [{"bytes": blank_picture(), "path": None}]} for row in train]
     hidden = evaluate(model, tokenizer, blank, sampling=sampling, image_processor=processor)

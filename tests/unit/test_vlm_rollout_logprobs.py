@@ -8,13 +8,13 @@ import pytest
 import torch
 from PIL import Image
 from verity.data.prompt_loader import collate_prompts
-from verity.data.tiny_vlm import build_tiny_qwen2_5_vl, build_vlm_image_processor, build_vlm_tokenizer
 from verity.data.verl_dataset import PromptDataset
 from verity.data.vision_inputs import vision_forward_inputs
 from verity.engines.logprobs import response_logprobs
 from verity.engines.micro_batches import model_inputs
 from verity.rollout.hf_rollout import HFRollout
 from verity.rollout.sampling import SamplingParams
+from verity_toyworld.tiny_vlm import build_tiny_qwen2_5_vl, build_vlm_image_processor, build_vlm_tokenizer
 
 
 def png(size: tuple[int, int], color: tuple[int, int, int]) -> bytes:

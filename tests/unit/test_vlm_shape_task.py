@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 
 from PIL import Image
-from verity.data.tasks import TASKS, task_for_data_source
-from verity.data.tasks.shape_count import COLOURS, DATA_SOURCE, ShapeCountConfig, generate_splits, score
-from verity.data.tiny_vlm import build_vlm_image_processor, build_vlm_tokenizer
 from verity.data.verl_dataset import PromptDataset
+from verity_toyworld.tasks import TASKS, task_for_data_source
+from verity_toyworld.tasks.shape_count import COLOURS, DATA_SOURCE, ShapeCountConfig, generate_splits, score
+from verity_toyworld.tiny_vlm import build_vlm_image_processor, build_vlm_tokenizer
 
 
 def _count_colour(png: bytes, colour: str) -> int:
@@ -46,8 +46,8 @@ def test_registered_and_loads_as_multimodal_rows() -> None:
 def test_held_out_evaluation_scores_the_visual_task(tmp_path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from verity.data.tiny_vlm import save_tiny_vlm
     from verity.trainer.held_out import evaluate_files
+    from verity_toyworld.tiny_vlm import save_tiny_vlm
 
     model = save_tiny_vlm(tmp_path / "model")
     _, test = generate_splits(0, 6, seed=1)

@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 from verity.data.multimodal import encode_image_prompt, image_token_id
-from verity.data.tiny_vlm import (
+from verity_toyworld.tiny_vlm import (
     IMAGE_PAD,
     VISION_TOKENS,
     build_tiny_qwen2_5_vl,

@@ -24,11 +24,11 @@ import time
 from contextlib import nullcontext
 
 import torch
-from verity.data.char_tokenizer import CharTokenizer
-from verity.data.tiny_model import build_tiny_qwen2_for
 from verity.rollout import HFRollout, SamplingParams, encode_prompts, gqa_attention
 from verity.rollout import hf_rollout as hf_rollout_module
 from verity.rollout.gqa_attention import grouped_attention_name, grouped_sdpa, matmul_decode
+from verity_toyworld.char_tokenizer import CharTokenizer
+from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
 
 def main() -> None:

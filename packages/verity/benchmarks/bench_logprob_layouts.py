@@ -22,9 +22,9 @@ import statistics
 import time
 
 import torch
-from verity.data.char_tokenizer import CharTokenizer
-from verity.data.tiny_model import build_tiny_qwen2_for
 from verity.engines.logprobs import response_logprobs
+from verity_toyworld.char_tokenizer import CharTokenizer
+from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
 PROMPT_COLUMNS, RESPONSE_COLUMNS = 9, 8
 LAYOUTS = {"full": (False, False), "window": (True, False), "shared": (True, True)}  # trim, share

@@ -55,8 +55,8 @@ def shaped_batch(rows: int, seed: int, vocab: int = 200) -> dict[str, torch.Tens
 
 
 def _model(hidden: int, layers: int) -> torch.nn.Module:
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity_toyworld.char_tokenizer import CharTokenizer
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     heads = max(1, hidden // 64)
     return build_tiny_qwen2_for(

@@ -38,11 +38,11 @@ def _rank(rank: int, store_file: str, layout: str, rows: int, repeats: int, answ
     from bench_logprob_layouts import quickstart_shaped_batch
     from verity.algorithms.configs import KLConfig, PolicyLossConfig
     from verity.batch import Batch
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tiny_model import build_tiny_qwen2_for
     from verity.engines.fsdp2 import FSDP2Engine
     from verity.engines.optim import OptimConfig
     from verity.workers.actor_loss import make_actor_loss
+    from verity_toyworld.char_tokenizer import CharTokenizer
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     torch.set_num_threads(1)
     if layout != "alone":

@@ -15,9 +15,9 @@ import statistics
 import time
 
 import torch
-from verity.data.char_tokenizer import CharTokenizer
-from verity.data.tiny_model import build_tiny_qwen2_for
 from verity.rollout import HFRollout, SamplingParams, encode_prompts
+from verity_toyworld.char_tokenizer import CharTokenizer
+from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
 
 def main() -> None:

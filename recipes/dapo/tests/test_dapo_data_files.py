@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from dapo_data import INSTRUCTION, dapo_math_row, write_rows
-from verity.data.char_tokenizer import CharTokenizer
 from verity.data.verl_dataset import PromptDataset
 from verity.rewards.registry import call_reward, resolve_spec
+from verity_toyworld.char_tokenizer import CharTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +47,8 @@ def test_the_rows_are_scored_by_their_data_source(source, response, truth, score
 
 
 def test_verity_eval_reports_avg_and_pass_at_k_on_the_aime_file(files, tmp_path):
-    from verity.data.tiny_model import build_tiny_qwen2_for
     from verity.trainer.held_out import evaluate_files
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     tokenizer = CharTokenizer()
     model = build_tiny_qwen2_for(

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 from verity.config import load_config
-from verity.data.embedded_presets import EMBEDDED_PRESETS
 from verity.trainer.stage_plan import build_stage_plan
+from verity_toyworld.presets import EMBEDDED_PRESETS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "verity_recipe_dapo"
 

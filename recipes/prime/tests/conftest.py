@@ -23,9 +23,9 @@ def prime_tiny_model_and_task(tmp_path_factory) -> dict[str, str]:
     characters) gets both right and wrong samples in most groups of 4, so the accuracy
     filter keeps groups and the PRM has both labels to learn from.
     """
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tasks.arithmetic import ArithmeticConfig, write_splits
-    from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity_toyworld.char_tokenizer import CharTokenizer
+    from verity_toyworld.tasks.arithmetic import ArithmeticConfig, write_splits
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     root = tmp_path_factory.mktemp("prime-tiny")
     tokenizer = CharTokenizer()

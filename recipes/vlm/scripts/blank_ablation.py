@@ -37,8 +37,8 @@ def greedy_accuracy(model_dir: str, test_file: str) -> float:
 
 def main() -> None:
     from verity.checkpoint.export import export_hf
-    from verity.data.tasks.arithmetic import read_parquet_rows, write_parquet
-    from verity.data.tasks.shape_count import blank_picture
+    from verity_toyworld.tasks.arithmetic import read_parquet_rows, write_parquet
+    from verity_toyworld.tasks.shape_count import blank_picture
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="*", help="run output folders (each with a final checkpoint)")

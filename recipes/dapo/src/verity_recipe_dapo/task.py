@@ -29,7 +29,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from verity.data.embedded_presets import (
+from verity_toyworld.presets import (
     EMBEDDED_PRESETS,
     SFT_TEACHERS,
     EmbeddedSettings,

@@ -43,11 +43,17 @@ def parse_difficulty(items: list[str]) -> dict[str, Any]:
 
 def synth_rows(task: str, n: int, seed: int, split: str, difficulty: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows of synthetic ``task``: its ``generate(n, seed, split, **difficulty)``, or its ``generate_splits``."""
-    from verity.data.tasks import TASKS
+    from verity.data.task_registry import synthetic_tasks
 
-    if task not in TASKS:
-        raise ValueError(f"--task: unknown task {task!r}; known tasks: {sorted(TASKS)}")
-    module = TASKS[task]
+    tasks = synthetic_tasks()
+    if task not in tasks:
+        if not tasks.names():
+            raise ValueError(
+                f"--task: unknown task {task!r}: no synthetic tasks are registered; install "
+                "verity-toyworld (pip install -e packages/toyworld) or a plug-in that registers tasks"
+            )
+        raise ValueError(f"--task: unknown task {task!r}; known tasks: {tasks.names()}")
+    module = tasks.get(task)
     configs = [
         obj
         for name, obj in vars(module).items()

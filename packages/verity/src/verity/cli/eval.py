@@ -101,11 +101,11 @@ def _resolve_model(
     """``(HF folder, default data files, default max_new_tokens)`` for the MODEL argument."""
     if model == "embedded":
         from verity.config.schema import ModelConfig
-        from verity.data.embedded_presets import EMBEDDED_PRESETS
-        from verity.trainer.embedded import ensure_embedded_preset
+        from verity.data.embedded import embedded_preset
 
-        paths = ensure_embedded_preset(preset, ModelConfig().embedded_cache_dir)
-        return str(paths.model_dir), [str(paths.test_file)], EMBEDDED_PRESETS.get(preset).eval_max_new_tokens
+        chosen = embedded_preset(preset)
+        paths = chosen.build(Path(ModelConfig().embedded_cache_dir).expanduser())
+        return str(paths.model_dir), [str(paths.test_file)], chosen.eval_max_new_tokens
     if preset != "default":
         raise ValueError(f"--preset {preset!r} applies only to MODEL=embedded")
     path = Path(model).expanduser()

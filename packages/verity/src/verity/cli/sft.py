@@ -4,11 +4,11 @@
     verity sft --model path/to/hf_model --train train.parquet --test test.parquet \
                --steps 1600 --lr 3e-3 --batch-size 64 --output ckpt/
 
-``--model tiny`` (the default) builds a fresh tiny Qwen2 with the character
-tokenizer; any other value is an HF model folder (its tokenizer is loaded from
+``--model tiny`` (the default) builds a fresh model of the ``default`` embedded
+preset (with ``verity-toyworld``: a tiny Qwen2 with the character tokenizer); any other value is an HF model folder (its tokenizer is loaded from
 the same folder unless ``--tokenizer`` says otherwise). Without ``--train``
-the embedded default's arithmetic splits are generated (with the teacher's
-answers as they are: no full-stop slips, see ``verity.trainer.embedded``). Rows are verl-schema
+the ``default`` embedded preset's task splits are generated (with the task's own
+answers: no full-stop slips, see ``verity_toyworld.build``). Rows are verl-schema
 (parquet or JSONL); the target is ``response`` or ``reward_model.ground_truth``.
 With a test file, held-out greedy accuracy is printed before and after.
 
@@ -94,10 +94,8 @@ def main(argv: list[str]) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tasks.arithmetic import ArithmeticConfig, generate_splits
-    from verity.data.tiny_model import build_tiny_qwen2_for, load_causal_lm
-    from verity.trainer.embedded import EmbeddedSettings
+    from verity.data.embedded import embedded_preset
+    from verity.engines.hf_loading import load_causal_lm
     from verity.trainer.evaluate import evaluate_greedy
     from verity.trainer.sft import run_sft
 
@@ -108,20 +106,17 @@ def main(argv: list[str]) -> int:
             train_rows = read_rows(args.train)
             test_rows = read_rows(args.test) if args.test else []
         else:
-            settings = EmbeddedSettings()
-            train_rows, test_rows = generate_splits(
-                settings.num_train,
-                settings.num_test,
-                settings.data_seed,
-                ArithmeticConfig(**settings.task_config),
-            )
+            train_rows, test_rows = embedded_preset("default").task_rows()
             if args.test:
                 test_rows = read_rows(args.test)
         if args.model == "tiny":
-            tokenizer = CharTokenizer()
-            model = build_tiny_qwen2_for(tokenizer, seed=args.seed)
+            model, tokenizer = embedded_preset("default").fresh_model(seed=args.seed)
         else:
-            model = load_causal_lm(args.model)
+            if not (Path(args.model).expanduser() / "config.json").is_file():
+                raise FileNotFoundError(
+                    f"--model: expected 'tiny' or an HF model folder with config.json, got {args.model!r}"
+                )
+            model = load_causal_lm(Path(args.model).expanduser()).eval()
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
     except (FileNotFoundError, ValueError, KeyError) as error:
         print(f"verity sft: {error}", file=sys.stderr)

@@ -119,14 +119,13 @@ def _images_setting(cfg: Any) -> str | None:
     from verity.data.multimodal import VISION_LANGUAGE_MODEL_TYPES
 
     if cfg.model.path == "embedded":
-        from verity.data.embedded_presets import EMBEDDED_PRESETS
-        from verity.registry import UnknownNameError
+        from verity.data.embedded import embedded_preset
 
         try:
-            preset = EMBEDDED_PRESETS.get(cfg.model.embedded_preset)
-        except UnknownNameError:  # named by the preset check
+            preset = embedded_preset(cfg.model.embedded_preset)
+        except ValueError:  # named by the preset check
             return None
-        if preset.model_family in VISION_LANGUAGE_MODEL_TYPES:
+        if preset.vision:
             return f"model.embedded_preset={cfg.model.embedded_preset} (a vision-language model, prompts with images)"
         return None
     try:

@@ -29,10 +29,10 @@ class ModelConfig:
     # HF attention kernel every role loads with: sdpa | eager | flash_attention_2 | ...
     attn_implementation: str = "sdpa"
     gradient_checkpointing: bool = False  # recompute activations in backward (trained roles)
-    # embedded default only: which preset (task, teacher, model shape, SFT; verity.data.embedded_presets),
+    # embedded default only: which preset (task, teacher, model shape, SFT; verity_toyworld.presets),
     # its SFT warm-start steps and the cache folder
     embedded_preset: str = "default"  # default, multiply-tools, shape-count (tiny Qwen2.5-VL), a plug-in's
-    embedded_sft_steps: int | None = None  # None: the preset's own (see verity.trainer.embedded)
+    embedded_sft_steps: int | None = None  # None: the preset's own (see verity_toyworld.build)
     embedded_cache_dir: str = "~/.cache/verity/embedded"  # where the embedded default is built and reused
 
 

@@ -203,9 +203,8 @@ def validate_config(cfg: VerityConfig, user_keys: set[str] | None = None, source
 
 
 def _validate_embedded_preset(cfg: VerityConfig) -> None:
-    """``model.embedded_preset`` names a registered preset whose teacher is registered too."""
-    from verity.data.embedded_presets import EMBEDDED_PRESETS, SFT_TEACHERS
-    from verity.registry import UnknownNameError
+    """``model.embedded_preset`` names a registered preset (:mod:`verity.data.embedded`) that passes its own check."""
+    from verity.data.embedded import embedded_preset
 
     m = cfg.model
     if m.embedded_sft_steps is not None and m.embedded_sft_steps < 0:
@@ -220,9 +219,8 @@ def _validate_embedded_preset(cfg: VerityConfig) -> None:
             )
         return
     try:
-        settings = EMBEDDED_PRESETS.get(m.embedded_preset)
-        SFT_TEACHERS.get(settings.teacher)
-    except UnknownNameError as err:
+        embedded_preset(m.embedded_preset).check()
+    except ValueError as err:  # no provider installed, an unknown name, or what the preset says is wrong
         raise ConfigError(f"model.embedded_preset: {err}") from None
 
 

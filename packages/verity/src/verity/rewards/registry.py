@@ -7,7 +7,7 @@ worker process and loaded there:
   :data:`BUILTIN_NAMES`);
 - ``"package.module:function"`` — an importable function;
 - ``"/path/to/file.py:function"`` — a function in a Python file (loaded by path);
-- ``"task:<name>"`` — the verifier of a synthetic task in :mod:`verity.data.tasks`.
+- ``"task:<name>"`` — the verifier of a synthetic task registered in :mod:`verity.data.task_registry`.
 
 :func:`resolve_spec` picks the spec for a ``data_source``: a user function
 (``custom_reward``) wins for every source, then per-source ``overrides``, then
@@ -84,12 +84,10 @@ class RewardResultError(TypeError):
 
 def _task_names() -> dict[str, str]:
     """``data_source`` -> task name for the synthetic tasks (empty when the task registry is absent)."""
-    try:
-        from verity.data.tasks import TASKS
-    except ImportError:
-        return {}
+    from verity.data.task_registry import synthetic_tasks
+
     out = {}
-    for name, module in TASKS.items():
+    for name, module in synthetic_tasks().items():
         out[getattr(module, "DATA_SOURCE", f"verity/{name}")] = name
     return out
 
@@ -156,11 +154,12 @@ def _load_file_function(path: str, name: str) -> RewardFunction:
 
 
 def _task_function(task_name: str) -> RewardFunction:
-    from verity.data.tasks import TASKS
+    from verity.data.task_registry import synthetic_tasks
 
-    if task_name not in TASKS:
-        raise KeyError(f"task {task_name!r}: unknown; known tasks: {sorted(TASKS)}")
-    score = TASKS[task_name].score
+    tasks = synthetic_tasks()
+    if task_name not in tasks:
+        raise KeyError(f"task {task_name!r}: unknown; known tasks: {tasks.names()}")
+    score = tasks.get(task_name).score
 
     def task_reward(data_source: str, solution_str: str, ground_truth: Any, extra_info=None, **_: Any):
         return score(solution_str, ground_truth)

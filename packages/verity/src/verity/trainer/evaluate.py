@@ -2,7 +2,7 @@
 
 Rows are verl-schema dicts (``prompt``, ``data_source``,
 ``reward_model.ground_truth``). The default scorer looks the row's
-``data_source`` up among the synthetic tasks (``verity.data.tasks``); pass
+``data_source`` up among the registered synthetic tasks (``verity.data.task_registry``); pass
 ``score_fn(data_source, response_text, ground_truth) -> float`` to score
 anything else (e.g. the reward registry). Rows with images (verl's ``images`` column) need
 the model's ``image_processor``; they are encoded as a run encodes them
@@ -17,7 +17,7 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from verity.data.tasks import task_for_data_source
+from verity.data.task_registry import task_for_data_source
 from verity.rollout.hf_rollout import HFRollout
 from verity.rollout.prompts import encode_prompts, prompts_of_rows
 from verity.rollout.sampling import SamplingParams

@@ -73,7 +73,7 @@ def run_held_out_files(config: Mapping[str, Any], working_dir: str | Path | None
             )
         return HeldOutData(files, "the run's data.val_files", budget)
     if model.get("path") == "embedded":
-        from verity.trainer.embedded import ensure_embedded_preset
+        from verity.data.embedded import ensure_embedded_preset
 
         preset = str(model.get("embedded_preset") or "default")
         cache = model.get("embedded_cache_dir") or "~/.cache/verity/embedded"

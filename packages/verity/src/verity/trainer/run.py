@@ -49,7 +49,7 @@ def resolve_inputs(cfg: VerityConfig) -> ResolvedInputs:
     """
     d = cfg.data
     if cfg.model.path == "embedded":
-        from verity.trainer.embedded import ensure_embedded_preset
+        from verity.data.embedded import ensure_embedded_preset
 
         if d.train_files and not d.val_files:
             raise ConfigError(

@@ -9,7 +9,7 @@ processor (image processor + tokenizer + chat template).
 Sizes (defaults): a 2-block vision tower (width 32, 2 heads, patch 14, 2x2 merge)
 projects to a 2-layer text decoder (width 128, 4 query / 2 key-value heads, MLP 512)
 over the 264-token vocabulary (the 260 character tokens of
-:mod:`verity.data.char_tokenizer` plus the four vision tokens) — about 0.6M
+:mod:`verity_toyworld.char_tokenizer` plus the four vision tokens) — about 0.6M
 parameters. A 56x56 image is a 4x4 grid of 14-pixel patches, i.e. 16 patch rows of
 ``3 * 2 * 14 * 14 = 1176`` values in ``pixel_values`` and 4 image tokens in the prompt
 after the 2x2 merge.
@@ -32,7 +32,7 @@ from transformers import (
     Qwen2_5_VLForConditionalGeneration,
 )
 
-from verity.data.char_tokenizer import CharTokenizer
+from verity_toyworld.char_tokenizer import CharTokenizer
 
 VISION_START = "<|vision_start|>"
 VISION_END = "<|vision_end|>"

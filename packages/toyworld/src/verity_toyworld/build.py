@@ -11,9 +11,9 @@ user had pointed at a real checkpoint and real verl parquet files::
                              for a vision-language preset)
         model/               the SFT warm-started model and tokenizer (HF format, likewise)
 
-``settings`` is an :class:`~verity.data.embedded_presets.EmbeddedSettings`; a run picks
+``settings`` is an :class:`~verity_toyworld.presets.EmbeddedSettings`; a run picks
 one by name with ``model.embedded_preset`` (``default``, the one described below, or one a
-plug-in registered: :mod:`verity.data.embedded_presets`). ``<key>`` is a hash of every
+plug-in registered: :mod:`verity_toyworld.presets`). ``<key>`` is a hash of every
 setting that changes the result (task knobs, row format, teacher, split sizes, seeds,
 model shape, SFT steps/lr/batch) and of ``EMBEDDED_FORMAT``, so a change of settings
 builds a new entry and an unchanged one is reused. Building
@@ -62,7 +62,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from verity.data.embedded_presets import (  # noqa: F401  (EmbeddedSettings and teacher_rows are re-exported)
+from verity_toyworld.presets import (  # noqa: F401  (EmbeddedSettings and teacher_rows are re-exported)
     EMBEDDED_FORMAT,
     SFT_TEACHERS,
     EmbeddedSettings,
@@ -152,16 +152,13 @@ def ensure_embedded_preset(
 ) -> EmbeddedPaths:
     """The cached build of the embedded preset named ``preset`` (built on first use).
 
-    Plug-ins are loaded first, so a preset a plug-in registers resolves as a built-in one
-    does; ``cache_dir`` and ``sft_steps`` as in :func:`ensure_embedded_default`.
+    Plug-ins are loaded first (:func:`verity.data.embedded.ensure_embedded_preset`), so a
+    preset a plug-in registers resolves as this package's do; ``cache_dir`` and ``sft_steps``
+    as in :func:`ensure_embedded_default`.
     """
-    from verity.data.embedded_presets import EMBEDDED_PRESETS
-    from verity.plugins import load_plugins
+    from verity.data.embedded import ensure_embedded_preset as ensure
 
-    load_plugins()
-    return ensure_embedded_default(
-        Path(cache_dir).expanduser(), sft_steps=sft_steps, settings=EMBEDDED_PRESETS.get(preset)
-    )
+    return ensure(preset, cache_dir, sft_steps)
 
 
 def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str], None]) -> None:
@@ -169,17 +166,18 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
     import tokenizers
     import torch
     import transformers
-
-    from verity.data.tasks import TASKS
-    from verity.data.tasks.arithmetic import extract_answer
+    from verity.data.task_registry import synthetic_tasks, task_config_class
     from verity.rollout.sampling import SamplingParams
     from verity.trainer.evaluate import evaluate
     from verity.trainer.sft import run_sft
 
-    if settings.task not in TASKS:
-        raise ValueError(f"task: expected one of {sorted(TASKS)}, got {settings.task!r}")
-    task = TASKS[settings.task]
-    config = _task_config_class(task)(**settings.task_config)
+    from verity_toyworld.tasks.arithmetic import extract_answer
+
+    tasks = synthetic_tasks()
+    if settings.task not in tasks:
+        raise ValueError(f"task: expected one of {tasks.names()}, got {settings.task!r}")
+    task = tasks.get(settings.task)
+    config = task_config_class(task)(**settings.task_config)
     train_rows, test_rows = task.generate_splits(
         settings.num_train, settings.num_test, settings.data_seed, config
     )
@@ -257,13 +255,17 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
 def _build_model(settings: EmbeddedSettings) -> tuple[Any, Any, Any]:
     """``(tokenizer, untrained model, image processor or None)`` of ``settings.model_family``."""
     if settings.model_family == "qwen2_5_vl":
-        from verity.data.tiny_vlm import build_tiny_qwen2_5_vl, build_vlm_image_processor, build_vlm_tokenizer
+        from verity_toyworld.tiny_vlm import (
+            build_tiny_qwen2_5_vl,
+            build_vlm_image_processor,
+            build_vlm_tokenizer,
+        )
 
         tokenizer = build_vlm_tokenizer()
         model = build_tiny_qwen2_5_vl(tokenizer, seed=settings.model_seed, **settings.model)
         return tokenizer, model, build_vlm_image_processor()
-    from verity.data.char_tokenizer import CharTokenizer
-    from verity.data.tiny_model import build_tiny_qwen2_for
+    from verity_toyworld.char_tokenizer import CharTokenizer
+    from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     tokenizer = CharTokenizer()
     return tokenizer, build_tiny_qwen2_for(tokenizer, seed=settings.model_seed, **settings.model), None
@@ -294,20 +296,8 @@ def _reward_scorer(found: list[bool]) -> Callable[[str, str, str], float]:
     return score
 
 
-def _task_config_class(task: Any) -> type:
-    """The task module's knob dataclass (by convention the one class named ``*Config``)."""
-    classes = [
-        value
-        for name, value in vars(task).items()
-        if name.endswith("Config") and isinstance(value, type) and value.__module__ == task.__name__
-    ]
-    if len(classes) != 1:
-        raise ValueError(f"task: {task.__name__} should define exactly one *Config class, found {classes}")
-    return classes[0]
-
-
 def _write_rows(rows: list[dict[str, Any]], path: Path) -> None:
-    from verity.data.tasks.arithmetic import write_parquet
+    from verity_toyworld.tasks.arithmetic import write_parquet
 
     write_parquet(rows, path)
 

@@ -1,9 +1,9 @@
 """Named settings of the embedded default: task, row format, warm-start teacher, model shape, SFT.
 
 ``model.path=embedded`` builds (once, then reuses from a cache) a tiny model warm-started
-on a synthetic task (:mod:`verity.trainer.embedded`). What it builds is an
+on a synthetic task (:mod:`verity_toyworld.build`). What it builds is an
 :class:`EmbeddedSettings`; ``model.embedded_preset`` picks one by name from
-:data:`EMBEDDED_PRESETS`. The runtime ships ``default`` (the quickstart's 2-digit
+:data:`EMBEDDED_PRESETS` (the runtime's registry, :mod:`verity.data.embedded`). This package registers ``default`` (the quickstart's 2-digit
 arithmetic) and ``multiply-tools`` (multiplication with a calculator tool, for the agent
 loop: ``docs/agent-loop.md``); a recipe or a user's plug-in registers its own, e.g. a harder task with its
 own answer format and teacher::
@@ -22,7 +22,7 @@ The teacher writes the warm-start's target responses: a function
 copies of the rows with a ``response`` text each. The built-in ``answer`` teacher answers
 with the bare integer and, on ``sft_slip_rate`` of the problems using one of
 ``sft_slip_operations``, adds a full stop (the designed mistake of the default; see
-:mod:`verity.trainer.embedded`).
+:mod:`verity_toyworld.build`).
 
 Every field goes into the cache key (:meth:`EmbeddedSettings.key`), so a preset with
 other settings builds its own entry.
@@ -35,8 +35,10 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from verity.data.embedded import EMBEDDED_PRESETS, register_embedded_model
 from verity.registry import Registry
 
 __all__ = [
@@ -66,8 +68,8 @@ _LATER_FIELDS: dict[str, Any] = {
 }
 
 MODEL_FAMILIES = ("qwen2", "qwen2_5_vl")
-"""What an embedded model is built as: a tiny Qwen2 causal LM (:func:`verity.data.tiny_model.build_tiny_qwen2_for`)
-or a tiny Qwen2.5-VL vision-language model (:func:`verity.data.tiny_vlm.build_tiny_qwen2_5_vl`, for tasks
+"""What an embedded model is built as: a tiny Qwen2 causal LM (:func:`verity_toyworld.tiny_model.build_tiny_qwen2_for`)
+or a tiny Qwen2.5-VL vision-language model (:func:`verity_toyworld.tiny_vlm.build_tiny_qwen2_5_vl`, for tasks
 whose rows carry images)."""
 
 
@@ -75,7 +77,7 @@ whose rows carry images)."""
 class EmbeddedSettings:
     """Everything that determines an embedded model and its task files (all of it goes into the cache key).
 
-    Task: ``task`` (a name in ``verity.data.tasks.TASKS``) with ``task_config`` (its
+    Task: ``task`` (a name in ``verity_toyworld.tasks.TASKS``) with ``task_config`` (its
     ``*Config`` knobs), ``num_train``/``num_test`` rows from ``data_seed``; rows
     relabelled to ``data_source`` (None: the task's own) with the user message
     ``prompt_template.format(prompt=...)``. Model: ``model_family`` (one of
@@ -134,6 +136,40 @@ class EmbeddedSettings:
         if self.eval_max_new_tokens < 1:
             raise ValueError(f"eval_max_new_tokens: expected >= 1, got {self.eval_max_new_tokens}")
 
+    @property
+    def vision(self) -> bool:
+        """Whether the model is a vision-language model (its task's rows carry images)."""
+        return self.model_family == "qwen2_5_vl"
+
+    def check(self) -> None:
+        """ValueError when the teacher or the task is not registered (before anything is built)."""
+        from verity.data.task_registry import synthetic_tasks
+
+        SFT_TEACHERS.get(self.teacher)  # UnknownNameError is a ValueError naming the known teachers
+        synthetic_tasks().get(self.task)
+
+    def build(self, cache_dir: Path, sft_steps: int | None = None) -> Any:
+        """The cached build of these settings under ``cache_dir`` (:func:`verity_toyworld.build.ensure_embedded_default`)."""
+        from verity_toyworld.build import ensure_embedded_default
+
+        return ensure_embedded_default(cache_dir, sft_steps=sft_steps, settings=self)
+
+    def fresh_model(self, seed: int = 0) -> tuple[Any, Any]:
+        """``(untrained model, tokenizer)``: a tiny Qwen2 of the builder's default shape, character tokenizer."""
+        from verity_toyworld.char_tokenizer import CharTokenizer
+        from verity_toyworld.tiny_model import build_tiny_qwen2_for
+
+        tokenizer = CharTokenizer()
+        return build_tiny_qwen2_for(tokenizer, seed=seed), tokenizer
+
+    def task_rows(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """``(train rows, test rows)`` of the task as generated (no teacher, no relabelling)."""
+        from verity.data.task_registry import synthetic_tasks, task_config_class
+
+        task = synthetic_tasks().get(self.task)
+        config = task_config_class(task)(**self.task_config)
+        return task.generate_splits(self.num_train, self.num_test, self.data_seed, config)
+
     def key(self) -> str:
         """16 hex digits identifying these settings and ``EMBEDDED_FORMAT``."""
         data = asdict(self)
@@ -146,7 +182,6 @@ class EmbeddedSettings:
 
 Teacher = Callable[[list[dict[str, Any]], EmbeddedSettings], list[dict[str, Any]]]
 
-EMBEDDED_PRESETS: Registry[EmbeddedSettings] = Registry("embedded preset")
 SFT_TEACHERS: Registry[Teacher] = Registry("SFT teacher")
 
 
@@ -154,7 +189,7 @@ def register_embedded_preset(name: str, settings: EmbeddedSettings) -> None:
     """Make ``settings`` available as ``model.embedded_preset=<name>``."""
     if not isinstance(settings, EmbeddedSettings):
         raise TypeError(f"embedded preset {name!r}: expected EmbeddedSettings, got {type(settings).__name__}")
-    EMBEDDED_PRESETS.add(name, settings)
+    register_embedded_model(name, settings)
 
 
 def register_sft_teacher(name: str, teacher: Teacher) -> None:
@@ -208,8 +243,8 @@ def _answer_teacher(rows: list[dict[str, Any]], settings: EmbeddedSettings) -> l
 
 def _multiply_tools_teacher(rows: list[dict[str, Any]], settings: EmbeddedSettings) -> list[dict[str, Any]]:
     """Tool demonstrations on ``teacher_config["tool_rate"]`` of the rows, the bare product on the others
-    (:func:`verity.data.tasks.multiply.tool_teacher_rows`)."""
-    from verity.data.tasks.multiply import tool_teacher_rows
+    (:func:`verity_toyworld.tasks.multiply.tool_teacher_rows`)."""
+    from verity_toyworld.tasks.multiply import tool_teacher_rows
 
     return tool_teacher_rows(rows, float(settings.teacher_config["tool_rate"]), seed=settings.sft_seed)
 
@@ -252,7 +287,7 @@ register_embedded_preset(
         eval_max_new_tokens=96,
     ),
 )
-# The tiny Qwen2.5-VL on the visual counting task (verity.data.tasks.shape_count): how many shapes of
+# The tiny Qwen2.5-VL on the visual counting task (verity_toyworld.tasks.shape_count): how many shapes of
 # a colour a 56x56 picture holds; the warm-start slips a full stop after most counts of blue shapes
 # (the recipes/vlm task; docs/multimodal.md)
 register_embedded_preset(

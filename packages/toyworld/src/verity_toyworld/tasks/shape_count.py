@@ -24,8 +24,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from verity.data.tasks._common import draw_rows
-from verity.data.tasks.arithmetic import extract_answer
+from verity_toyworld.tasks._common import draw_rows
+from verity_toyworld.tasks.arithmetic import extract_answer
 
 DATA_SOURCE = "verity/shape_count"
 ABILITY = "vision"

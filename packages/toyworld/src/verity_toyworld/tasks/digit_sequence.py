@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from verity.data.tasks._common import cut_response, task_generators
+from verity_toyworld.tasks._common import cut_response, task_generators
 
 DATA_SOURCE = "verity/digit_sequence"
 ABILITY = "pattern"
@@ -88,7 +88,7 @@ def draw_problem(rng: random.Random, config: DigitSequenceConfig) -> tuple[str, 
 
 
 # generate(n, seed=0, split="train", **difficulty) and generate_splits(num_train, num_test, seed=0,
-# config=None): seeded, distinct problems as verl rows (see verity.data.tasks._common.task_generators).
+# config=None): seeded, distinct problems as verl rows (see verity_toyworld.tasks._common.task_generators).
 generate, generate_splits = task_generators(draw_problem, DigitSequenceConfig, DATA_SOURCE, ABILITY)
 
 

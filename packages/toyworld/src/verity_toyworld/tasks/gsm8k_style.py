@@ -19,7 +19,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from verity.data.tasks._common import cut_response, task_generators
+from verity_toyworld.tasks._common import cut_response, task_generators
 
 DATA_SOURCE = "verity/gsm8k_style"
 ABILITY = "math"
@@ -80,7 +80,7 @@ def draw_problem(rng: random.Random, config: GSM8KStyleConfig) -> tuple[str, str
 
 
 # generate(n, seed=0, split="train", **difficulty) and generate_splits(num_train, num_test, seed=0,
-# config=None): seeded, distinct problems as verl rows (see verity.data.tasks._common.task_generators).
+# config=None): seeded, distinct problems as verl rows (see verity_toyworld.tasks._common.task_generators).
 generate, generate_splits = task_generators(draw_problem, GSM8KStyleConfig, DATA_SOURCE, ABILITY)
 
 
