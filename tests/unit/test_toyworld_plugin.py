@@ -5,7 +5,6 @@ from __future__ import annotations
 from importlib import metadata
 
 import pytest
-
 from verity.config import ConfigError, load_config
 from verity.registry import Registry
 
