@@ -23,7 +23,7 @@ beside each field in the code (`packages/verity/src/verity/config/schema.py` and
 dataclasses it composes) when this site was built. `verity config show [SECTION]` prints
 the same comments beside the values of *your* composed config (`--config FILE` and
 overrides included), which is the one to trust for a given run: on the embedded model,
-keys you leave unset take the `embedded-tiny` preset's settings (`verity.config.model_presets`;
+keys you leave unset take the toy world's `embedded-tiny` preset's settings (`verity.config.model_presets`;
 `verity config show` marks them), and
 the defaults below are those for a real checkpoint.
 

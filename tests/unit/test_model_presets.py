@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import verity.config
 from verity.config import load_config
-from verity.config.model_presets import EMBEDDED_PRESET, PRESETS_DIR, model_preset, preset_layer
+from verity.config.model_presets import model_preset, preset_layer
+from verity_toyworld.presets import CONFIG_PRESET
+
+EMBEDDED_PRESET = CONFIG_PRESET.stem  # embedded-tiny
+PRESETS_DIR = Path(verity.config.__file__).parent / "presets"  # the runtime's own: quickstart.yaml
 
 # what model.path=embedded runs took for these keys before they became a named preset
 BEFORE = {
@@ -25,8 +32,8 @@ def value(cfg, key: str):
 
 
 def test_the_preset_file_holds_the_settings_embedded_runs_had_and_is_a_valid_config_file():
-    assert model_preset(EMBEDDED_PRESET) == BEFORE
-    cfg = load_config([], config_file=PRESETS_DIR / f"{EMBEDDED_PRESET}.yaml")  # its keys are schema keys
+    assert model_preset(CONFIG_PRESET) == BEFORE
+    cfg = load_config([], config_file=CONFIG_PRESET)  # its keys are schema keys
     assert {key: value(cfg, key) for key in BEFORE} == BEFORE
 
 

@@ -59,6 +59,7 @@ def test_a_plug_in_may_provide_its_own_embedded_model(monkeypatch, tmp_path) -> 
     class Prebuilt:
         eval_max_new_tokens = 8
         vision = False
+        config_preset = None  # the schema's defaults
 
         def check(self) -> None:
             pass

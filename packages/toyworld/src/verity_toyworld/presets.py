@@ -42,6 +42,7 @@ from verity.data.embedded import EMBEDDED_PRESETS, register_embedded_model
 from verity.registry import Registry
 
 __all__ = [
+    "CONFIG_PRESET",
     "EMBEDDED_FORMAT",
     "EMBEDDED_PRESETS",
     "MODEL_FAMILIES",
@@ -52,6 +53,9 @@ __all__ = [
     "register_sft_teacher",
     "teacher_rows",
 ]
+
+CONFIG_PRESET = Path(__file__).with_name("embedded-tiny.yaml")
+"""The run settings a model of this package learns with (lr, lengths, sharding), shown by ``verity config show``."""
 
 EMBEDDED_FORMAT = 4
 """Bump when the layout or the build procedure changes: old cache entries are then ignored."""
@@ -135,6 +139,11 @@ class EmbeddedSettings:
             )
         if self.eval_max_new_tokens < 1:
             raise ValueError(f"eval_max_new_tokens: expected >= 1, got {self.eval_max_new_tokens}")
+
+    @property
+    def config_preset(self) -> Path:
+        """The learning settings of these tiny models (:data:`CONFIG_PRESET`), applied under the user's keys."""
+        return CONFIG_PRESET
 
     @property
     def vision(self) -> bool:

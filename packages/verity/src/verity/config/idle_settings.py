@@ -269,6 +269,7 @@ def check_idle_settings(cfg: Any, user_keys: set[str] | None = None, source: str
         from verity.config.model_presets import apply_model_preset
 
         default.actor.engine = cfg.actor.engine  # it sets actor.fsdp2 keys only for the fsdp2 engine
+        default.model.embedded_preset = cfg.model.embedded_preset  # whose config preset applies
         apply_model_preset(default, set())
     lines = []
     for part in idle_parts(cfg):

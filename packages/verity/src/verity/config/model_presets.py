@@ -1,8 +1,9 @@
 """Named presets that a model brings: a layer of settings between the schema's defaults and the user's keys.
 
-The schema's defaults are verl-like, chosen for real checkpoints. The embedded model
-(``model.path=embedded``) learns with other settings, kept in the YAML preset
-``presets/embedded-tiny.yaml`` beside this module. At config load
+The schema's defaults are verl-like, chosen for real checkpoints. An embedded model
+(``model.path=embedded``) may learn with other settings: its preset
+(:class:`verity.data.embedded.EmbeddedModel`) names a YAML file of schema keys as its
+``config_preset`` (the toy world's presets name ``embedded-tiny.yaml``). At config load
 (:func:`verity.config.loader.load_config`) every key of the preset that the config file and
 the overrides leave unset takes the preset's value; a key the user sets always wins, and
 the ``actor.fsdp2`` keys step aside when the actor runs another engine (it would not read
@@ -22,10 +23,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["EMBEDDED_PRESET", "PresetLayer", "apply_model_preset", "model_preset", "preset_layer"]
+__all__ = ["PresetLayer", "apply_model_preset", "model_preset", "preset_layer"]
 
-PRESETS_DIR = Path(__file__).parent / "presets"
-EMBEDDED_PRESET = "embedded-tiny"
 # the layer of each loaded config object, by id while it lives (a config is no place for it: it
 # is not a key, and a config with plug-in sections pickles every attribute as a section)
 _LAYERS: dict[int, PresetLayer] = {}
@@ -48,9 +47,9 @@ class PresetLayer:
 
 
 @cache
-def model_preset(name: str) -> dict[str, Any]:
-    """The dotted keys and values of the preset file ``presets/<name>.yaml`` (its ``defaults`` list left out)."""
-    data = yaml.safe_load((PRESETS_DIR / f"{name}.yaml").read_text()) or {}
+def model_preset(path: Path) -> dict[str, Any]:
+    """The dotted keys and values of the preset file ``path`` (a config YAML; its ``defaults`` list left out)."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
 
     def flat(node: dict[str, Any], prefix: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -64,11 +63,23 @@ def model_preset(name: str) -> dict[str, Any]:
     return flat({k: v for k, v in data.items() if k != "defaults"}, "")
 
 
-def _preset_for(cfg: Any) -> tuple[str, str] | None:
-    """``(preset name, why it applies)`` for ``cfg``'s model, or None (a real checkpoint: the schema's defaults)."""
-    if cfg.model.path == "embedded":
-        return EMBEDDED_PRESET, "model.path=embedded"
-    return None
+def _preset_for(cfg: Any) -> tuple[str, str, Path] | None:
+    """``(preset name, why it applies, its file)`` for ``cfg``'s model, or None (the schema's defaults).
+
+    A real checkpoint has none; an embedded model has its preset's ``config_preset``, if any
+    (an embedded preset that is not registered is named by the config's validation).
+    """
+    if cfg.model.path != "embedded":
+        return None
+    from verity.data.embedded import embedded_preset
+
+    try:
+        file = embedded_preset(cfg.model.embedded_preset).config_preset
+    except ValueError:
+        return None
+    if file is None:
+        return None
+    return Path(file).stem, "model.path=embedded", Path(file)
 
 
 def apply_model_preset(cfg: Any, explicit: set[str]) -> PresetLayer | None:
@@ -80,9 +91,9 @@ def apply_model_preset(cfg: Any, explicit: set[str]) -> PresetLayer | None:
     found = _preset_for(cfg)
     if found is None:
         return None
-    name, reason = found
+    name, reason, file = found
     applied: dict[str, Any] = {}
-    for key, value in model_preset(name).items():
+    for key, value in model_preset(file).items():
         if key in explicit or (key.startswith("actor.fsdp2.") and cfg.actor.engine != "fsdp2"):
             continue
         *parents, leaf = key.split(".")

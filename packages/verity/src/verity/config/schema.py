@@ -43,7 +43,7 @@ class DataConfig:
     train_batch_size: int = 32  # prompts per RL step
     val_batch_size: int = 256  # prompts per evaluation generate call
     # verl's defaults, for real checkpoints; the embedded model's own (48, 8) apply when unset
-    # (the embedded-tiny preset, verity.config.model_presets)
+    # (the toy world's embedded-tiny preset, verity.config.model_presets)
     max_prompt_length: int = 512  # tokens
     max_response_length: int = 512  # tokens
     truncation: str = "error"  # error | filter | truncate_left | truncate_right

@@ -34,6 +34,9 @@ class EmbeddedModel(Protocol):
     """A named embedded preset: how to build (or reuse) its model and task files."""
 
     eval_max_new_tokens: int  # the response budget `verity eval embedded` uses, in tokens
+    # a YAML file of schema keys applied under the user's keys (verity.config.model_presets),
+    # for a model that learns with other settings than a real checkpoint's; None: none
+    config_preset: Path | None
 
     @property
     def vision(self) -> bool:
