@@ -30,3 +30,27 @@ def test_harness_run_without_a_needed_package_refuses_and_leaves_nothing(
     err = capsys.readouterr().err
     assert "actor.lora.rank=8 needs peft, which is not installed here: pip install peft" in err
     assert not root.exists() or not any(root.iterdir())
+
+
+def test_the_commit_recorded_is_the_running_codes_wherever_the_command_starts(tmp_path, monkeypatch):
+    """A result run from another folder (here a different git checkout) names verity's own commit."""
+    import subprocess
+    from pathlib import Path
+
+    import verity
+    from verity_harness.machine import git_commit
+
+    source = Path(verity.__file__).resolve().parent
+    expected = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    other = tmp_path / "other"
+    other.mkdir()
+    subprocess.run(["git", "init", "-q", str(other)], check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x"],
+        cwd=other, check=True,
+    )  # fmt: skip
+    monkeypatch.chdir(other)
+    commit, _ = git_commit()
+    assert commit == expected

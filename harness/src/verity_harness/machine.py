@@ -121,8 +121,17 @@ def detect_machine(family: str | None = None, label: str | None = None) -> Machi
 
 
 def git_commit(repo: Path | None = None) -> tuple[str | None, bool | None]:
-    """(HEAD commit, whether tracked files differ from it) of the checkout, or (None, None)."""
-    cwd = str(repo or Path.cwd())
+    """(HEAD commit, whether tracked files differ from it) of the checkout, or (None, None).
+
+    ``repo`` None: the checkout that holds the ``verity`` package this process imports (the code
+    that runs), wherever the command was started; (None, None) when it is not in a git checkout
+    (e.g. installed from a wheel).
+    """
+    if repo is None:
+        import verity
+
+        repo = Path(verity.__file__).resolve().parent
+    cwd = str(repo)
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True, timeout=10
