@@ -11,12 +11,18 @@ from pathlib import Path
 import pytest
 from helpers.dense_reward import write_digit_reward
 from helpers.sim_cluster import simulated_cluster
+from verity.checkpoint import list_checkpoints
 from verity.config import load_config
 
 pytestmark = pytest.mark.slow
 
 STEPS = 4
 DETERMINISTIC_KEYS = ("reward/mean", "actor/loss", "actor/grad_norm", "response_length/mean", "actor/kl_loss")
+
+
+def _saved_step(out: Path) -> int:
+    """The newest complete checkpoint's step under ``out`` (0: none yet)."""
+    return max((step for step, _ in list_checkpoints(out / "checkpoints")), default=0)
 
 
 def _rows(out: Path) -> list[dict]:
@@ -54,7 +60,9 @@ def test_node_death_is_named_and_the_resume_repeats_the_run(tiny_grpo_overrides,
 
         def kill_after_two_steps() -> None:
             deadline = time.monotonic() + 300
-            while len(_rows(out)) < 2 and time.monotonic() < deadline:
+            # after step 2's checkpoint is committed: its metrics row is written first (the step-end
+            # hooks' order), so a kill on the row alone may land mid-save and resume from step 1
+            while _saved_step(out) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
             killed_at.append(time.monotonic())
             cluster.remove_node(worker_node, allow_graceful=False)  # its raylet and workers go at once
