@@ -15,7 +15,8 @@ The runtime calls :func:`load_plugins` before it builds anything: in the driver
 (:func:`verity.config.load_config` does it before composing the config, so plug-in
 config sections are known) and in every worker process (the worker host does it
 before building its roles), so a registration made by a plug-in is visible wherever
-the code runs. Loading is idempotent per process. The runtime never imports a recipe
+the code runs. Loading is idempotent per process (the installed packages' declarations
+are read once, so a registry may call it on every lookup). The runtime never imports a recipe
 by name: everything comes through this entry-point group.
 
 ``VERITY_PLUGINS`` (comma-separated ``module`` or ``module:function`` specs) adds
@@ -30,6 +31,7 @@ import importlib
 import logging
 import os
 from dataclasses import dataclass
+from functools import cache
 from importlib import metadata
 
 __all__ = [
@@ -81,11 +83,18 @@ def _run_spec(name: str, spec: str, distribution: str | None) -> None:
             raise PluginError(f"{where} failed while registering: {type(err).__name__}: {err}") from err
 
 
+@cache
+def _installed() -> tuple[tuple[str, str, str | None], ...]:
+    """The installed packages' declarations, read once per process: scanning every package's
+    metadata takes milliseconds, and registries call :func:`load_plugins` on lookups."""
+    return tuple(
+        (entry.name, entry.value, entry.dist.name if entry.dist is not None else None)
+        for entry in metadata.entry_points(group=ENTRY_POINT_GROUP)
+    )
+
+
 def _declared() -> list[tuple[str, str, str | None]]:
-    found = []
-    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = entry.dist.name if entry.dist is not None else None
-        found.append((entry.name, entry.value, dist))
+    found = list(_installed())
     for item in filter(None, (s.strip() for s in os.environ.get(ENV_VAR, "").split(","))):
         found.append((item, item, None))
     # entry points of one distribution can be listed twice (editable + regular metadata)
