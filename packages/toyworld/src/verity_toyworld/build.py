@@ -147,20 +147,6 @@ def ensure_embedded_default(
     return paths
 
 
-def ensure_embedded_preset(
-    preset: str = "default", cache_dir: str | Path = "~/.cache/verity/embedded", sft_steps: int | None = None
-) -> EmbeddedPaths:
-    """The cached build of the embedded preset named ``preset`` (built on first use).
-
-    Plug-ins are loaded first (:func:`verity.data.embedded.ensure_embedded_preset`), so a
-    preset a plug-in registers resolves as this package's do; ``cache_dir`` and ``sft_steps``
-    as in :func:`ensure_embedded_default`.
-    """
-    from verity.data.embedded import ensure_embedded_preset as ensure
-
-    return ensure(preset, cache_dir, sft_steps)
-
-
 def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str], None]) -> None:
     """Write data, base model, warm-started model and manifest under ``paths.root``."""
     import tokenizers

@@ -83,7 +83,7 @@ class RewardResultError(TypeError):
 
 
 def _task_names() -> dict[str, str]:
-    """``data_source`` -> task name for the synthetic tasks (empty when the task registry is absent)."""
+    """``data_source`` -> task name for the registered synthetic tasks (empty when no plug-in registers any)."""
     from verity.data.task_registry import synthetic_tasks
 
     out = {}
