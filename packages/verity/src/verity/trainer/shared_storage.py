@@ -17,9 +17,14 @@ import shutil
 import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from verity.config.errors import ConfigError
-from verity.controller.placement import NodeInfo
+if TYPE_CHECKING:
+    from verity.controller.placement import NodeInfo
+
+# Only the standard library at module level: a node's marker task imports this module in a
+# fresh Ray worker, and verity.config (torch, Hydra) took seconds there, over a minute on a
+# busy machine, which the check's time limit counted against the node.
 
 __all__ = ["MARKER_DIR", "check_shared_output_dir", "write_marker"]
 
@@ -55,6 +60,8 @@ def check_shared_output_dir(
     ``output_dir`` is the driver's absolute path; ``writer(node_id, folder, name, token, timeout_s)``
     writes on that node (default: a Ray task pinned to it; tests pass their own).
     """
+    from verity.config.errors import ConfigError
+
     writer = writer or _on_node
     folder = Path(output_dir).expanduser().absolute() / MARKER_DIR
     folder.mkdir(parents=True, exist_ok=True)
