@@ -54,14 +54,13 @@ def test_generate_answers_on_the_host_when_the_rollout_ran_on_cuda():
     from verity.workers.rollout_side import rows_for_driver
 
     rows = Batch.from_dict({"responses": torch.ones(2, 3, dtype=torch.long, device="cuda")})
-    out = rows_for_driver(SimpleNamespace(trainer=SimpleNamespace(resident_rows=False)), rows, 0)
+    out = rows_for_driver(SimpleNamespace(), rows, 0)  # no prompt-aligned key: nothing kept back
     assert out["responses"].device.type == "cpu"
 
 
 def test_rows_generated_on_cuda_are_scored_on_the_host() -> None:
     from verity.batch import Batch
     from verity.config import load_config
-    from verity.rewards.on_workers import SCORE_ON_WORKERS
     from verity.workers.rollout_side import RowScorer
 
     mask = torch.ones(2, 3, dtype=torch.long, device="cuda")
@@ -73,8 +72,7 @@ def test_rows_generated_on_cuda_are_scored_on_the_host() -> None:
             "ground_truth": ["4", "4"],
         },
     )
-    request = Batch.from_dict({"x": torch.zeros(2)}, meta={SCORE_ON_WORKERS: True})
-    scored = RowScorer(load_config(["reward.placement=workers"]), tokenizer=None)(request, rows)
+    scored = RowScorer(load_config(["reward.placement=workers"]), tokenizer=None).score(rows)
     assert scored["scores"].tolist() == [1.0, 0.0]
     assert {scored[k].device.type for k in scored.tensor_keys()} == {"cpu"}
 

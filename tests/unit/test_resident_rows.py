@@ -166,8 +166,7 @@ def test_without_ray_or_prompt_side_keys_nothing_moves() -> None:
     assert materialize(scores) is scores
 
 
-@pytest.mark.parametrize("resident", [False, True])
-def test_generate_answers_rows_in_host_memory(monkeypatch, resident) -> None:
+def test_generate_answers_rows_in_host_memory(monkeypatch) -> None:
     """A rollout on an accelerator returns device tensors; what a worker answers is on the CPU."""
     from types import SimpleNamespace
 
@@ -182,42 +181,35 @@ def test_generate_answers_rows_in_host_memory(monkeypatch, resident) -> None:
 
     monkeypatch.setattr(Batch, "to", spy_to)
     monkeypatch.setattr(rollout_side, "keep_resident", lambda rows, pad, also: ("resident", rows))
-    monkeypatch.setattr(rollout_side, "resident_response_keys", lambda cfg, scored: ())
+    monkeypatch.setattr(rollout_side, "resident_response_keys", lambda cfg: ())
     rows = Batch.from_dict({"responses": torch.ones(2, 3, dtype=torch.long)})
-    cfg = SimpleNamespace(trainer=SimpleNamespace(resident_rows=resident))
-    out = rollout_side.rows_for_driver(cfg, rows, pad_token_id=0)
+    out = rollout_side.rows_for_driver(SimpleNamespace(), rows, pad_token_id=0)
     assert moved_to == ["cpu"]
-    assert (out[1] if resident else out)["responses"].device.type == "cpu"
+    assert out[1]["responses"].device.type == "cpu"
 
 
 def test_rollout_logprobs_stay_unless_they_are_the_old_logprobs() -> None:
     from verity.config import load_config
     from verity.workers.rollout_side import resident_response_keys
 
-    assert resident_response_keys(load_config([])) == ("rollout_logprobs",)
-    assert resident_response_keys(load_config(["actor.off_policy.is_cap=2.0", "trainer.mode=async"])) == (
+    driver = "reward.placement=driver"
+    assert resident_response_keys(load_config([driver])) == ("rollout_logprobs",)
+    assert resident_response_keys(load_config([driver, "actor.off_policy.is_cap=2.0", "trainer.mode=async"])) == (
         "rollout_logprobs",
     )
-    assert resident_response_keys(load_config(["actor.old_logprobs=rollout"])) == ()
+    assert resident_response_keys(load_config([driver, "actor.old_logprobs=rollout"])) == ()
 
 
-def test_response_ids_stay_when_the_rank_scored_them() -> None:
+def test_response_ids_stay_when_the_workers_score_them() -> None:
     from verity.config import load_config
     from verity.workers.rollout_side import resident_response_keys
 
-    on_workers = load_config(["reward.placement=workers"])
-    assert resident_response_keys(on_workers, scored=True) == (
+    assert resident_response_keys(load_config(["reward.placement=workers"])) == (
         "rollout_logprobs",
         "responses",
         "response_attention",
     )
-    # a held-out evaluation's rows are scored on the driver: their responses come back
-    assert resident_response_keys(on_workers, scored=False) == ("rollout_logprobs",)
-    assert resident_response_keys(load_config(["reward.placement=driver"]), scored=True) == (
-        "rollout_logprobs",
-    )
-    rows_on_driver = load_config(["reward.placement=workers", "trainer.resident_rows=false"])
-    assert resident_response_keys(rows_on_driver, scored=True) == ("rollout_logprobs",)
+    assert resident_response_keys(load_config(["reward.placement=driver"])) == ("rollout_logprobs",)
 
 
 def test_response_side_keys_kept_with_the_rows_are_not_padded_when_prompt_widths_differ() -> None:

@@ -61,6 +61,8 @@ class FakeActor:
 
     seeds: list[int] = field(default_factory=list)
     updates: list[Batch] = field(default_factory=list)
+    scored: list[int] = field(default_factory=list)  # rows of each score call
+    generated: Batch | None = None  # the last generate call's rows: what the ranks hold
 
     def generate(self, rows: Batch) -> Batch:
         seed = int(rows.meta["seed"])
@@ -85,7 +87,22 @@ class FakeActor:
         out["input_ids"] = torch.cat([prompts, responses], 1)
         out["attention_mask"] = torch.cat([rows["attention_mask"], mask], 1)
         out["position_ids"] = (out["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        self.generated = out
         return out
+
+    def score(self, request: Batch) -> Batch:
+        """``reward.placement=workers``: the ranks score the rows they generated, as FakeRewards would."""
+        assert self.generated is not None and len(request) == len(self.generated)
+        assert torch.equal(request["responses"], self.generated["responses"])
+        self.scored.append(len(request))
+        scores, extra, _ = FakeRewards().score(self.generated)
+        return Batch.from_dict(
+            {
+                "scores": scores,
+                "acc": torch.tensor(extra["acc"]),
+                "reward_status": torch.zeros(len(request), dtype=torch.int8),
+            }
+        )
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
         self.updates.append(batch)

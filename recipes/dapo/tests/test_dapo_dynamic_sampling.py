@@ -168,18 +168,8 @@ def test_async_mode_and_dynamic_sampling_fail_at_start_naming_both():
     assert names[0] == "generate" and "rollout_sync" in names
 
 
-def test_with_reward_placement_workers_every_round_asks_the_ranks_to_score() -> None:
-    from verity.rewards.on_workers import SCORE_ON_WORKERS
-
-    asked = []
-
-    class RecordingActor(FakeActor):
-        def generate(self, rows):
-            asked.append(rows.meta.get(SCORE_ON_WORKERS))
-            return super().generate(rows)
-
-    run_step(config("reward.placement=workers"), [["same"] * P, ["mixed"] * P], actor=RecordingActor())
-    assert len(asked) >= 1 and all(flag is True for flag in asked)
-    asked.clear()
-    run_step(config("reward.placement=driver"), [["same"] * P, ["mixed"] * P], actor=RecordingActor())
-    assert asked and all(flag is None for flag in asked)
+def test_with_reward_placement_workers_every_round_is_scored_by_a_group_call() -> None:
+    ctx, _, _, actor = run_step(config("reward.placement=workers"), [["same"] * P, ["mixed"] * P])
+    assert actor.scored == [P * N] * int(ctx.metrics["dapo/gen_rounds"])
+    ctx, _, _, actor = run_step(config("reward.placement=driver"), [["same"] * P, ["mixed"] * P])
+    assert actor.scored == [] and ctx.metrics["dapo/gen_rounds"] >= 1

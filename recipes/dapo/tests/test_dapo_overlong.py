@@ -106,11 +106,9 @@ def test_section_checks_use_the_whole_config():
 
 def test_the_overlong_filter_leaves_the_responses_on_the_ranks_that_score_them() -> None:
     """The filter reads ``batch["responses"]`` on the driver, which fetches them; no run keeps them back for it."""
-    from verity.config.derived import responses_stay_on_workers
     from verity.workers.rollout_side import resident_response_keys
 
     filtered = load_config(["reward.placement=workers", "dapo.overlong_filter.enabled=true"])
-    assert responses_stay_on_workers(filtered)
-    assert "responses" in resident_response_keys(filtered, scored=True)
+    assert "responses" in resident_response_keys(filtered)
     on_driver = load_config(["reward.placement=driver", "dapo.overlong_filter.enabled=true"])
-    assert not responses_stay_on_workers(on_driver)
+    assert "responses" not in resident_response_keys(on_driver)

@@ -41,9 +41,7 @@ from collections.abc import Sequence
 import torch
 from verity.batch import Batch
 from verity.batch.schema import declared_keys
-from verity.config.derived import scores_on_workers
 from verity.errors import RunError
-from verity.rewards.on_workers import ask_ranks_to_score
 from verity.rollout.prompts import position_ids_from_mask
 from verity.trainer.stages import Stage, StageFn, StepContext, sampling_for_training
 
@@ -185,8 +183,6 @@ def make_dynamic_sampling(before: Sequence[Stage], after: Sequence[Stage]) -> St
             rows["group"] = torch.arange(first, first + len(prompts), dtype=torch.long).repeat_interleave(n)
             rows.meta["sampling"] = sampling_for_training(cfg)
             rows.meta["seed"] = round_seed(cfg.trainer.seed, ctx.step, rounds)
-            if scores_on_workers(cfg):  # reward.placement=workers: the ranks score what they generate
-                ask_ranks_to_score(rows)
             rows = _timed(ctx, "generate", ctx.actor.generate, rows)
             for stage in after:
                 rows = _timed(ctx, stage.name, stage.run, ctx, rows)

@@ -24,9 +24,8 @@ When a group call sends a batch with handles to a worker, the worker's host call
 :func:`materialize` before the method runs: each key's objects are fetched once (from the
 node that made them, never through the driver), the rows are gathered in order and the prompt
 side is left-padded to the widest source when rows of differently wide prompt batches meet
-(dynamic sampling's rounds). The method sees a whole batch. With ``trainer.resident_rows=false``
-every key comes back to the driver. A stored object lives as long as a handle to it does: Ray
-frees it when the step's batch is dropped on the driver.
+(dynamic sampling's rounds). The method sees a whole batch. A stored object lives as long as a
+handle to it does: Ray frees it when the step's batch is dropped on the driver.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ __all__ = [
     "needs_reference",
     "old_logprobs_source",
     "on_policy",
-    "responses_stay_on_workers",
     "scores_on_workers",
     "skips_zero_advantage_rows",
     "zero_advantage_rows_matter",
@@ -108,15 +107,6 @@ def skips_zero_advantage_rows(cfg: Any) -> bool:
 
 
 def scores_on_workers(cfg: Any) -> bool:
-    """Whether each rollout rank scores the training rows it generates (``reward.placement=workers``)."""
+    """Whether the ``reward`` stage scores training rows on the actor's workers, where they are
+    (``reward.placement=workers``), rather than on the driver."""
     return getattr(cfg.reward, "placement", "driver") == "workers"
-
-
-def responses_stay_on_workers(cfg: Any) -> bool:
-    """Whether the generated response ids stay on the ranks that made them, the driver holding handles.
-
-    They do when the ranks score them (:func:`scores_on_workers`) and the rows stay where they are made
-    (``trainer.resident_rows``). A driver stage that reads them (the reward model's, DAPO's overlong
-    filter) gets them by reading ``batch["responses"]``: the rows are fetched then, once.
-    """
-    return scores_on_workers(cfg) and bool(cfg.trainer.resident_rows)

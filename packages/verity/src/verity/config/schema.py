@@ -215,11 +215,6 @@ class TrainerConfig:
     # sync: generate, then train, in turn | async: the rollout group generates step t+1's batch while
     # the actor trains on step t's (one-step off-policy, docs/async.md)
     mode: str = "sync"
-    # generated rows' prompt-aligned tensors (input_ids, attention_mask, position_ids, prompts) stay on
-    # the worker that made them; the driver holds handles and fetches a key when a stage reads it
-    # (verity.batch.transport) | false: all on the driver. Leave it on: false exists to measure what it
-    # saves (ci/bench_transport.py) and for a driver-side stage that reads every prompt-aligned key each step
-    resident_rows: bool = True
 
 
 @dataclass

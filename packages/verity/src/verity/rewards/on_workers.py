@@ -1,24 +1,24 @@
-"""Scoring where the rows are made (``reward.placement=workers``).
+"""Scoring where the rows are (``reward.placement=workers``).
 
 With the reward on the driver, every generated response travels to the driver to be
-decoded and scored. With ``reward.placement=workers`` each rollout rank scores the rows
-it generated, right after generating them, with a :class:`RewardManager` of its own (same
-config, same tokenizer, same reward table and user function, its own process pool); the
-answer to the driver then carries three per-row scalars in place of the responses:
+decoded and scored. With ``reward.placement=workers`` the ``reward`` stage makes a group call
+on the actor's workers instead (``ActorRolloutRefWorker.score``): each rank scores its share of
+the rows with a :class:`RewardManager` of its own (same config, same tokenizer, same reward
+table and user function, its own process pool) — in ``trainer.mode=sync`` the very rows it
+generated, so no response moves — and answers three per-row scalars:
 
 - ``scores [B]`` float32: the reward function's score (``failure_score`` where it failed);
 - ``acc [B]`` float32: the function's ``acc`` extra, NaN where it returned none;
-- ``reward_status [B]`` int: 0 ok, 1 timeout, 2 error.
+- ``reward_status [B]`` int: 0 ok, 1 timeout, 2 error;
 
 and, when a row failed, the first failure's description in ``meta``. The response ids stay
-in the rank's object store with the prompt side (:mod:`verity.batch.transport`); a driver
-stage that decodes them (a reward model's) reads ``batch["responses"]`` and so fetches them.
+on the workers; a driver stage that decodes them (a reward model's) reads ``batch["responses"]``.
 
-The driver's ``reward`` stage (:func:`scored_on_workers`) turns them into exactly what it
-makes of a driver-side call: ``acc`` is the verifier's where every row has one, else
-``scores > 0``; ``reward/timeouts`` and ``reward/errors`` count the whole batch, and the
-whole batch's failure share is held against ``reward.max_failure_rate`` (a rank logs its
-own failures but never stops on its share alone).
+The driver (:func:`collect_worker_scores`) turns the answer into exactly what it makes of a
+driver-side call: ``acc`` is the verifier's where every row has one, else ``scores > 0``;
+``reward/timeouts`` and ``reward/errors`` count the whole batch, and the whole batch's failure
+share is held against ``reward.max_failure_rate`` (a rank logs its own failures but never stops
+on its share alone).
 """
 
 from __future__ import annotations
@@ -36,22 +36,26 @@ from verity.rewards.registry import custom_spec_from
 
 __all__ = [
     "FIRST_FAILURE",
-    "SCORER_COLUMNS",
-    "SCORE_ON_WORKERS",
+    "SCORING_KEYS",
     "STATUS_CODES",
-    "ask_ranks_to_score",
     "check_reward_files_here",
     "collect_worker_scores",
     "score_on_worker",
-    "scored_on_workers",
+    "scoring_request",
     "worker_reward_manager",
 ]
 
-SCORE_ON_WORKERS = "score_on_workers"
-"""``batch.meta`` flag of a generate call: score the generated rows on the rank that made them."""
-
-SCORER_COLUMNS = ("data_source", "ground_truth", "extra_info")
-"""The prompt columns a reward function reads: sent with a generate call that asks the ranks to score."""
+SCORING_KEYS = (
+    "responses",
+    "response_mask",
+    "response_attention",
+    "response_text",
+    "data_source",
+    "ground_truth",
+    "extra_info",
+    "trajectory",
+)
+"""What :meth:`RewardManager.score` reads of generated rows (where present): the scoring call sends these."""
 
 FIRST_FAILURE = "reward_first_failure"
 """``batch.meta`` key of a worker's answer: the first failed sample, described, with its traceback."""
@@ -66,11 +70,9 @@ register_key(
 )
 
 
-def ask_ranks_to_score(rows: Batch) -> Batch:
-    """Mark a generate call's ``rows`` (in place, :data:`SCORE_ON_WORKERS`) to be scored by the
-    ranks that generate them. Returns ``rows``."""
-    rows.meta[SCORE_ON_WORKERS] = True
-    return rows
+def scoring_request(rows: Batch) -> Batch:
+    """The part of generated ``rows`` a scoring call sends: :data:`SCORING_KEYS`, where present."""
+    return rows.select(*(key for key in SCORING_KEYS if key in rows))
 
 
 def check_reward_files_here(config: Any) -> None:
@@ -105,32 +107,33 @@ def worker_reward_manager(config: Any, tokenizer: Any) -> RewardManager:
 
 
 def score_on_worker(manager: RewardManager, rows: Batch) -> Batch:
-    """Score the generated ``rows`` in place: adds ``scores [B]``, ``acc [B]`` and ``reward_status [B]``.
+    """``scores [B]``, ``acc [B]`` and ``reward_status [B]`` of generated ``rows`` (a new batch).
 
     ``rows`` carry ``responses [B, R]`` with their mask and the non-tensor ``data_source``,
-    ``ground_truth`` (and ``extra_info``) of each row, as a driver-side call reads them.
+    ``ground_truth`` (and ``extra_info``) of each row, as a driver-side call reads them
+    (:func:`scoring_request`). The first failure's description, if a row failed, is in the
+    answer's ``meta[FIRST_FAILURE]``.
     """
     missing = [k for k in ("data_source", "ground_truth") if k not in rows.non_tensors]
     if missing:
         raise ValueError(
-            f"reward.placement=workers: the generate call asked this rank to score its rows, but they "
-            f"carry no {' / '.join(missing)} (keys: {rows.keys()}); send prompts with the reward "
-            "columns (verity.rewards.on_workers.ask_ranks_to_score) or set reward.placement=driver"
+            f"reward.placement=workers: the rows sent to be scored carry no {' / '.join(missing)} "
+            f"(keys: {rows.keys()}); generate from prompts with the reward columns, or set "
+            "reward.placement=driver"
         )
     scores, extra, _ = manager.score(rows)
     n = len(rows)
     acc = [float(a) if a is not None else float("nan") for a in extra.get("acc", [None] * n)]
-    rows["scores"] = scores.to(torch.float32)
-    rows["acc"] = torch.tensor(acc, dtype=torch.float32)
-    rows["reward_status"] = torch.tensor([STATUS_CODES[s] for s in extra["reward_status"]], dtype=torch.int8)
-    if manager.last_failure is not None:
-        rows.meta[FIRST_FAILURE] = manager.last_failure
-    return rows
-
-
-def scored_on_workers(batch: Batch) -> bool:
-    """Whether ``batch``'s rows were scored by the workers that generated them."""
-    return "reward_status" in batch.tensor_keys()
+    status = [STATUS_CODES[s] for s in extra["reward_status"]]
+    meta = {FIRST_FAILURE: manager.last_failure} if manager.last_failure is not None else {}
+    return Batch.from_dict(
+        {
+            "scores": scores.to(torch.float32),
+            "acc": torch.tensor(acc, dtype=torch.float32),
+            "reward_status": torch.tensor(status, dtype=torch.int8),
+        },
+        meta=meta,
+    )
 
 
 def collect_worker_scores(

@@ -41,12 +41,7 @@ from verity.config.derived import (
 from verity.config.schema import VerityConfig
 from verity.data.vision_inputs import VISION_KEYS
 from verity.rewards.manager import response_span, token_rewards_from_scores
-from verity.rewards.on_workers import (
-    FIRST_FAILURE,
-    ask_ranks_to_score,
-    collect_worker_scores,
-    scored_on_workers,
-)
+from verity.rewards.on_workers import FIRST_FAILURE, collect_worker_scores, scoring_request
 from verity.trainer.agent_metrics import agent_metrics
 from verity.trainer.role_handles import ActorHandle, CriticHandle, RewardModelHandle
 
@@ -142,29 +137,21 @@ def generate_baseline(ctx: StepContext, prompts: Batch) -> Batch:
         "max_new_tokens": ctx.cfg.data.max_response_length,
         "n": 1,
     }
-    if scores_on_workers(ctx.cfg):
-        ask_ranks_to_score(greedy)
     out = ctx.actor.generate(greedy)
-    scores = _scores(ctx, out)[0]
+    scores = score_rows(ctx, out)[0]
     prompts["baseline_scores"] = scores.float()
     ctx.metrics["reward/baseline_mean"] = float(scores.float().mean())
     return prompts
 
 
 def training_rows(cfg: VerityConfig, prompts: Batch, step: int) -> Batch:
-    """Step ``step``'s rows: each prompt repeated ``rollout.n`` times (interleaved), ``group`` ids, sampling and seed.
-
-    With ``reward.placement=workers`` they also ask the generating ranks to score them
-    (:mod:`verity.rewards.on_workers`).
-    """
+    """Step ``step``'s rows: each prompt repeated ``rollout.n`` times (interleaved), ``group`` ids, sampling and seed."""
     n = cfg.rollout.n
     rows = prompts.repeat_interleave(n)
     base = step * len(prompts)
     rows["group"] = torch.arange(base, base + len(prompts), dtype=torch.long).repeat_interleave(n)
     rows.meta["sampling"] = sampling_for_training(cfg)
     rows.meta["seed"] = cfg.trainer.seed * 1_000_003 + step
-    if scores_on_workers(cfg):
-        ask_ranks_to_score(rows)
     return rows
 
 
@@ -173,13 +160,18 @@ def generate(ctx: StepContext, prompts: Batch) -> Batch:
     return ctx.actor.generate(training_rows(ctx.cfg, prompts, ctx.step))
 
 
-def _scores(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """``(scores [B], acc [B], metrics)`` of generated rows: the workers' (``reward.placement=workers``),
-    else the driver's reward manager's. ``acc`` is the verifier's where every row has one, else ``scores > 0``."""
-    if scored_on_workers(batch):
-        failure = batch.meta.pop(FIRST_FAILURE, None)  # said once, not carried to later group calls
-        return collect_worker_scores(batch, ctx.cfg.reward.max_failure_rate, failure)
-    scores, extra, metrics = ctx.rewards.score(batch)
+def score_rows(ctx: StepContext, rows: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """``(scores [B], acc [B], metrics)`` of generated rows by their rule rewards.
+
+    ``reward.placement=workers``: a group call on the actor's workers, each rank scoring its share
+    where the rows are (:mod:`verity.rewards.on_workers`); ``driver``: the driver's reward manager.
+    ``acc`` is the verifier's where every row has one, else ``scores > 0``; ``metrics`` are
+    ``reward/timeouts`` and ``reward/errors``.
+    """
+    if scores_on_workers(ctx.cfg):
+        answer = ctx.actor.score(scoring_request(rows))
+        return collect_worker_scores(answer, ctx.cfg.reward.max_failure_rate, answer.meta.get(FIRST_FAILURE))
+    scores, extra, metrics = ctx.rewards.score(rows)
     acc = extra.get("acc")
     if acc is not None and all(a is not None for a in acc):
         acc_tensor = torch.tensor([float(a) for a in acc])
@@ -189,14 +181,12 @@ def _scores(ctx: StepContext, batch: Batch) -> tuple[torch.Tensor, torch.Tensor,
 
 
 def reward(ctx: StepContext, batch: Batch) -> Batch:
-    """Score responses by ``data_source``: ``scores [B]``, ``acc [B]``, ``token_rewards [B, R]``.
+    """Score responses by ``data_source`` (:func:`score_rows`): ``scores [B]``, ``acc [B]``, ``token_rewards [B, R]``.
 
-    With ``reward.placement=workers`` the generating ranks scored them already; this stage
-    then checks the batch's failure share and builds ``token_rewards`` from their scores.
     ``reward/scored_on_workers`` (1 or 0) records where this step's rows were scored.
     """
-    ctx.metrics["reward/scored_on_workers"] = float(scored_on_workers(batch))  # where it ran, as seen
-    scores, acc, metrics = _scores(ctx, batch)
+    ctx.metrics["reward/scored_on_workers"] = float(scores_on_workers(ctx.cfg))
+    scores, acc, metrics = score_rows(ctx, batch)
     batch["scores"] = scores
     batch["acc"] = acc
     batch["token_rewards"] = token_rewards_from_scores(scores, batch["response_mask"])

@@ -93,7 +93,7 @@ class ActorRolloutRefWorker(Worker):
         n_params = sum(p.numel() for p in policy.parameters())
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.pad_token_id = pad_id(tokenizer)
-        self.score_rows = RowScorer(cfg, tokenizer)  # reward.placement=workers
+        self.scorer = RowScorer(cfg, tokenizer)  # reward.placement=workers
         # the rollout takes its copy before the engine shards the policy in place
         self.rollout = build_role_rollout(
             cfg,
@@ -182,9 +182,19 @@ class ActorRolloutRefWorker(Worker):
         # until the next weight sync (vLLM sleep mode at rollout.vllm.sleep_level; HF: model to
         # host memory); on CPU every engine's sleep is a no-op
         self.rollout.sleep()
-        return rows_for_driver(self.cfg, self.score_rows(batch, out), self.pad_token_id)
+        return rows_for_driver(self.cfg, out, self.pad_token_id)
 
-    # --------------------------------------------------------------- scoring
+    @register(Dispatch.DP_SPLIT)
+    def score(self, batch: Batch) -> Batch:
+        """Rule rewards of this rank's rows (``reward.placement=workers``): ``scores``, ``acc``,
+        ``reward_status`` ``[b]``.
+
+        ``batch`` is :func:`verity.rewards.on_workers.scoring_request` of generated rows; rows
+        this rank generated are read from its own object store.
+        """
+        return self.scorer.score(batch)
+
+    # --------------------------------------------------------------- log-probs
     @register(Dispatch.DP_SPLIT)
     def compute_log_prob(self, batch: Batch) -> Batch:
         """Actor log-probs and entropy of the responses: ``old_logprobs``, ``entropy`` ``[b, R]``."""

@@ -15,15 +15,9 @@ import torch
 from torch import nn
 
 from verity.batch import Batch, keep_resident
-from verity.config.derived import old_logprobs_source, responses_stay_on_workers, scores_on_workers
+from verity.config.derived import old_logprobs_source, scores_on_workers
 from verity.config.schema import VerityConfig
-from verity.rewards.on_workers import (
-    SCORE_ON_WORKERS,
-    check_reward_files_here,
-    score_on_worker,
-    scored_on_workers,
-    worker_reward_manager,
-)
+from verity.rewards.on_workers import check_reward_files_here, score_on_worker, worker_reward_manager
 from verity.rollout import RolloutBuildContext, RolloutEngine, SamplingParams, build_rollout_engine
 
 
@@ -82,10 +76,10 @@ def generate_batch(rollout: RolloutEngine, batch: Batch, chunk_rows: int, dp_ran
 
 
 class RowScorer:
-    """Scores a rank's generated rows when the generate call asks for it (``reward.placement=workers``).
+    """Scores rows on this rank for the ``reward`` stage's group call (``reward.placement=workers``).
 
-    The :class:`~verity.rewards.RewardManager` (and its process pool) is built on the first such
-    call, so a run that scores on the driver never starts one here.
+    The :class:`~verity.rewards.RewardManager` (and its process pool) is built on the first call,
+    so a run that scores on the driver never starts one here.
     """
 
     def __init__(self, cfg: VerityConfig, tokenizer: Any) -> None:
@@ -95,13 +89,10 @@ class RowScorer:
         if scores_on_workers(cfg):  # a user function's file must be on this node too
             check_reward_files_here(cfg.reward)
 
-    def __call__(self, request: Batch, rows: Batch) -> Batch:
-        """``rows`` scored (:func:`verity.rewards.on_workers.score_on_worker`) when ``request.meta`` asks, else as they are."""
-        if not request.meta.get(SCORE_ON_WORKERS):
-            return rows
+    def score(self, rows: Batch) -> Batch:
+        """``scores [b]``, ``acc [b]``, ``reward_status [b]`` of ``rows`` (:func:`~verity.rewards.on_workers.score_on_worker`)."""
         if self._manager is None:
             self._manager = worker_reward_manager(self.cfg.reward, self.tokenizer)
-        # in host memory, where the answer goes anyway (rows_for_driver): the scores join CPU tensors
         return score_on_worker(self._manager, rows.to("cpu"))
 
     def close(self) -> None:
@@ -111,33 +102,29 @@ class RowScorer:
 
 
 def rows_for_driver(cfg: VerityConfig, rows: Batch, pad_token_id: int) -> Batch:
-    """What a generate call answers: with ``trainer.resident_rows`` the prompt-aligned tensors stay here.
+    """What a generate call answers: the rows in host memory, their prompt-aligned tensors kept here.
 
-    The answer then carries per-row handles in their place (:mod:`verity.batch.transport`);
-    the worker that later receives the rows fetches them from this process's object store.
-    The rows are moved to host memory first: an engine on an accelerator returns them on
-    its device, and a CUDA tensor handed to Ray reaches the driver (and the advantage
-    stage, which computes on the CPU) as a CUDA tensor again.
+    The answer carries per-row handles in their place (:mod:`verity.batch.transport`); the
+    worker that later receives the rows fetches them from this process's object store. The
+    rows are moved to host memory first: an engine on an accelerator returns them on its
+    device, and a CUDA tensor handed to Ray reaches the driver (and the advantage stage, which
+    computes on the CPU) as a CUDA tensor again.
     """
-    rows = rows.to("cpu")
-    if not cfg.trainer.resident_rows:
-        return rows
-    return keep_resident(rows, pad_token_id, also=resident_response_keys(cfg, scored=scored_on_workers(rows)))
+    return keep_resident(rows.to("cpu"), pad_token_id, also=resident_response_keys(cfg))
 
 
-def resident_response_keys(cfg: VerityConfig, *, scored: bool = False) -> tuple[str, ...]:
-    """The ``[B, R]`` keys that stay with the rows because the driver never reads them in this run.
+def resident_response_keys(cfg: VerityConfig) -> tuple[str, ...]:
+    """The ``[B, R]`` keys that stay with the rows because no driver stage of this run reads them.
 
     ``rollout_logprobs`` go to workers only (the update's importance weights with
     ``actor.off_policy.is_cap``), except when they are the run's old log-probs
     (``actor.old_logprobs=rollout``), which the driver's old-log-prob stage copies. The
     response ids (and a multi-turn rollout's ``response_attention``, read only to decode
-    them) stay when this rank ``scored`` the rows and no driver stage decodes them
-    (:func:`verity.config.derived.responses_stay_on_workers`); rows generated for a held-out
-    evaluation, scored on the driver, bring theirs back.
+    them) stay when the workers score the rows (``reward.placement=workers``); a driver stage
+    that decodes them anyway (a reward model's, a held-out evaluation's) fetches them by reading them.
     """
     keys = () if old_logprobs_source(cfg) == "rollout" else ("rollout_logprobs",)
-    if scored and responses_stay_on_workers(cfg):
+    if scores_on_workers(cfg):
         keys += ("responses", "response_attention")
     return keys
 

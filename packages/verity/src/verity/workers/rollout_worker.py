@@ -24,7 +24,7 @@ from verity.resharding.object_store import load_weight_buckets
 from verity.rollout import RolloutEngine
 from verity.testing.faults import maybe_stall
 from verity.workers.role_training import role_device, rollout_dtype
-from verity.workers.rollout_side import RowScorer, build_role_rollout, generate_batch, pad_id, rows_for_driver
+from verity.workers.rollout_side import build_role_rollout, generate_batch, pad_id, rows_for_driver
 
 
 class RolloutWorker(Worker):
@@ -50,7 +50,6 @@ class RolloutWorker(Worker):
         dtype = rollout_dtype(cfg)
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.pad_token_id = pad_id(tokenizer)
-        self.score_rows = RowScorer(cfg, tokenizer)  # reward.placement=workers
         self.rollout = build_role_rollout(
             cfg,
             model_path=self.model_path,
@@ -78,7 +77,7 @@ class RolloutWorker(Worker):
         assert self.rollout is not None, "init_model() must run first"
         maybe_stall("generate")
         out = generate_batch(self.rollout, batch, self.cfg.rollout.micro_batch_size, self.dp_rank)
-        return rows_for_driver(self.cfg, self.score_rows(batch, out), self.pad_token_id)
+        return rows_for_driver(self.cfg, out, self.pad_token_id)
 
     @register(Dispatch.BROADCAST, collect=Collect.ALL)
     def load_weights(self, refs: list[Any], version: int) -> dict[str, float]:
