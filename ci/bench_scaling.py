@@ -6,7 +6,7 @@
 A benchmark, not a test: it prints a table and, with ``--json``, writes the figures with the
 machine they were measured on. Each configuration is a real run of the embedded tiny model
 (``model.path=embedded``, built or reused under ``~/.cache/verity/embedded``) through
-:func:`verity.trainer.run.run_training`, in its own process and its own output folder:
+:func:`verity.launch.run.run_training`, in its own process and its own output folder:
 GRPO, 32 prompts x 8 samples per step (256 rows: whole prompt groups on each of 1, 2, 4 or 8
 workers), one optimizer step per step (``actor.ppo_mini_batch_size=32``), no evaluation
 before training, no checkpoint, 8 held-out prompts in the evaluation after the last step
@@ -393,7 +393,7 @@ class DriverWaitProbe:
 def run_one(workers: int, nodes: int, steps: int, cpus: float, out_dir: Path) -> dict[str, Any]:
     """Train one configuration in this process; its per-step figures."""
     from verity.config import load_config
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
     from verity_harness.simulated_cluster import SimulatedShape, simulated_cluster
 
     shape = None

@@ -16,7 +16,7 @@ optimizer step per step, rewarded by the same exact-match verifier of the arithm
 | ``512x8`` | a random-init Qwen2, hidden 512 x 8 layers, same tokenizer | 64 | s/step |
 
 verity runs through its public API (:func:`verity.config.load_config` with the quickstart
-preset, then :func:`verity.trainer.run.run_training`: 2 Ray workers, one torch thread each);
+preset, then :func:`verity.launch.run.run_training`: 2 Ray workers, one torch thread each);
 its s/step is the median of ``timing/step_s`` in ``metrics.jsonl`` over every step after the
 first. TRL runs ``GRPOTrainer`` on 2 torch threads (gradient checkpointing off, float32, no
 vLLM); its s/step is the median, over every step after the first, of the time between a
@@ -49,7 +49,7 @@ Each side runs in its own process; with ``--rounds R`` the sides alternate (TRL,
 TRL, ...) and each side's figure is the median over its rounds; ``ratio_rounds`` keeps each
 ratio's per-round values (round r of one side over round r of the other), whose spread the
 nightly's gate reads (``ci/nightly_gates.py``). Held-out accuracy of both is
-scored by :func:`verity.trainer.evaluate.evaluate` rules (greedy, the task's verifier), on the
+scored by :func:`verity.evaluation.greedy.evaluate` rules (greedy, the task's verifier), on the
 whole test split.
 
 The ratio reported per shape is ``trl_s_per_step / verity_s_per_step`` (> 1: verity is

@@ -74,7 +74,7 @@ def run_verity(job: Any, shape: Any) -> dict[str, Any]:
     """``run_training`` with the quickstart preset; step seconds from ``metrics.jsonl``."""
     from verity.cli.quickstart import preset_path
     from verity.config import load_config
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
 
     out_dir = Path(job.workdir) / "run"
     cfg = load_config(verity_overrides(job, shape, out_dir), config_file=preset_path())
@@ -126,8 +126,8 @@ def run_trl(job: Any, shape: Any, threads: int) -> dict[str, Any]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback, set_seed
     from trl import GRPOConfig, GRPOTrainer
+    from verity.evaluation.greedy import evaluate, score_with_task
     from verity.rollout.sampling import SamplingParams
-    from verity.trainer.evaluate import evaluate, score_with_task
     from verity_toyworld.tasks.arithmetic import read_parquet_rows
 
     rows = shape.prompts * shape.samples

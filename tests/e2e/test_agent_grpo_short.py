@@ -80,7 +80,7 @@ def _write_inputs(root: Path) -> dict[str, str]:
 def test_multi_turn_rl_on_two_workers_trains_only_the_models_tokens(tmp_path, monkeypatch) -> None:
     from transformers import AutoTokenizer
     from verity.config import load_config
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
 
     tests_dir = str(Path(__file__).resolve().parents[1])
     probes = tmp_path / "probes"

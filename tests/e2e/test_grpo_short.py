@@ -32,7 +32,7 @@ def _overrides(paths: dict[str, str], out: str, steps: int = 2) -> list[str]:
 
 @pytest.mark.slow
 def test_grpo_runs_end_to_end_and_is_deterministic(tiny_model_and_task, tmp_path) -> None:
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
 
     first = run_training(load_config(_overrides(tiny_model_and_task, str(tmp_path / "a"))))
     assert first["steps"] == 2

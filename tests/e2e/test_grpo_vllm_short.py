@@ -36,7 +36,7 @@ def vllm_model_and_task(tmp_path_factory) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_grpo_with_vllm_rollout_on_two_workers(vllm_model_and_task, tmp_path) -> None:
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
 
     paths = vllm_model_and_task
     out = tmp_path / "run"

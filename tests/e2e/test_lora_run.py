@@ -148,7 +148,7 @@ def test_lora_exports_generate_like_the_trainer_rollout(paths, uninterrupted, tm
 
 def test_lora_actor_beside_a_full_critic(paths, tmp_path) -> None:
     from verity.config import load_config
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
 
     out = tmp_path / "gae"
     extra = ["algorithm.advantage.estimator=gae", "critic.ppo_mini_batch_size=8", "trainer.total_steps=2"]

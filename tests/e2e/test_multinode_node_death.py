@@ -32,7 +32,7 @@ def _rows(out: Path) -> list[dict]:
 
 def test_node_death_is_named_and_the_resume_repeats_the_run(tiny_grpo_overrides, tmp_path, capsys):
     from verity.cli.train import execute
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
 
     reward = write_digit_reward(tmp_path)
 

@@ -35,7 +35,7 @@ def _nodes_of(placement: str) -> list[str]:
 
 
 def test_grpo_on_two_nodes_matches_one_node(two_nodes, tiny_grpo_overrides, tmp_path, capsys):
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
 
     reward = write_digit_reward(tmp_path)  # dense: every step moves the weights
     joined = [
@@ -71,7 +71,7 @@ def test_grpo_on_two_nodes_matches_one_node(two_nodes, tiny_grpo_overrides, tmp_
 
 
 def test_separate_critic_lands_on_the_other_node(two_nodes, tiny_grpo_overrides, tmp_path):
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
 
     summary = run_training(
         load_config(
@@ -98,7 +98,7 @@ def test_separate_critic_lands_on_the_other_node(two_nodes, tiny_grpo_overrides,
 
 
 def test_async_rollout_group_on_the_other_node(two_nodes, tiny_grpo_overrides, tmp_path):
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
 
     summary = run_training(
         load_config(
@@ -164,7 +164,7 @@ def test_shapes_the_cluster_cannot_hold_are_refused_in_one_sentence(
 
 def test_megatron_tensor_parallel_groups_stay_inside_a_node(two_nodes, tiny_grpo_overrides, tmp_path):
     pytest.importorskip("megatron.core", reason="the megatron extra is not installed")
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
 
     summary = run_training(
         load_config(

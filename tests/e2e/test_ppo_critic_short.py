@@ -38,7 +38,7 @@ def _overrides(paths: dict[str, str], out: str) -> list[str]:
 
 @pytest.mark.slow
 def test_ppo_with_critic_runs_end_to_end(tiny_model_and_task, tmp_path) -> None:
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
 
     summary = run_training(load_config(_overrides(tiny_model_and_task, str(tmp_path / "ppo"))))
     assert summary["steps"] == 2

@@ -18,7 +18,7 @@ def _metrics(out) -> list[dict[str, float]]:
 def test_scoring_on_the_workers_is_the_same_run_with_less_coming_back(
     tiny_grpo_overrides, tmp_path, mode
 ) -> None:
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
 
     runs = {}
     for placement in ("driver", "workers"):

@@ -11,7 +11,7 @@ from verity.config import load_config
 
 @pytest.mark.slow
 def test_reward_model_and_separate_critic_run_from_config(tiny_model_and_task, tmp_path) -> None:
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
 
     paths = tiny_model_and_task
     out = tmp_path / "run"

@@ -28,7 +28,7 @@ def _args(paths: dict[str, str], out: str, *extra: str) -> list[str]:
 
 @pytest.mark.slow
 def test_a_new_config_never_continues_an_old_run(tiny_model_and_task, tmp_path, capsys) -> None:
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
 
     out = tmp_path / "run"
     first = run_training(load_config(_args(tiny_model_and_task, str(out), "trainer.total_steps=1")))

@@ -12,7 +12,7 @@ from verity.cli.main import main as verity
 def model_and_file(tmp_path_factory) -> dict[str, str]:
     """A tiny model warm-started for a few seconds on 1-digit sums, so that it gets some right."""
     import torch
-    from verity.trainer.sft import run_sft
+    from verity.sft import run_sft
     from verity_toyworld.build import teacher_rows
     from verity_toyworld.char_tokenizer import CharTokenizer
     from verity_toyworld.tasks.arithmetic import ArithmeticConfig, read_parquet_rows, write_splits
@@ -39,7 +39,7 @@ def model_and_file(tmp_path_factory) -> dict[str, str]:
 
 def test_eval_greedy_matches_the_warm_start_evaluator(model_and_file, tmp_path, capsys) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from verity.trainer.evaluate import evaluate_greedy
+    from verity.evaluation.greedy import evaluate_greedy
     from verity_toyworld.tasks.arithmetic import read_parquet_rows
 
     out = tmp_path / "report.json"

@@ -12,7 +12,7 @@ import torch
 from verity.batch import Batch
 from verity.config import load_config
 from verity.controller import Dispatch, ResourcePool, Worker, WorkerGroup, init_ray, register, shutdown_ray
-from verity.trainer.loop import RLTrainer
+from verity.trainer.loop import RLTrainer, RunHooks
 from verity.trainer.stage_guard import StageGuard, StageTimeoutError
 from verity.trainer.stages import Stage
 
@@ -67,12 +67,12 @@ def test_a_stage_over_its_limit_fails_naming_the_stage(group):
     cfg = load_config(["trainer.progress=false"])
     trainer = RLTrainer(
         cfg,
-        actor=group,
+        [Stage("generate", generate)],
+        roles={"actor": group},
         rewards=None,
         train_batches=None,
         val_batches=None,
-        stages=[Stage("generate", generate)],
-        stage_guard=StageGuard(2.0, {"actor": group}),
+        hooks=RunHooks(stage_guard=StageGuard(2.0, {"actor": group})),
     )
     prompts = Batch.from_dict({"input_ids": torch.ones(2, 3, dtype=torch.long)})
     start = time.monotonic()

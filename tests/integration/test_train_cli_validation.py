@@ -90,7 +90,7 @@ def test_auto_resume_refuses_a_checkpoint_of_another_config_naming_the_keys(mode
 def test_a_second_run_into_a_busy_output_folder_fails_at_once_naming_the_holder(model_dir, tmp_path):
     import os
 
-    from verity.trainer.run_dir import claim_output_dir
+    from verity.launch.run_dir import claim_output_dir
 
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps(good_row(i)) + "\n" for i in range(4)))

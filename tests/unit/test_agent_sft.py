@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from verity.rollout.agent.calculator import Calculator
 from verity.rollout.agent.parsers import parse_hermes
-from verity.trainer.sft import IGNORE_INDEX, collate_examples, multi_turn_target, tokenize_examples
+from verity.sft import IGNORE_INDEX, collate_examples, multi_turn_target, tokenize_examples
 from verity_toyworld.char_tokenizer import CharTokenizer
 from verity_toyworld.presets import EMBEDDED_PRESETS, SFT_TEACHERS
 from verity_toyworld.tasks import multiply

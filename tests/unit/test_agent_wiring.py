@@ -10,9 +10,9 @@ from verity.batch import Batch, validate
 from verity.config import ConfigError, load_config
 from verity.rewards.manager import RewardManager
 from verity.rollout.agent.config import AgentConfig
+from verity.rollout.agent.metrics import agent_batch_metrics
 from verity.rollout.base import RolloutEngine
 from verity.rollout.registry import ROLLOUT_WRAPPERS, RolloutBuildContext
-from verity.trainer.agent_metrics import agent_batch_metrics
 from verity.trainer.stage_plan import build_stage_plan
 from verity.workers.actor_loss import make_actor_loss
 

@@ -10,7 +10,10 @@ import verity
 # top to bottom: a room may import itself and rooms after it, never one before it
 ROOMS = [
     "cli",
+    "launch",
     "trainer",
+    "evaluation",
+    "sft",
     "workers",
     "checkpoint",
     "config",

@@ -185,7 +185,7 @@ def test_top_k_minus_one_and_gpu_device_names_are_accepted() -> None:
 
 
 def test_the_held_out_pass_samples_with_val_top_p() -> None:
-    from verity.trainer.evaluation import validation_sampling
+    from verity.evaluation.validation import validation_sampling
 
     cfg = load_config(["rollout.val_temperature=0.7", "rollout.val_top_p=0.5", "rollout.top_p=0.9"])
     assert validation_sampling(cfg)["top_p"] == 0.5
@@ -213,7 +213,7 @@ def test_an_output_folder_that_cannot_be_made_is_named(tmp_path) -> None:
 def test_claiming_an_output_folder_that_cannot_be_made_is_a_config_error(tmp_path) -> None:
     import os
 
-    from verity.trainer.run_dir import claim_output_dir
+    from verity.launch.run_dir import claim_output_dir
 
     read_only = tmp_path / "ro"
     read_only.mkdir()

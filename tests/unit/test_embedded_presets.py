@@ -74,7 +74,7 @@ def test_format_rows_relabels_the_source_and_wraps_the_prompt():
 
 
 def test_a_run_builds_the_preset_it_names(tmp_path):
-    from verity.trainer.run import resolve_inputs
+    from verity.launch.run import resolve_inputs
 
     cfg = load_config(
         [

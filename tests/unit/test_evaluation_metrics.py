@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 from verity.batch import Batch
-from verity.trainer.evaluation import (
+from verity.evaluation.validation import (
     ScoredSamples,
     correctness,
     maj_at_k,

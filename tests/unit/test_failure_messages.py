@@ -113,7 +113,7 @@ def test_too_many_failed_reward_samples_exit_1_with_the_reason(inputs, capsys, m
     def failing_run(cfg):
         raise RewardFailureError("reward: 6 of 8 samples failed (6 errors, 0 timeouts), more than ...")
 
-    monkeypatch.setattr("verity.trainer.run.run_training", failing_run)
+    monkeypatch.setattr("verity.launch.run.run_training", failing_run)
     assert train_cli.main(train(inputs)) == 1
     err = capsys.readouterr().err
     assert "RewardFailureError: reward: 6 of 8 samples failed" in err and "Traceback" not in err
@@ -148,7 +148,7 @@ def _fail_with(monkeypatch, error: BaseException) -> None:
     def failing_run(cfg):
         raise error
 
-    monkeypatch.setattr("verity.trainer.run.run_training", failing_run)
+    monkeypatch.setattr("verity.launch.run.run_training", failing_run)
 
 
 def test_the_resume_hint_is_printed_only_when_a_checkpoint_exists(inputs, tmp_path, capsys, monkeypatch):

@@ -29,8 +29,8 @@ def _oversampling(ctx, batch):
 
 def test_generated_tokens_per_s_counts_every_sampled_token_when_a_stage_reports_them():
     trainer = RLTrainer(
-        load_config([]), actor=None, rewards=None, train_batches=None, val_batches=None,
-        stages=[Stage("oversampling", _oversampling)],
+        load_config([]), [Stage("oversampling", _oversampling)],
+        roles={"actor": None}, rewards=None, train_batches=None, val_batches=None,
     )  # fmt: skip
     metrics = trainer.step(1, _batch())
     assert metrics["perf/generated_tokens_per_s"] == pytest.approx(48.0 / 2.0)
@@ -44,10 +44,10 @@ def test_without_the_report_the_batch_response_tokens_count():
 
     trainer = RLTrainer(
         load_config([]),
-        actor=None,
+        [Stage("plain", plain)],
+        roles={"actor": None},
         rewards=None,
         train_batches=None,
         val_batches=None,
-        stages=[Stage("plain", plain)],
     )
     assert trainer.step(1, _batch())["perf/generated_tokens_per_s"] == pytest.approx(12.0 / 2.0)

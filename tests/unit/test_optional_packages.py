@@ -87,7 +87,7 @@ def test_train_stops_before_ray_with_the_sentence_and_exit_2(monkeypatch, capsys
     def no_run(cfg):
         raise AssertionError("the run started")
 
-    monkeypatch.setattr("verity.trainer.run.run_training", no_run)
+    monkeypatch.setattr("verity.launch.run.run_training", no_run)
     hide(monkeypatch, "vllm")
     assert train_cli.main(["rollout.engine=vllm"]) == 2
     err = capsys.readouterr().err

@@ -8,13 +8,13 @@ import sys
 
 import pytest
 from verity.config import load_config
-from verity.trainer.run_dir import LOCK_FILE, OutputDirBusyError, claim_output_dir, move_aside, run_name
+from verity.launch.run_dir import LOCK_FILE, OutputDirBusyError, claim_output_dir, move_aside, run_name
 
 
 def test_the_lock_refuses_a_second_holder_and_frees_with_the_process(tmp_path) -> None:
     out = tmp_path / "run"
     probe = (
-        "import sys; from pathlib import Path; from verity.trainer.run_dir import claim_output_dir\n"
+        "import sys; from pathlib import Path; from verity.launch.run_dir import claim_output_dir\n"
         "try:\n    with claim_output_dir(Path(sys.argv[1])): print('got it')\n"
         "except Exception as err: print(type(err).__name__, err)\n"
     )

@@ -6,9 +6,9 @@ import pytest
 import torch
 from verity.batch import Batch
 from verity.config import ConfigError, load_config
-from verity.trainer.evaluation import run_validation
+from verity.evaluation.validation import run_validation
+from verity.launch.outputs import sampled_before_after
 from verity.trainer.loop import RLTrainer, TrainResult
-from verity.trainer.outputs import sampled_before_after
 
 R = 6
 # correctness of the k = 4 samples of each held-out prompt (by uid), and the source of the prompt
@@ -94,7 +94,8 @@ def test_validate_keeps_val_acc_greedy_and_adds_the_sampled_metrics():
     actor = FakeActor()
     trainer = RLTrainer(
         config(),
-        actor=actor,
+        [],
+        roles={"actor": actor},
         rewards=FakeRewards(),
         train_batches=None,
         val_batches=lambda: iter([prompts()]),
@@ -113,7 +114,7 @@ def test_without_val_n_there_is_one_pass_and_no_sampled_metric():
     actor = FakeActor()
     cfg = load_config(["data.max_response_length=6"])
     trainer = RLTrainer(
-        cfg, actor=actor, rewards=FakeRewards(), train_batches=None, val_batches=lambda: iter([prompts()])
+        cfg, [], roles={"actor": actor}, rewards=FakeRewards(), train_batches=None, val_batches=lambda: iter([prompts()])
     )
     metrics = trainer.validate(0)
     assert len(actor.calls) == 1 and "val/avg_at_k" not in metrics

@@ -10,8 +10,8 @@ import torch
 from helpers.scripted_cache import ScriptedCache
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from verity.cli.sft import main as sft_main
-from verity.trainer.evaluate import evaluate, evaluate_greedy
-from verity.trainer.sft import collate_examples, learning_rate_at, run_sft, tokenize_examples
+from verity.evaluation.greedy import evaluate, evaluate_greedy
+from verity.sft import collate_examples, learning_rate_at, run_sft, tokenize_examples
 from verity_toyworld.build import EmbeddedSettings, ensure_embedded_default, teacher_rows
 from verity_toyworld.char_tokenizer import CharTokenizer
 from verity_toyworld.tasks.arithmetic import (

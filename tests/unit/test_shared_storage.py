@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from verity.config import ConfigError
 from verity.controller.placement import NodeInfo
-from verity.trainer.shared_storage import MARKER_DIR, check_shared_output_dir, write_marker
+from verity.launch.shared_storage import MARKER_DIR, check_shared_output_dir, write_marker
 
 NODES = [NodeInfo("aaaa1111bbbb", "10.0.0.2", {"CPU": 2.0}), NodeInfo("cccc2222dddd", "10.0.0.3", {"CPU": 2.0})]
 

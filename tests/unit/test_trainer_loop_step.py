@@ -32,7 +32,7 @@ def test_a_stage_that_leaves_no_rows_ends_the_step_without_the_remaining_stages(
 
     stages = [stage("first", True), stage("drop_all", False), stage("update", True)]
     trainer = RLTrainer(
-        load_config([]), actor=None, rewards=None, train_batches=None, val_batches=None, stages=stages
+        load_config([]), stages, roles={"actor": None}, rewards=None, train_batches=None, val_batches=None
     )
     metrics = trainer.step(1, _rows(3))
     assert ran == ["first", "drop_all"]

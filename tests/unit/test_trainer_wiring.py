@@ -8,7 +8,7 @@ import torch
 from verity.batch import Batch
 from verity.config.loader import load_config
 from verity.tracking.metrics_file import METRICS_FILE, MetricsFile
-from verity.trainer.loop import RLTrainer, TrainResult
+from verity.trainer.loop import RLTrainer, RunHooks, RunStart, TrainResult
 from verity.trainer.role_handles import GroupView, worker_group_of
 from verity.trainer.stages import Stage
 
@@ -24,7 +24,7 @@ class _Prompts:
         )
 
 
-def _trainer(tmp_path, steps: int, **parts) -> RLTrainer:
+def _trainer(tmp_path, steps: int, start: RunStart | None = None, **hooks) -> RLTrainer:
     cfg = load_config(
         [
             f"trainer.total_steps={steps}",
@@ -36,12 +36,13 @@ def _trainer(tmp_path, steps: int, **parts) -> RLTrainer:
     )
     trainer = RLTrainer(
         cfg,
-        actor=None,
+        [Stage("noop", lambda ctx, batch: batch)],
+        roles={"actor": None},
         rewards=None,
         train_batches=_Prompts(),
         val_batches=lambda: iter(()),
-        stages=[Stage("noop", lambda ctx, batch: batch)],
-        **parts,
+        hooks=RunHooks(**hooks),
+        start=start,
     )
     trainer.validate = lambda step: {"val/acc": 0.0}  # no model: the held-out pass is not under test
     return trainer
@@ -64,7 +65,7 @@ def test_step_end_hooks_run_in_the_order_given_after_every_step(tmp_path) -> Non
 def test_a_resumed_trainer_continues_from_its_start_step_and_result(tmp_path) -> None:
     done = TrainResult(history=[{"train/step": 1.0}, {"train/step": 2.0}], wall_seconds=5.0)
     steps: list[int] = []
-    result = _trainer(tmp_path, 4, start_step=2, result=done, step_end=[lambda s, r: steps.append(s)]).fit()
+    result = _trainer(tmp_path, 4, RunStart(2, done), step_end=[lambda s, r: steps.append(s)]).fit()
     assert steps == [3, 4]
     assert result is done and [row["train/step"] for row in result.history] == [1.0, 2.0, 3.0, 4.0]
     assert result.wall_seconds > 5.0
@@ -75,7 +76,7 @@ def test_metrics_file_rewrites_on_start_and_appends_each_step(tmp_path) -> None:
     assert metrics.path == tmp_path / METRICS_FILE
     metrics.start([{"train/step": 1.0, "reward/mean": 0.5}])
     _trainer(
-        tmp_path, 3, start_step=1, result=TrainResult(history=[{"train/step": 1.0}]), step_end=[metrics]
+        tmp_path, 3, RunStart(1, TrainResult(history=[{"train/step": 1.0}])), step_end=[metrics]
     ).fit()
     rows = [json.loads(line) for line in metrics.path.read_text().splitlines()]
     assert [row["train/step"] for row in rows] == [1.0, 2.0, 3.0]

@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 from verity.data.verl_dataset import MalformedDatasetError
+from verity.evaluation.greedy import evaluate
 from verity.rollout.sampling import SamplingParams
-from verity.trainer.evaluate import evaluate
-from verity.trainer.sft import run_sft
+from verity.sft import run_sft
 from verity_toyworld.build import ensure_embedded_default
 from verity_toyworld.presets import EMBEDDED_PRESETS, SFT_TEACHERS, EmbeddedSettings
 from verity_toyworld.tasks.arithmetic import read_parquet_rows

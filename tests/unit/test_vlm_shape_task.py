@@ -46,7 +46,7 @@ def test_registered_and_loads_as_multimodal_rows() -> None:
 def test_held_out_evaluation_scores_the_visual_task(tmp_path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from verity.trainer.held_out import evaluate_files
+    from verity.evaluation.held_out import evaluate_files
     from verity_toyworld.tiny_vlm import save_tiny_vlm
 
     model = save_tiny_vlm(tmp_path / "model")

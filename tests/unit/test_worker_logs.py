@@ -68,7 +68,7 @@ def test_the_cuda_connections_warning_is_filtered_on_cpu_only(tmp_path, restore_
 
 def test_the_trainer_tells_workers_their_log_folder(tmp_path) -> None:
     from verity.config import VerityConfig
-    from verity.trainer.roles import worker_env
+    from verity.launch.roles import worker_env
 
     cfg = VerityConfig()
     cfg.trainer.output_dir = str(tmp_path / "run")

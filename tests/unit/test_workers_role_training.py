@@ -117,7 +117,7 @@ def test_role_device_uses_index_0_under_isolation_else_the_local_rank(
 
 
 def test_ran_names_the_device_the_actor_computed_on():
-    from verity.trainer.roles import RoleGroups
+    from verity.launch.roles import RoleGroups
 
     groups = RoleGroups(roles=[])
     groups.facts = {
@@ -130,7 +130,7 @@ def test_ran_names_the_device_the_actor_computed_on():
 
 
 def test_ran_names_the_trainer_mode_from_the_roles_that_started():
-    from verity.trainer.roles import RoleGroups
+    from verity.launch.roles import RoleGroups
 
     sync = RoleGroups(roles=[], handles={"actor": object()}, facts={"actor": {"train_engine": "fsdp2"}})
     assert sync.ran()["mode"] == "sync"
@@ -140,7 +140,7 @@ def test_ran_names_the_trainer_mode_from_the_roles_that_started():
 
 
 def test_ran_says_when_the_loss_head_was_compiled():
-    from verity.trainer.roles import RoleGroups
+    from verity.launch.roles import RoleGroups
 
     compiled = {"train_engine": "fsdp2", "train_compiled_layers": 24, "train_compiled_head": True}
     ran = RoleGroups(roles=[], facts={"actor": compiled}).ran()

@@ -12,7 +12,7 @@ Order of work:
    no cluster (``trainer.nnodes: 2``, no ``trainer.ray_address``) runs on a cluster of that
    many nodes simulated on this machine (:mod:`verity_harness.simulated_cluster`), torn
    down after the run; ``trainer.ray_address=auto`` runs it on a real one instead;
-3. train with :func:`verity.trainer.run.run_training` (the trainer logs params and
+3. train with :func:`verity.launch.run.run_training` (the trainer logs params and
    per-step metrics to MLflow);
 4. read the run directory: scores, throughput, curves (:mod:`verity_harness.run_metrics`);
 5. compare the scores with ``expected/<hardware>-<backend>.yaml`` of the recipe;
@@ -270,7 +270,7 @@ def run_recipe(
 ) -> RunOutcome:
     """Train recipe ``name`` with ``config``, check it, log it, write its result file (if ``results_dir``)."""
     from verity.config import load_config
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
 
     recipe = find_recipe(name)
     config_file = recipe.config_path(config)

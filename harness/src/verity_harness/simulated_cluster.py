@@ -50,7 +50,7 @@ class SimulatedShape:
 
 def nodes_asked(cfg: Any) -> int:
     """The most nodes any of the run's pools asks for (the actor's ``trainer.nnodes``, a separate role's ``nnodes``)."""
-    from verity.trainer.placement import role_shapes
+    from verity.launch.pools import role_shapes
 
     return max((shape.nnodes or 1) for shape in role_shapes(cfg).values())
 
@@ -62,7 +62,7 @@ def cpus_per_node(cfg: Any) -> int:
     placement plan may put it on one node) times ``trainer.cpus_per_worker``; colocated roles run in
     the actor's pool.
     """
-    from verity.trainer.placement import role_shapes
+    from verity.launch.pools import role_shapes
 
     cpus = 0.0
     for name, shape in role_shapes(cfg).items():

@@ -47,7 +47,7 @@ def test_the_rows_are_scored_by_their_data_source(source, response, truth, score
 
 
 def test_verity_eval_reports_avg_and_pass_at_k_on_the_aime_file(files, tmp_path):
-    from verity.trainer.held_out import evaluate_files
+    from verity.evaluation.held_out import evaluate_files
     from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     tokenizer = CharTokenizer()

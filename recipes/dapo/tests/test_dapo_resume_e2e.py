@@ -32,7 +32,7 @@ CONFIG = Path(__file__).resolve().parents[1] / "src" / "verity_recipe_dapo" / "c
 def inputs(tmp_path_factory) -> dict[str, str]:
     """A tiny model warm-started on ``Answer: N`` for a + b (a, b < 5), and the two files."""
     import torch
-    from verity.trainer.sft import run_sft
+    from verity.sft import run_sft
     from verity_toyworld.char_tokenizer import CharTokenizer
     from verity_toyworld.tiny_model import build_tiny_qwen2_for
 

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_separate_prm_trains_on_the_other_node(prime_tiny_model_and_task, tmp_path):
-    from verity.trainer.run import run_training
+    from verity.launch.run import run_training
 
     out = tmp_path / "prm-apart"
     with simulated_cluster(head={"num_cpus": 2}, nodes=[{"num_cpus": 2}]) as cluster:

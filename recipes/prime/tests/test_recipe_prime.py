@@ -82,7 +82,7 @@ def test_prime_sections_are_rejected_when_the_estimator_is_not_prime() -> None:
 
 
 def test_a_separate_prm_gets_its_own_pool() -> None:
-    from verity.trainer.roles import cpus_needed
+    from verity.launch.roles import cpus_needed
     from verity.workers.registry import ROLES, role_placement
 
     cfg = cpu("prm.placement=separate", "prm.n_workers=1")

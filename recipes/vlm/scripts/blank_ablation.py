@@ -29,7 +29,7 @@ def image_blind_ceiling(rows: list[dict]) -> float:
 
 def greedy_accuracy(model_dir: str, test_file: str) -> float:
     """Held-out greedy accuracy (``verity eval``'s ``val/acc``) of ``model_dir`` on ``test_file``."""
-    from verity.trainer.held_out import evaluate_files
+    from verity.evaluation.held_out import evaluate_files
 
     report = evaluate_files(model_dir, [test_file], max_new_tokens=4, max_prompt_length=64, batch_size=128)
     return report.metrics["val/acc"]

@@ -153,9 +153,9 @@ def _build(paths: EmbeddedPaths, settings: EmbeddedSettings, say: Callable[[str]
     import torch
     import transformers
     from verity.data.task_registry import synthetic_tasks, task_config_class
+    from verity.evaluation.greedy import evaluate
     from verity.rollout.sampling import SamplingParams
-    from verity.trainer.evaluate import evaluate
-    from verity.trainer.sft import run_sft
+    from verity.sft import run_sft
 
     from verity_toyworld.tasks.arithmetic import extract_answer
 
@@ -266,7 +266,7 @@ def _save(folder: Path, model: Any, tokenizer: Any, image_processor: Any) -> Non
 
 
 def _reward_scorer(found: list[bool]) -> Callable[[str, str, str], float]:
-    """A ``score_fn`` for :func:`verity.trainer.evaluate.evaluate` using the reward of each row's
+    """A ``score_fn`` for :func:`verity.evaluation.greedy.evaluate` using the reward of each row's
     ``data_source``: 1.0 when the verifier says correct (its ``acc``, else ``score >= 1``).
 
     Appends to ``found`` whether the verifier extracted an answer (its ``pred``, when it reports one).

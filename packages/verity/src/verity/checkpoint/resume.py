@@ -6,7 +6,7 @@
   such as ``trainer.total_steps`` may differ, and a section the saved run lacked counts
   as unchanged at its defaults: :func:`config_differences`); a fresh start when there is none.
 - ``off``: a fresh start. A previous run's outputs and checkpoints are moved aside
-  first (``verity.trainer.run_dir.move_aside``), never mixed with the new run's.
+  first (``verity.launch.run_dir.move_aside``), never mixed with the new run's.
 - a path: a ``step_N`` checkpoint folder, a checkpoint folder (its newest), or a run's
   output folder (its ``checkpoints/``' newest). Refused when that would mix two
   histories: an older checkpoint of this run's own folder, or any checkpoint while this

@@ -2,7 +2,7 @@
 
 Split from :mod:`verity.cli.diagnose` (versions, hardware, the report's rendering): this module
 starts or joins Ray, lists the nodes (:func:`verity.controller.placement.cluster_nodes`) and,
-given a run config, plans its pools on them (:func:`verity.trainer.placement.pool_requests`,
+given a run config, plans its pools on them (:func:`verity.launch.pools.pool_requests`,
 :func:`verity.controller.placement.plan_placement`) without starting anything.
 """
 
@@ -200,7 +200,7 @@ def layout_question(config: str | None, overrides: Sequence[str]) -> LayoutQuest
     from verity.config import ConfigError, load_config
     from verity.config.cluster_checks import cluster_address
     from verity.hardware import UnknownBackendError
-    from verity.trainer.placement import pool_requests
+    from verity.launch.pools import pool_requests
 
     question = LayoutQuestion(config, list(overrides))
     try:

@@ -15,7 +15,7 @@ held-out data its run validated on -- the run's ``data.val_files``, or for the e
 model its preset's held-out split -- with the run's response budget
 (``data.max_response_length``); the data used is printed. Data files are in the verl schema; each row is scored
 by the reward function of its ``data_source``. Prints a table and, with ``--json``,
-writes the metrics, under the names ``verity train`` logs (:mod:`verity.trainer.evaluation`):
+writes the metrics, under the names ``verity train`` logs (:mod:`verity.evaluation.validation`):
 ``val/acc`` for ``-k 1``; ``val/avg_at_k``, ``val/pass_at_k``, ``val/maj_at_k`` and ``val/k``
 for ``-k K > 1``; per data source ``val/<data_source>/...``. One process, no Ray.
 
@@ -123,7 +123,7 @@ def _resolve_model(
 
 def _default_data(model: str):
     """The held-out data MODEL is evaluated on without ``--data``: a checkpoint's or run folder's
-    :class:`~verity.trainer.held_out.HeldOutData` (what ``verity train`` validated on), None for
+    :class:`~verity.evaluation.held_out.HeldOutData` (what ``verity train`` validated on), None for
     ``embedded`` (its preset's test split); ValueError for an HF folder (it records no data),
     FileNotFoundError for a folder that is no model, checkpoint or run folder."""
     if model == "embedded":
@@ -136,7 +136,7 @@ def _default_data(model: str):
         )
     from verity.checkpoint.export import find_checkpoint
     from verity.checkpoint.state import TrainerState
-    from verity.trainer.held_out import run_held_out_files
+    from verity.evaluation.held_out import run_held_out_files
 
     state = TrainerState.read(find_checkpoint(path))
     return run_held_out_files(state.config, state.working_dir or None)
@@ -235,7 +235,7 @@ def main(argv: list[str]) -> int:
     reward_args = [a for a in argv if _REWARD_ARG.match(a)]
     args = _parser().parse_args([a for a in argv if not _REWARD_ARG.match(a)])
     from verity.data.verl_dataset import MalformedDatasetError, PromptTooLongError
-    from verity.trainer.held_out import evaluate_files
+    from verity.evaluation.held_out import evaluate_files
 
     with tempfile.TemporaryDirectory(prefix="verity-eval-") as scratch:
         try:

@@ -49,7 +49,7 @@ def read_rows(path: str) -> list[dict[str, Any]]:
     or ``reward_model.ground_truth``) is a ``ValueError`` naming the file (and the row).
     """
     from verity.data.verl_dataset import read_nonempty_rows
-    from verity.trainer.sft import sft_answer
+    from verity.sft import sft_answer
 
     rows = read_nonempty_rows(path)
     for index, row in enumerate(rows):
@@ -96,8 +96,8 @@ def main(argv: list[str]) -> int:
 
     from verity.data.embedded import embedded_preset
     from verity.engines.hf_loading import load_causal_lm
-    from verity.trainer.evaluate import evaluate_greedy
-    from verity.trainer.sft import run_sft
+    from verity.evaluation.greedy import evaluate_greedy
+    from verity.sft import run_sft
 
     if args.threads:
         torch.set_num_threads(args.threads)

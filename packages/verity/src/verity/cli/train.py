@@ -67,10 +67,10 @@ def execute(cfg: Any, prog: str, argv: list[str] | None = None) -> tuple[int, di
     from verity.controller import ResourceUnavailableError, WorkerError
     from verity.data.verl_dataset import MalformedDatasetError, PromptTooLongError
     from verity.errors import RunError
+    from verity.launch.run import run_training
+    from verity.launch.run_dir import OutputDirBusyError
     from verity.rewards.failures import RewardFailureError
     from verity.rewards.preflight import RewardSetupError
-    from verity.trainer.run import run_training
-    from verity.trainer.run_dir import OutputDirBusyError
     from verity.trainer.stage_guard import StageTimeoutError
 
     try:

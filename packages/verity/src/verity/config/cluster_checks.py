@@ -3,7 +3,7 @@ and each separate role's ``nnodes``; derived where the user left a key unset, ch
 
 Only what the config alone can tell is checked here (sizes, divisibility, a multi-node shape without a
 cluster to join). Whether the cluster holds the shape is the placement plan's question
-(:mod:`verity.trainer.placement`), answered after Ray is joined and before any worker starts.
+(:mod:`verity.launch.pools`), answered after Ray is joined and before any worker starts.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 - :mod:`.registry` — dispatch by ``data_source``, user reward functions (file path + name);
 - :mod:`.process_pool`, :mod:`.manager` — :class:`RewardManager` with per-sample timeouts.
 
-Held-out accuracy, avg@k, pass@k and maj@k are computed in :mod:`verity.trainer.evaluation`.
+Held-out accuracy, avg@k, pass@k and maj@k are computed in :mod:`verity.evaluation.validation`.
 """
 
 from __future__ import annotations

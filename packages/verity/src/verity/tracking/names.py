@@ -30,7 +30,7 @@ Per-step training metrics (one value per RL step):
 | ``perf/max_memory_gb`` | peak device memory on the driver's device | GiB |
 | ``val/acc``, ``val/reward`` | held-out (validation) accuracy / mean reward | 0..1 / reward |
 | ``val/response_length`` | mean response tokens on the validation set | tokens |
-| ``val/avg_at_k``, ``val/pass_at_k`` | with ``rollout.val_n = k > 1`` (``verity eval -k K``): mean correctness of k sampled responses per held-out prompt (avg@k) and the unbiased pass@k, at n = k the share of prompts with a correct one among them (``verity.trainer.evaluation``) | 0..1 |
+| ``val/avg_at_k``, ``val/pass_at_k`` | with ``rollout.val_n = k > 1`` (``verity eval -k K``): mean correctness of k sampled responses per held-out prompt (avg@k) and the unbiased pass@k, at n = k the share of prompts with a correct one among them (``verity.evaluation.validation``) | 0..1 |
 | ``val/maj_at_k`` | the same k samples, majority vote over the verifiers' extracted answers (when they report one) | 0..1 |
 | ``val/k`` | the k of ``val/avg_at_k``, ``val/pass_at_k``, ``val/maj_at_k`` (MLflow names cannot hold ``@``) | samples |
 | ``val/sampled_response_length``, ``val/sampled_clip_ratio`` | mean tokens of the k samples, share of them that used the whole response budget | tokens / 0..1 |

@@ -1,36 +1,35 @@
 """The one RL loop: for each step, run the stages in order, time them, log the metrics.
 
 The loop knows nothing of a particular algorithm: the stages chosen from the
-config (:func:`verity.trainer.stages.default_stages`) carry that. It evaluates
-held-out accuracy (greedy) before training, every ``trainer.val_every`` steps and
-at the end, logs everything to MLflow, and writes ``summary.json``.
+config (:func:`verity.trainer.stage_plan.build_stage_plan`) carry that. It evaluates
+held-out accuracy before training, every ``trainer.val_every`` steps and at the end
+(:mod:`verity.evaluation.validation`), and hands every step's metrics to its hooks.
 
 A stage may leave no rows (a filter that kept no prompt group): the step then ends
 there, without the remaining stages (no update), and logs ``train/step_skipped = 1``
 with the metrics the stages reported so far.
 
-Everything a run wires in is passed at construction: the role handles (typed in
-:mod:`verity.trainer.role_handles`), ``start_step`` and ``result`` of a run restored from
-a checkpoint (steps already done, their metrics), the ``step_end`` hooks run in order after
-each step (``metrics.jsonl``: :mod:`verity.tracking.metrics_file`; checkpoints and SIGTERM:
-:mod:`verity.checkpoint.hooks`) and the ``stage_guard`` that puts a time limit on every
-stage (:mod:`verity.trainer.stage_guard`); :mod:`verity.trainer.recovery` builds the last four.
+What a run wires around the loop is passed at construction, by name: the stages (the run's
+stage plan, :mod:`verity.trainer.stage_plan`, built once by the caller), every role's handle
+(typed in :mod:`verity.trainer.role_handles`), the :class:`RunHooks` (tracker, console,
+step-end hooks, stage time limit) and the :class:`RunStart` of a run restored from a
+checkpoint. :mod:`verity.launch.recovery` builds the last two for a real run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from verity.batch import Batch
 from verity.batch.transport import DRIVER_TRANSFERS
 from verity.config.schema import VerityConfig
-from verity.trainer.evaluation import run_validation
+from verity.evaluation.validation import run_validation
 from verity.trainer.metrics import StageTimer, batch_metrics, real_tokens
-from verity.trainer.role_handles import ActorHandle, CriticHandle, StepEndHook
+from verity.trainer.role_handles import StepEndHook
 from verity.trainer.stage_guard import StageGuard
 from verity.trainer.stages import Stage, StepContext
 
@@ -44,99 +43,102 @@ class TrainResult:
     wall_seconds: float = 0.0
 
 
+@dataclass
+class RunStart:
+    """Where the loop starts: ``step`` RL steps already done and their metrics (0 and empty when fresh)."""
+
+    step: int = 0
+    result: TrainResult = field(default_factory=TrainResult)
+
+
+@dataclass
+class RunHooks:
+    """What a run hangs around the loop; each is optional.
+
+    Attributes:
+        tracker: a :class:`verity.tracking.Tracker`: every step's metrics and every evaluation.
+        progress: ``progress(step, metrics)`` after each step (the console line).
+        note: ``note(message)``: a line between steps (validation).
+        step_end: called in this order as ``hook(step, result)`` after each step
+            (``metrics.jsonl``: :mod:`verity.tracking.metrics_file`; checkpoints and SIGTERM:
+            :mod:`verity.checkpoint.hooks`).
+        stage_guard: the time limit on every stage (:mod:`verity.trainer.stage_guard`).
+    """
+
+    tracker: Any | None = None
+    progress: Callable[[int, dict[str, float]], None] | None = None
+    note: Callable[[str], None] | None = None
+    step_end: Sequence[StepEndHook] = ()
+    stage_guard: StageGuard | None = None
+
+
 class RLTrainer:
     """Drives the worker groups through ``trainer.total_steps`` RL steps.
 
     Args:
         cfg: the validated run config.
-        actor: the actor/rollout/reference worker group.
-        rewards: a :class:`verity.rewards.RewardManager`.
+        stages: the stages of one step, in order (a run's: ``build_stage_plan(cfg).stages``).
+        roles: every role's handle by name; ``actor`` is required, ``critic`` when the run has one.
+        rewards: a :class:`verity.rewards.RewardManager` (the driver's).
         train_batches: a loader with ``next_batch()`` giving prompt batches (``input_ids``/``attention_mask``/
             ``position_ids`` ``[B, P]`` left-padded, non-tensors ``data_source``,
             ``ground_truth``), ``data.train_batch_size`` prompts each.
         val_batches: a callable returning an iterable of held-out prompt batches.
-        tracker: a :class:`verity.tracking.Tracker` (or ``None``).
-        kl_controller: for KL in the reward.
-        critic: the critic worker group (``compute_values``, ``update_critic``), or ``None``.
-        roles: every role's handle by name (the actor and critic are added from the
-            arguments above), for stages that use other roles (``ctx.roles``).
-        stages: override the stage list (default: the config's stage plan, plug-in
-            planners included, :func:`verity.trainer.stage_plan.build_stage_plan`).
-        progress: a callable ``(step, metrics)`` for console progress, or ``None``.
-        note: a callable ``(message)`` printing a line between steps (validation), or ``None``.
-        start_step: RL steps already done (a run restored from a checkpoint; 0 when fresh).
-        result: their metrics and evaluations (default: empty).
-        step_end: hooks called in this order as ``hook(step, result)`` after each step.
-        stage_guard: the time limit on every stage, or ``None`` (no limit).
+        kl_controller: for KL in the reward, or ``None``.
+        hooks: what the run hangs around the loop (:class:`RunHooks`).
+        start: where the loop starts (:class:`RunStart`; a run restored from a checkpoint).
     """
 
     def __init__(
         self,
         cfg: VerityConfig,
+        stages: Sequence[Stage],
         *,
-        actor: ActorHandle,
+        roles: Mapping[str, Any],
         rewards: Any,
         train_batches: Any,
         val_batches: Any,
-        tracker: Any | None = None,
         kl_controller: Any | None = None,
-        critic: CriticHandle | None = None,
-        roles: dict[str, Any] | None = None,
-        stages: list[Stage] | None = None,
-        progress: Any | None = None,
-        note: Any | None = None,
-        start_step: int = 0,
-        result: TrainResult | None = None,
-        step_end: Sequence[StepEndHook] = (),
-        stage_guard: StageGuard | None = None,
+        hooks: RunHooks | None = None,
+        start: RunStart | None = None,
     ) -> None:
+        if "actor" not in roles:
+            raise KeyError(f"RLTrainer needs the actor's handle in roles; got {sorted(roles)}")
         self.cfg = cfg
-        self.actor = actor
+        self.stages = list(stages)
+        self.roles = dict(roles)
+        self.actor = self.roles["actor"]
         self.rewards = rewards
         self.train_batches = train_batches
         self.val_batches = val_batches
-        self.tracker = tracker
         self.kl_controller = kl_controller
-        self.critic = critic
-        self.roles = dict(roles or {})
-        if stages is None:
-            from verity.trainer.stage_plan import build_stage_plan
-
-            stages = build_stage_plan(cfg).stages
-        self.stages = stages
-        self.progress = progress
-        self.note = note
-        self.start_step = start_step
-        self.result = result if result is not None else TrainResult()
-        self.step_end = tuple(step_end)
-        self.stage_guard = stage_guard
+        self.hooks = hooks if hooks is not None else RunHooks()
+        self.start = start if start is not None else RunStart()
 
     def _guard(self, name: str, step: int) -> contextlib.AbstractContextManager:
-        return (
-            self.stage_guard.stage(name, step) if self.stage_guard is not None else contextlib.nullcontext()
-        )
+        guard = self.hooks.stage_guard
+        return guard.stage(name, step) if guard is not None else contextlib.nullcontext()
 
     # ---------------------------------------------------------------- validation
     def validate(self, step: int) -> dict[str, float]:
-        """Held-out metrics at ``step`` (:func:`verity.trainer.evaluation.run_validation`).
+        """Held-out metrics at ``step`` (:func:`verity.evaluation.validation.run_validation`).
 
         One response per prompt (``val/acc``, ``val/reward``, ...): greedy, or sampled at
         ``rollout.val_temperature`` when it is > 0 and ``rollout.val_n`` is 1. With
         ``rollout.val_n = k > 1`` also ``k`` samples per prompt: ``val/avg_at_k``,
-        ``val/pass_at_k``, ``val/maj_at_k`` (:mod:`verity.trainer.evaluation`).
+        ``val/pass_at_k``, ``val/maj_at_k`` (:mod:`verity.evaluation.validation`).
         """
         started = time.perf_counter()
-        if self.note is not None:
-            self.note(f"validating at step {step}")
+        note, tracker = self.hooks.note, self.hooks.tracker
+        if note is not None:
+            note(f"validating at step {step}")
         metrics = run_validation(self.cfg, self.actor, self.rewards, self.val_batches, step)
         total = metrics["val/samples"]
-        if self.note is not None:
+        if note is not None:
             seconds = time.perf_counter() - started
-            self.note(
-                f"validation at step {step}: accuracy {metrics['val/acc']:.3f} on {int(total)} prompts ({seconds:.0f}s)"
-            )
-        if self.tracker is not None:
-            self.tracker.log_metrics(metrics, step=step)
+            note(f"validation at step {step}: accuracy {metrics['val/acc']:.3f} on {int(total)} prompts ({seconds:.0f}s)")
+        if tracker is not None:
+            tracker.log_metrics(metrics, step=step)
         return metrics
 
     # ------------------------------------------------------------------ training
@@ -148,7 +150,7 @@ class RLTrainer:
             self.rewards,
             self.kl_controller,
             step=step,
-            critic=self.critic,
+            critic=self.roles.get("critic"),
             roles=dict(self.roles),
             loader=self.train_batches,
         )
@@ -178,26 +180,26 @@ class RLTrainer:
 
     def fit(self) -> TrainResult:
         """Validate, train ``trainer.total_steps`` steps (validating every ``val_every``), validate."""
-        cfg = self.cfg.trainer
-        result = self.result
+        cfg, hooks = self.cfg.trainer, self.hooks
+        result = self.start.result
         start = time.perf_counter()
-        if cfg.val_before_train and self.start_step == 0:
+        if cfg.val_before_train and self.start.step == 0:
             with self._guard("validate", 0):
                 result.validation.append({"step": 0, **self.validate(0)})
-        for step in range(self.start_step + 1, cfg.total_steps + 1):
+        for step in range(self.start.step + 1, cfg.total_steps + 1):
             prompts = self.train_batches.next_batch()
             metrics = self.step(step, prompts)
             metrics["train/step"] = float(step)
             result.history.append(metrics)
-            if self.tracker is not None:
-                self.tracker.log_metrics(metrics, step=step)
-            if self.progress is not None:
-                self.progress(step, metrics)
+            if hooks.tracker is not None:
+                hooks.tracker.log_metrics(metrics, step=step)
+            if hooks.progress is not None:
+                hooks.progress(step, metrics)
             last = step == cfg.total_steps
             if (cfg.val_every and step % cfg.val_every == 0) or last:
                 with self._guard("validate", step):
                     result.validation.append({"step": step, **self.validate(step)})
-            for hook in self.step_end:
+            for hook in hooks.step_end:
                 hook(step, result)
         result.wall_seconds += time.perf_counter() - start
         return result

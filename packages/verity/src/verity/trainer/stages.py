@@ -15,7 +15,7 @@ estimator needs ``baseline_scores`` (ReMax: the score of a greedy response to ea
 prompt); ``reward_model`` when ``reward_model.enabled`` (a learned reward model's
 score added to the rule reward); ``agent_metrics`` when ``rollout.agent.enabled``
 (tool-call and tool-error rates of the multi-turn rollouts,
-:mod:`verity.trainer.agent_metrics`). An algorithm that needs another step (a process
+:mod:`verity.rollout.agent.metrics`). An algorithm that needs another step (a process
 reward, dynamic sampling) adds or replaces stages through a stage planner
 (:mod:`verity.trainer.stage_plan`); it never copies the loop.
 """
@@ -42,7 +42,7 @@ from verity.config.schema import VerityConfig
 from verity.data.vision_inputs import VISION_KEYS
 from verity.rewards.manager import response_span, token_rewards_from_scores
 from verity.rewards.on_workers import FIRST_FAILURE, collect_worker_scores, scoring_request
-from verity.trainer.agent_metrics import agent_metrics
+from verity.rollout.agent.metrics import agent_batch_metrics
 from verity.trainer.role_handles import ActorHandle, CriticHandle, RewardModelHandle
 
 
@@ -296,6 +296,12 @@ def update_actor(ctx: StepContext, batch: Batch) -> Batch:
             )
         keys.append("rollout_logprobs")
     ctx.metrics.update(ctx.actor.update_actor(_model_keys(batch, *keys)))
+    return batch
+
+
+def agent_metrics(ctx: StepContext, batch: Batch) -> Batch:
+    """Tool-call and tool-error rates of multi-turn rollouts (:mod:`verity.rollout.agent.metrics`)."""
+    ctx.metrics.update(agent_batch_metrics(batch))
     return batch
 
 

@@ -2,13 +2,20 @@
 
     summary = run_training(load_config(["trainer.total_steps=50"]))
 
-Order of work: validate and resolve inputs (model folder, data files) -> plan the
-stages (built-in + plug-in planners; printed and logged) -> start Ray (a private local
-cluster unless ``trainer.ray_address`` or ``$RAY_ADDRESS`` names one to join) -> start every enabled role's worker group
-(:mod:`verity.trainer.roles`, placed node by node as :mod:`verity.trainer.placement` plans, the
-plan printed; a plan over other nodes first checks that they see the output folder) -> score, train, evaluate -> write ``summary.json``
-(with ``ran``: the engines the workers report running), ``metrics.jsonl`` and
-``curves.png`` into ``trainer.output_dir``.
+Order of work:
+
+1. resolve the inputs (model folder, data files) and claim the output folder;
+2. read the checkpoint to resume from, if any; load the prompt data; open the tracker;
+3. plan the stages once (built-in + plug-in planners; printed and logged);
+4. start Ray (a private local cluster unless ``trainer.ray_address`` or ``$RAY_ADDRESS``
+   names one to join) and plan the pools node by node (:mod:`verity.launch.pools`; printed);
+   a plan over other nodes first checks that they see the output folder;
+5. start every enabled role's worker group (:mod:`verity.launch.roles`);
+6. restore the checkpoint and build the loop's hooks (:mod:`verity.launch.recovery`);
+7. train and evaluate (:class:`verity.trainer.loop.RLTrainer`);
+8. write ``summary.json`` (with ``ran``: the engines the workers report running),
+   ``metrics.jsonl`` and ``curves.png`` into ``trainer.output_dir``.
+
 Nothing is downloaded: ``model.path=embedded`` builds (or reuses) the tiny model.
 """
 
@@ -24,7 +31,7 @@ from typing import Any
 from verity.config.loader import ConfigError, config_to_dict
 from verity.config.model_presets import preset_layer
 from verity.config.schema import VerityConfig
-from verity.trainer.run_dir import OutputClaim
+from verity.launch.run_dir import OutputClaim
 
 logger = logging.getLogger("verity.trainer")
 
@@ -104,12 +111,12 @@ def check_adapter_targets(cfg: VerityConfig, model_path: str) -> None:
 def run_training(cfg: VerityConfig) -> dict[str, Any]:
     """Train as configured; return the summary dict (also written to ``summary.json``).
 
-    The output folder is locked for the run (:mod:`verity.trainer.run_dir`): a second run
+    The output folder is locked for the run (:mod:`verity.launch.run_dir`): a second run
     into it fails at once, and a run that fails before training removes the lock (and the
     folder it made, when empty). A fresh start (``trainer.resume=off``, or ``auto`` with no
     checkpoint to continue) moves a previous run's outputs aside first.
     """
-    from verity.trainer.run_dir import claim_output_dir
+    from verity.launch.run_dir import claim_output_dir
 
     inputs = resolve_inputs(cfg)
     check_adapter_targets(cfg, inputs.model_path)
@@ -122,7 +129,7 @@ def _fresh_start_moves_aside(cfg: VerityConfig, out_dir: Path) -> None:
     """Before a fresh start, move what an earlier run left in the output folder aside (and say where)."""
     from verity.checkpoint.layout import find_latest
     from verity.checkpoint.resume import checkpoint_root
-    from verity.trainer.run_dir import move_aside
+    from verity.launch.run_dir import move_aside
 
     mode, root = cfg.trainer.resume, checkpoint_root(cfg)
     if mode == "off" or (mode == "auto" and find_latest(root) is None):
@@ -143,23 +150,23 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
     from verity.data.verl_dataset import PromptDataset
     from verity.hardware import get_backend
     from verity.hardware.detect import BackendUnavailableError, UnknownBackendError
+    from verity.launch.outputs import write_run_outputs
+    from verity.launch.pools import plan_run
+    from verity.launch.recovery import open_tracker, plan_resume, prepare_recovery
+    from verity.launch.roles import RoleGroups, cpus_needed, start_roles
+    from verity.launch.run_dir import run_name
+    from verity.launch.shared_storage import check_shared_output_dir
     from verity.rewards.manager import RewardManager
     from verity.rewards.preflight import check_rewards
     from verity.rollout.agent.tools import prompt_chat_template_kwargs
     from verity.tracking import ProgressLine, config_hash
-    from verity.trainer.loop import RLTrainer
-    from verity.trainer.outputs import write_run_outputs
-    from verity.trainer.placement import plan_run
-    from verity.trainer.recovery import open_tracker, plan_resume, prepare_recovery
-    from verity.trainer.roles import RoleGroups, cpus_needed, start_roles
-    from verity.trainer.run_dir import run_name
-    from verity.trainer.shared_storage import check_shared_output_dir
+    from verity.trainer.loop import RLTrainer, RunHooks
     from verity.trainer.stage_plan import build_stage_plan
     from verity.workers.registry import RoleInputs
 
     cfg_dict = config_to_dict(cfg)
     _fresh_start_moves_aside(cfg, out_dir)
-    plan = plan_resume(cfg, cfg_dict)  # trainer.resume (same config for auto), before any worker starts
+    resume = plan_resume(cfg, cfg_dict)  # trainer.resume (same config for auto), before any worker starts
     tokenizer = AutoTokenizer.from_pretrained(inputs.tokenizer_path)
     image_processor = load_image_processor(inputs.model_path)  # None for a text-only model
     d = cfg.data
@@ -199,7 +206,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
         tracker = open_tracker(
             cfg,
             out_dir,
-            plan,
+            resume,
             experiment=cfg.trainer.experiment_name,
             tracking_uri=cfg.trainer.tracking_uri,
             run_name=cfg.trainer.run_name or run_name(cfg.trainer.experiment_name, config_hash(cfg_dict)),
@@ -221,7 +228,8 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
         }
     )
     rewards = RewardManager(cfg.reward, tokenizer=tokenizer)
-    plan_text = build_stage_plan(cfg).describe()
+    stage_plan = build_stage_plan(cfg)
+    plan_text = stage_plan.describe()
     print(f"verity: stages {plan_text}", flush=True)
     tracker.log_params({"trainer.stage_plan": plan_text})
     layer = preset_layer(cfg)
@@ -253,13 +261,12 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
             }
         )
         tracker.set_tags({f"ran.{key}": value for key, value in ran.items()})
-        actor, critic = groups.handles["actor"], groups.handles.get("critic")
         show = cfg.trainer.progress and cfg.trainer.total_steps > 0
         progress = ProgressLine(cfg.trainer.total_steps, desc="train") if show else None
         kl_controller = build_kl_controller(cfg.algorithm.kl)
         recovery = prepare_recovery(
             cfg,
-            plan=plan,
+            plan=resume,
             groups=groups.trained,
             workers=groups.handles,
             loader=train_loader,
@@ -272,18 +279,23 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
             model_path=inputs.model_path,
             tokenizer_path=inputs.tokenizer_path,
         )
+        hooks = RunHooks(
+            tracker=recovery.tracker,
+            progress=progress.update if progress else None,
+            note=progress.note if progress else None,
+            step_end=recovery.step_end,
+            stage_guard=recovery.stage_guard,
+        )
         trainer = RLTrainer(
             cfg,
-            actor=actor,
+            stage_plan.stages,
+            roles=groups.handles,
             rewards=rewards,
             train_batches=train_loader,
             val_batches=lambda: iter(val_loader),
             kl_controller=kl_controller,
-            critic=critic,
-            roles=groups.handles,
-            progress=(lambda step, m: progress.update(step, m)) if progress else None,
-            note=progress.note if progress else None,
-            **recovery.trainer_parts(),  # tracker, start_step, result, step_end hooks, stage_guard
+            hooks=hooks,
+            start=recovery.start,
         )
         claim.training_started = True  # from here a failed run keeps its folder's lock and outputs
         try:
@@ -302,7 +314,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
             extra={
                 "ran": {**ran, "device": backend.name},
                 "stage_plan": plan_text.split(" -> "),
-                "resumed_from_step": plan.state.step if plan.state is not None else None,
+                "resumed_from_step": resume.state.step if resume.state is not None else None,
                 "preset": {"name": layer.name, "set": layer.applied} if layer is not None else None,
             },
         )

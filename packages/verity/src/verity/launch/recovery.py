@@ -1,6 +1,6 @@
 """Wire checkpoints, resume, SIGTERM handling and stage time limits into one run.
 
-:func:`run_training` calls, in order:
+:func:`~verity.launch.run.run_training` calls, in order:
 
 1. :func:`plan_resume` before anything starts (checks ``trainer.resume``, reads the
    checkpoint's driver state: the run id to continue, the config it ran with);
@@ -10,7 +10,7 @@
    RNG states, metrics so far), builds the step-end hooks
    (:class:`~verity.tracking.metrics_file.MetricsFile`, then
    :class:`~verity.checkpoint.hooks.CheckpointHook`) and the
-   :class:`~verity.trainer.stage_guard.StageGuard` that the trainer is constructed with, and
+   :class:`~verity.trainer.stage_guard.StageGuard` that the trainer's hooks carry, and
    writes ``workers.json`` (pid and node of every worker rank, for ``py-spy dump`` or
    ``kill`` by hand).
 """
@@ -36,7 +36,7 @@ from verity.checkpoint.signals import GracefulStop
 from verity.checkpoint.state import TrainerState, restore_rng
 from verity.config.schema import VerityConfig
 from verity.tracking.metrics_file import MetricsFile
-from verity.trainer.loop import TrainResult
+from verity.trainer.loop import RunStart, TrainResult
 from verity.trainer.role_handles import CheckpointedRole, StepEndHook, worker_group_of
 from verity.trainer.stage_guard import StageGuard
 
@@ -120,30 +120,19 @@ def write_workers_file(out_dir: Path, groups: dict[str, Any]) -> Path:
 
 @dataclass
 class RunRecovery:
-    """What :func:`prepare_recovery` hands the trainer (``RLTrainer(..., **recovery.trainer_parts())``).
+    """What :func:`prepare_recovery` gives the run: where the loop starts and the hooks it built.
 
     Attributes:
-        start_step / result: the steps the checkpoint holds and their metrics (0 and empty when fresh).
+        start: the steps the checkpoint holds and their metrics (0 and empty when fresh).
         tracker: the run's tracker; a resumed run's skips the points its MLflow run already holds.
         step_end: the step-end hooks, in order: ``metrics.jsonl``, then the checkpoint hook.
         stage_guard: the time limit on every stage.
     """
 
-    start_step: int
-    result: TrainResult
+    start: RunStart
     tracker: Any | None
     step_end: tuple[StepEndHook, ...]
     stage_guard: StageGuard
-
-    def trainer_parts(self) -> dict[str, Any]:
-        """The :class:`~verity.trainer.loop.RLTrainer` keyword arguments this recovery sets."""
-        return {
-            "start_step": self.start_step,
-            "result": self.result,
-            "tracker": self.tracker,
-            "step_end": self.step_end,
-            "stage_guard": self.stage_guard,
-        }
 
 
 def prepare_recovery(
@@ -208,4 +197,4 @@ def prepare_recovery(
     )
     unique = {id(worker_group_of(h)): worker_group_of(h) for h in workers.values()}
     guard = StageGuard(cfg.trainer.stage_timeout_s, {g.name: g for g in unique.values()})
-    return RunRecovery(start_step, result, tracker, (metrics_file, hook), guard)
+    return RunRecovery(RunStart(start_step, result), tracker, (metrics_file, hook), guard)

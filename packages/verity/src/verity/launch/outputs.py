@@ -3,7 +3,7 @@
 - ``summary.json``: final and best metrics, ``accuracy_before``/``accuracy_after``
   (held-out greedy accuracy before and after training), with ``rollout.val_n = k > 1``
   also ``avg_at_k_before``/``avg_at_k_after``, ``pass_at_k_before``/``pass_at_k_after``
-  and ``val_k`` (the sampled evaluation, :mod:`verity.trainer.evaluation`), ``steps``, ``wall_seconds``,
+  and ``val_k`` (the sampled evaluation, :mod:`verity.evaluation.validation`), ``steps``, ``wall_seconds``,
   the config hash, the MLflow run id, ``ran`` (the engines the workers reported
   running: ``{"actor": "fsdp2", "rollout": "hf", "device": "cpu", ...}``),
   ``stage_plan``, ``resumed_from_step`` (the checkpoint's step this invocation

@@ -1,6 +1,6 @@
 """Start the worker groups of a run's roles (:mod:`verity.workers.registry`) and collect what runs.
 
-    plan = plan_run(cfg, backend)                  # verity.trainer.placement: role -> node -> ranks
+    plan = plan_run(cfg, backend)                  # verity.launch.pools: role -> node -> ranks
     groups = start_roles(cfg, inputs, backend, plan)   # pools + groups, every role's init_model() called
     groups.handles["actor"].generate(batch)
     groups.ran                                      # {"actor": {"train_engine": "fsdp2", ...}, ...}
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verity.controller.placement import PlacementPlan, PoolPlacement, placement_record
+from verity.launch.pools import ACTOR_POOL, plan_run
 from verity.trainer import async_rollout as _async_rollout  # noqa: F401 (registers the async rollout role)
-from verity.trainer.placement import ACTOR_POOL, plan_run
 from verity.workers.registry import RoleDef, RoleInputs, enabled_roles, role_placement
 
 

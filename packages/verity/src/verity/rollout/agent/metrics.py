@@ -1,6 +1,6 @@
 """Per-step metrics of multi-turn rollouts (the agent loop), from the rows ``generate`` returned.
 
-The stage ``agent_metrics`` runs right after ``generate`` when ``rollout.agent.enabled``;
+The trainer's stage ``agent_metrics`` reports them right after ``generate`` when ``rollout.agent.enabled``;
 validation reports the same rates on the held-out set under ``val/agent/``:
 
 ==============================  ===========================================================
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["agent_batch_metrics", "agent_metrics"]
+__all__ = ["agent_batch_metrics", "merge_validation_counts", "validation_agent_metrics"]
 
 
 def agent_batch_metrics(batch: Any, prefix: str = "agent/") -> dict[str, float]:
@@ -58,12 +58,6 @@ def agent_batch_metrics(batch: Any, prefix: str = "agent/") -> dict[str, float]:
     for reason, count in sorted(stops.items(), key=lambda item: str(item[0])):
         out[f"{prefix}stop/{reason}"] = count / max(len(records), 1)
     return out
-
-
-def agent_metrics(ctx: Any, batch: Any) -> Any:
-    """Stage ``agent_metrics``: add :func:`agent_batch_metrics` of the generated rows to the step's metrics."""
-    ctx.metrics.update(agent_batch_metrics(batch))
-    return batch
 
 
 def merge_validation_counts(totals: dict[str, float], batch: Any) -> None:

@@ -6,7 +6,7 @@
 Each prompt gets ``k`` responses (greedy when ``temperature`` is 0, then ``k`` must be
 1), scored by the reward function of its ``data_source`` (the same
 :class:`~verity.rewards.RewardManager` a training run uses), through the evaluation path
-of a training run (:mod:`verity.trainer.evaluation`), with its metric names: ``k = 1``
+of a training run (:mod:`verity.evaluation.validation`), with its metric names: ``k = 1``
 gives ``val/acc`` (and ``val/reward``, ``val/<data_source>/acc``, ...), ``k > 1``
 ``val/avg_at_k``, ``val/pass_at_k``, ``val/maj_at_k`` (when the verifiers report an
 extracted answer) and ``val/k``. One process, no Ray: the model runs on ``device``.
@@ -120,9 +120,9 @@ def evaluate_files(
     from verity.data.prompt_loader import PromptDataLoader
     from verity.data.verl_dataset import PromptDataset
     from verity.engines.fsdp2 import load_causal_lm
+    from verity.evaluation.validation import one_response_metrics, sampled_metrics, score_pass
     from verity.rewards.manager import RewardManager
     from verity.rollout import HFRollout, SamplingParams
-    from verity.trainer.evaluation import one_response_metrics, sampled_metrics, score_pass
 
     if k < 1:
         raise ValueError(f"k: expected >= 1 responses per prompt, got {k}")

@@ -27,7 +27,7 @@ With ``N`` prompts, ``k`` responses each, ``c_p`` of them correct for prompt ``p
 MLflow does not allow ``@`` in metric names, hence ``avg_at_k`` with ``val/k`` beside it.
 A run (:meth:`verity.trainer.loop.RLTrainer.validate`) makes the one-response pass at every
 evaluation and, with ``rollout.val_n = k > 1``, a ``k``-sample pass beside it;
-``verity eval`` (:func:`verity.trainer.held_out.evaluate_files`) makes the one-response pass
+``verity eval`` (:func:`verity.evaluation.held_out.evaluate_files`) makes the one-response pass
 for ``-k 1`` and the ``k``-sample pass otherwise. Both write the names above.
 """
 
@@ -38,7 +38,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from verity.trainer.agent_metrics import merge_validation_counts, validation_agent_metrics
+from verity.rollout.agent.metrics import merge_validation_counts, validation_agent_metrics
 
 SAMPLED_SEED_OFFSET = 777_767
 """Added to a run's evaluation seed so the sampled pass never reuses the one-response pass's stream."""
