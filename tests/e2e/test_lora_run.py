@@ -111,11 +111,8 @@ def test_lora_exports_generate_like_the_trainer_rollout(paths, uninterrupted, tm
     pool = ResourcePool([1], cpus_per_bundle=0.5, name="lora-export-check")
     try:
         group = WorkerGroup(pool, ActorRolloutRefWorker, cfg, paths["model"], paths["model"], name="actor")
-        facts = group.init_model()[0]
-        assert (
-            facts["reference_engine"] == "adapters-disabled"
-            and facts["n_trainable_params"] < facts["n_params"]
-        )
+        report = group.init_model()[0]
+        assert report.reference_engine == "adapters-disabled" and report.n_trainable_params < report.n_params
         info = group.load_checkpoint(str(uninterrupted / "checkpoints" / f"step_{STEPS}" / "actor"))
         assert info[0]["saved_world_size"] == 2
         rollout = group.generate(prompts)

@@ -251,7 +251,7 @@ class GradProbeFSDP2(FSDP2Engine):
 
     name = "fsdp2_grad_probe"
 
-    def train_step(
+    def forward_backward(
         self, batch: Any, loss_fn: Any, micro_batch_size: int, temperature: float = 1.0, **kwargs: Any
     ):
         seen = {"tool": 0.0, "model": 0.0, "positions": 0.0}
@@ -273,7 +273,7 @@ class GradProbeFSDP2(FSDP2Engine):
                     tensor.register_hook(hook)
             return loss_fn(micro, logprobs, entropy, agg)
 
-        out = super().train_step(batch, probed, micro_batch_size, temperature, **kwargs)
+        out = super().forward_backward(batch, probed, micro_batch_size, temperature, **kwargs)
         tool, model, positions = self._all_reduce([seen["tool"], seen["model"], seen["positions"]], op="max")
         out.update(
             {"probe/tool_grad_max": tool, "probe/model_grad_max": model, "probe/tool_positions": positions}

@@ -28,8 +28,8 @@ def checkpoint(tmp_path_factory):
 
 def test_scores_equal_unpadded_forward(checkpoint):
     worker = RewardModelWorker(checkpoint, micro_batch_size=4)
-    facts = worker.init_model()
-    assert facts["rank"] == 0 and facts["parameters"] > 0
+    report = worker.init_model()
+    assert report.rank == 0 and report.n_params > 0
     prompts = [[{"role": "user", "content": "2+3="}], [{"role": "user", "content": "10+20="}]]
     responses = ["5", "a much longer answer: 30"]
     batch = Batch.from_dict(None, {"raw_prompt": prompts, "response_text": responses})

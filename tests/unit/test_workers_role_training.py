@@ -1,4 +1,4 @@
-"""What the actor and critic workers share: optimizer settings per role, the engine, the epoch loop."""
+"""What the actor and critic workers share: optimizer settings per role, the engine, the update loop."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ from helpers.tiny_models import tiny_qwen2
 from verity.batch import Batch
 from verity.config import load_config
 from verity.engines import OptimConfig
+from verity.workers.report import TrainingFacts, WorkerReport
 from verity.workers.role_training import (
+    UpdateSchedule,
     build_role_engine,
-    minibatch_epochs,
+    mini_batches,
     optimizer_steps_per_rl_step,
+    update_epochs,
 )
 
 
@@ -64,36 +67,58 @@ def test_role_engine_schedules_the_whole_run():
     assert engine.lr_scheduler.lr_lambdas[0](31) == pytest.approx(0.1 + 0.9 * 0.5)
 
 
-def test_minibatch_epochs_steps_over_consecutive_rows_and_sums_metrics():
-    batch = Batch.from_dict({"x": torch.arange(5)})
-    seen = []
+class _RecordingEngine:
+    """Records the update loop's calls: each forward_backward's rows and options, each optimizer step."""
 
-    def step(mini):
-        seen.append(mini["x"].tolist())
-        return {"loss": torch.tensor(float(len(seen))), "rows": len(mini)}
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
 
-    sums, steps = minibatch_epochs(batch, 2, 2, step)
-    assert seen == [[0, 1], [2, 3], [4]] * 2
-    assert steps == 6 and sums == {"loss": 21.0, "rows": 10.0}
-    assert all(type(v) is float for v in sums.values())
-    assert minibatch_epochs(batch, 2, 0, step) == ({}, 0)
+    def forward_backward(self, mini, loss_fn, micro_batch_size, **options):
+        self.calls.append(("forward_backward", mini["x"].tolist(), micro_batch_size, options))
+        return {"loss": torch.tensor(float(len(self.calls))), "tokens": float(len(mini))}
+
+    def forward_backward_values(self, mini, loss_fn, micro_batch_size):
+        self.calls.append(("forward_backward_values", mini["x"].tolist(), micro_batch_size, {}))
+        return {"loss": 1.0, "tokens": float(len(mini))}
+
+    def optimizer_step(self):
+        self.calls.append(("optimizer_step",))
+        return {"grad_norm": 0.5}
 
 
-def test_minibatch_epochs_keeps_the_padding_rows_of_a_dp_split_marked():
+def test_the_update_loop_takes_one_optimizer_step_per_mini_batch_of_every_epoch():
+    engine, batch = _RecordingEngine(), Batch.from_dict({"x": torch.arange(5)})
+    schedule = UpdateSchedule(epochs=2, rows_per_mini_batch=2, micro_batch_size=1)
+    steps = update_epochs(engine, batch, None, schedule, temperature=0.7)
+    passes = [c for c in engine.calls if c[0] == "forward_backward"]
+    assert [c[1] for c in passes] == [[0, 1], [2, 3], [4]] * 2
+    assert all(c[2] == 1 and c[3] == {"temperature": 0.7} for c in passes)
+    assert [c[0] for c in engine.calls] == ["forward_backward", "optimizer_step"] * 6
+    assert steps.steps == 6 and steps.sums["tokens"] == 10.0 and steps.sums["grad_norm"] == 3.0
+    assert all(type(v) is float for v in steps.sums.values()) and "step_seconds" in steps.sums
+    means = steps.means("actor", renamed={"grad_norm": "norm"})
+    assert means["actor/norm"] == 0.5 and means["actor/optimizer_steps"] == 6.0
+    assert update_epochs(engine, batch, None, UpdateSchedule(0, 2, 1)).steps == 0
+
+
+def test_the_update_loop_hands_each_mini_batch_its_share_of_the_rows_to_run():
+    engine, batch = _RecordingEngine(), Batch.from_dict({"x": torch.arange(5)})
+    rows = torch.tensor([True, False, False, True, True])
+    update_epochs(engine, batch, None, UpdateSchedule(1, 2, 2), train_rows=rows)
+    shares = [c[3]["train_rows"].tolist() for c in engine.calls if c[0] == "forward_backward"]
+    assert shares == [[True, False], [False, True], [True]]
+    update_epochs(engine, batch, None, UpdateSchedule(1, 5, 5), values=True)
+    assert engine.calls[-2][:2] == ("forward_backward_values", [0, 1, 2, 3, 4])
+
+
+def test_mini_batches_keep_the_padding_rows_of_a_dp_split_marked():
     # 7 rows over 2 ranks: rank 1 holds rows 4-6 and a padding copy of row 0 (Batch.split)
     part = Batch.from_dict({"x": torch.arange(7)}).split(2)[1]
     assert part.pad_rows == 1
-    seen = []
-
-    def step(mini):
-        seen.append((mini["x"].tolist(), mini.pad_rows))
-        return {}
-
-    minibatch_epochs(part, 3, 1, step)
+    seen = [(mini["x"].tolist(), mini.pad_rows) for _, mini in mini_batches(part, 3)]
     assert seen == [([4, 5, 6], 0), ([0], 1)]  # the last mini-batch is padding only
-    seen.clear()
-    minibatch_epochs(part, 2, 1, step)
-    assert seen == [([4, 5], 0), ([6, 0], 1)]
+    seen = [(rows, mini["x"].tolist(), mini.pad_rows) for rows, mini in mini_batches(part, 2)]
+    assert seen == [(slice(0, 2), [4, 5], 0), (slice(2, 4), [6, 0], 1)]
 
 
 class _FakeBackend:
@@ -116,38 +141,48 @@ def test_role_device_uses_index_0_under_isolation_else_the_local_rank(
     assert role_device(_FakeBackend(visible), local_rank) == torch.device("cuda", expected)
 
 
+def _report(device_name: str | None = None, **training) -> WorkerReport:
+    facts = TrainingFacts(engine="fsdp2", compute_dtype="float32", **training)
+    return WorkerReport(rank=0, device_name=device_name, training=facts)
+
+
 def test_ran_names_the_device_the_actor_computed_on():
     from verity.launch.roles import RoleGroups
 
     groups = RoleGroups(roles=[])
-    groups.facts = {
-        "actor": {"train_engine": "fsdp2", "device_name": "NVIDIA H200"},
-        "critic": {"train_engine": "fsdp2", "device_name": "NVIDIA H100 80GB HBM3"},
+    groups.reports = {
+        "actor": _report("NVIDIA H200"),
+        "critic": _report("NVIDIA H100 80GB HBM3"),
     }
     ran = groups.ran()
     assert ran["device_name"] == "NVIDIA H200" and ran["critic"] == "fsdp2"
-    assert "device_name" not in RoleGroups(roles=[], facts={"actor": {"train_engine": "fsdp2"}}).ran()
+    assert "device_name" not in RoleGroups(roles=[], reports={"actor": _report()}).ran()
 
 
 def test_ran_names_the_trainer_mode_from_the_roles_that_started():
     from verity.launch.roles import RoleGroups
 
-    sync = RoleGroups(roles=[], handles={"actor": object()}, facts={"actor": {"train_engine": "fsdp2"}})
+    sync = RoleGroups(roles=[], handles={"actor": object()}, reports={"actor": _report()})
     assert sync.ran()["mode"] == "sync"
     # a rollout worker group of its own is what generates a step ahead (trainer.mode=async)
-    both = RoleGroups(roles=[], handles={"actor": object(), "rollout": object()}, facts={})
+    both = RoleGroups(roles=[], handles={"actor": object(), "rollout": object()}, reports={})
     assert both.ran()["mode"] == "async"
 
 
 def test_ran_says_when_the_loss_head_was_compiled():
     from verity.launch.roles import RoleGroups
 
-    compiled = {"train_engine": "fsdp2", "train_compiled_layers": 24, "train_compiled_head": True}
-    ran = RoleGroups(roles=[], facts={"actor": compiled}).ran()
+    compiled = {"compiled_layers": 24, "compiled_head": True}
+    ran = RoleGroups(roles=[], reports={"actor": _report(**compiled)}).ran()
     assert ran["actor_compiled_layers"] == "24" and ran["actor_compiled_head"] == "true"
     assert "actor_cuda_graphs" not in ran
-    graphed = RoleGroups(roles=[], facts={"actor": {**compiled, "train_cuda_graphs": True}}).ran()
+    graphed = RoleGroups(roles=[], reports={"actor": _report(**compiled, cuda_graphs=True)}).ran()
     assert graphed["actor_cuda_graphs"] == "true"
-    eager = {"train_engine": "fsdp2", "train_compiled_layers": 0, "train_compiled_head": False}
-    eager_ran = RoleGroups(roles=[], facts={"actor": eager}).ran()
+    eager_ran = RoleGroups(roles=[], reports={"actor": _report()}).ran()
     assert "actor_compiled_layers" not in eager_ran and "actor_compiled_head" not in eager_ran
+
+
+def test_a_plug_in_roles_dict_answer_becomes_a_report():
+    report = WorkerReport.from_answer({"rank": 1, "n_params": 7, "pid": 42})
+    assert (report.rank, report.n_params, report.extra) == (1, 7, {"pid": 42})
+    assert report.ran("demo") == {}

@@ -34,7 +34,14 @@ from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines import EngineBuildContext, TrainingEngine, build_training_engine
 from verity.engines.fsdp2 import load_causal_lm
 from verity.hardware import get_backend
-from verity.workers.role_training import build_role_engine, minibatch_epochs, role_device, role_model_dtype
+from verity.workers.report import TrainingFacts, WorkerReport
+from verity.workers.role_training import (
+    UpdateSchedule,
+    build_role_engine,
+    role_device,
+    role_model_dtype,
+    update_epochs,
+)
 
 from verity_recipe_prime.implicit_prm import PRMLossFn, make_prm_loss, process_rewards
 
@@ -77,15 +84,8 @@ def update_prm_epochs(
     Returns the means over the steps of the engine's metrics, named ``prm/<metric>``
     (``prm/loss`` is the exact mini-batch cross-entropy), plus ``prm/optimizer_steps``.
     """
-    sums, steps = minibatch_epochs(
-        batch,
-        rows_per_mini,
-        epochs,
-        lambda mini: engine.train_step(mini, loss_fn, micro_batch_size, temperature=PRM_TEMPERATURE),
-    )
-    out = {k if k.startswith("prm/") else f"prm/{k}": v / steps for k, v in sums.items()}
-    out["prm/optimizer_steps"] = float(steps)
-    return out
+    schedule = UpdateSchedule(epochs=epochs, rows_per_mini_batch=rows_per_mini, micro_batch_size=micro_batch_size)
+    return update_epochs(engine, batch, loss_fn, schedule, temperature=PRM_TEMPERATURE).means("prm")
 
 
 class PRMWorker(Worker):
@@ -105,8 +105,8 @@ class PRMWorker(Worker):
         self.loss_fn: PRMLossFn | None = None
 
     @register(Dispatch.BROADCAST)
-    def init_model(self) -> dict[str, Any]:
-        """Join (or reuse) the process group; build the PRM and its frozen reference; this rank's facts."""
+    def init_model(self) -> WorkerReport:
+        """Join (or reuse) the process group; build the PRM and its frozen reference; this rank's report."""
         cfg, prm = self.cfg, self.cfg.prm
         backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
         torch.set_num_threads(max(1, int(cfg.trainer.cpus_per_worker)))
@@ -134,15 +134,13 @@ class PRMWorker(Worker):
             ),
         )
         self.loss_fn = make_prm_loss(prm.beta)
-        return {
-            "rank": self.rank,
-            "device": str(device),
-            "n_params": n_params,
-            "train_engine": self.engine.name,
-            "train_sharding": getattr(self.engine, "sharding", None),
-            "train_compute_dtype": str(self.engine.compute_dtype).removeprefix("torch."),
-            "model_path": self.model_path,
-        }
+        return WorkerReport(
+            rank=self.rank,
+            device=str(device),
+            n_params=n_params,
+            training=TrainingFacts.of(self.engine),
+            extra={"model_path": self.model_path},
+        )
 
     def _engines(self) -> tuple[TrainingEngine, TrainingEngine]:
         if self.engine is None or self.ref is None:

@@ -6,11 +6,15 @@ created by the caller; no group means a single process). The trainer talks to it
 whole mini-batches of the verl layout (see ``verity.batch``):
 
 - :meth:`TrainingEngine.compute_logprobs` scores the response tokens without grad;
-- :meth:`TrainingEngine.train_step` runs forward/backward over micro-batches with a
-  loss callable, clips gradients, steps the optimizer and the LR schedule;
-- :meth:`TrainingEngine.compute_values` / :meth:`TrainingEngine.value_train_step` are
-  the same two for a value model (a critic: the backbone with a scalar head), whose
-  loss callable sees per-token values instead of log-probs;
+- :meth:`TrainingEngine.forward_backward` runs the micro-batch loop of one mini-batch
+  (forward, loss callable, backward; gradients summed over ranks) and
+  :meth:`TrainingEngine.optimizer_step` clips gradients, steps the optimizer and the LR
+  schedule: a trained role's update loop (:func:`verity.workers.role_training.update_epochs`)
+  calls the two in turn, one optimizer step per mini-batch; :meth:`TrainingEngine.train_step`
+  is the two together;
+- :meth:`TrainingEngine.compute_values` / :meth:`TrainingEngine.forward_backward_values` are
+  the same for a value model (a critic: the backbone with a scalar head), whose loss
+  callable sees per-token values instead of log-probs;
 - :meth:`TrainingEngine.iter_full_weights` yields the full weights under the HF
   model's names, in bounded buckets, on every rank (a collective): what
   ``verity.resharding.sync_weights`` hands to the rollout; by default it gathers
@@ -29,6 +33,7 @@ micro-batch size or the number of workers.
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -42,10 +47,6 @@ LossFn = Callable[[Any, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, Ma
 #: ``loss_fn(micro_batch, values [b, R], agg_ctx) -> (loss scalar, metrics)`` (a critic's loss)
 ValueLossFn = Callable[[Any, torch.Tensor, Any], tuple[torch.Tensor, Mapping[str, float]]]
 
-#: ``micro_loss(micro_batch, agg_ctx, host_layout) -> (loss scalar, metrics, sums)``: one micro-batch's
-#: forward and loss; ``host_layout`` as :func:`verity.engines.micro_batches.host_layout`
-MicroLossFn = Callable[[Any, Any, Any], tuple[torch.Tensor, Mapping[str, float], Mapping[str, float]]]
-
 
 def make_aggregation_context(
     global_tokens: float, global_seqs: float, max_response_len: int
@@ -58,14 +59,33 @@ def make_aggregation_context(
     )
 
 
+def with_step_time(metrics: dict[str, float], seconds: float) -> dict[str, float]:
+    """``metrics`` plus ``step_seconds`` and ``tokens_per_s`` (their ``tokens`` over ``seconds``)."""
+    metrics["step_seconds"] = seconds
+    metrics["tokens_per_s"] = metrics["tokens"] / max(seconds, 1e-9)
+    return metrics
+
+
 class TrainingEngine(abc.ABC):
     """Interface of a data-parallel training backend (see the module docstring)."""
 
     #: the engine's registered name (``fsdp2``, ``megatron``, ...): what a run records as having trained
     name: str = "engine"
-    #: whether ``train_step`` takes ``train_rows`` (a ``[B]`` bool mask of the rows to run
+    #: whether ``forward_backward`` takes ``train_rows`` (a ``[B]`` bool mask of the rows to run
     #: forward + backward on, the loss normalised over all rows; :mod:`verity.engines.train_rows`)
     supports_train_rows: bool = False
+    #: how the weights lie over the data-parallel ranks (``fsdp2``: ``full`` | ``replicate``); None: the
+    #: engine has no such choice
+    sharding: str | None = None
+    #: nodes one model-parallel group spans (Megatron's TP x PP; 1: its collectives stay in a node);
+    #: None: no model parallelism
+    model_parallel_nodes: int | None = None
+    #: decoder layers compiled (``torch.compile``); 0: none
+    compiled_layers: int = 0
+    #: whether the loss head over the vocabulary runs compiled kernels
+    compiled_head: bool = False
+    #: whether the compiled layers' training passes replay as CUDA graphs
+    cuda_graphs: bool = False
     #: rank and size of the data-parallel group (0 and 1 in a single process)
     rank: int
     world_size: int
@@ -93,17 +113,50 @@ class TrainingEngine(abc.ABC):
         """
 
     @abc.abstractmethod
+    def forward_backward(
+        self,
+        batch: Any,
+        loss_fn: LossFn,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        *,
+        entropy_requires_grad: bool = False,
+        max_response_len: int | None = None,
+        train_rows: torch.Tensor | None = None,
+    ) -> dict[str, float]:
+        """Accumulate the gradient of ``loss_fn`` over the local mini-batch, micro-batch by micro-batch.
+
+        ``batch`` needs ``response_mask [B, R]`` and whatever ``loss_fn`` reads besides the
+        log-prob inputs. Gradients end summed over the data-parallel ranks (the gradient
+        contract above); no optimizer step. Returns the mini-batch's metrics (``loss``,
+        ``entropy``, ``tokens``, ``response_tokens``, each ``loss_fn`` metric), the same on every rank.
+        """
+
+    @abc.abstractmethod
+    def optimizer_step(self) -> dict[str, float]:
+        """Clip gradients by their global norm, step the optimizer and the LR schedule, zero gradients.
+
+        Returns ``grad_norm`` (before clipping), ``lr`` (used by this step) and ``step_skipped``
+        (1.0 when a non-finite norm skipped the update).
+        """
+
     def train_step(
         self,
         batch: Any,
         loss_fn: LossFn,
         micro_batch_size: int,
         temperature: float = 1.0,
+        **pass_options: Any,
     ) -> dict[str, float]:
-        """One optimizer step on the local mini-batch; returns metrics (same on every rank).
+        """One optimizer step on the local mini-batch: :meth:`forward_backward`, then :meth:`optimizer_step`.
 
-        ``batch`` additionally needs ``response_mask [B, R]`` and whatever ``loss_fn`` reads.
+        ``pass_options`` go to :meth:`forward_backward`. Adds ``step_seconds`` (wall seconds) and
+        ``tokens_per_s`` (attention-mask tokens per second) to the metrics.
         """
+        started = time.perf_counter()
+        metrics = self.forward_backward(batch, loss_fn, micro_batch_size, temperature, **pass_options)
+        metrics.update(self.optimizer_step())
+        return with_step_time(metrics, time.perf_counter() - started)
 
     def compute_values(self, batch: Any, micro_batch_size: int) -> torch.Tensor:
         """Per-token values ``[B, R]`` (float32, CPU, no grad) of a value model; ``batch`` as for log-probs.
@@ -112,9 +165,26 @@ class TrainingEngine(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} does not train value models")
 
-    def value_train_step(self, batch: Any, loss_fn: ValueLossFn, micro_batch_size: int) -> dict[str, float]:
-        """One optimizer step of a value model with ``loss_fn(micro_batch, values [b, R], agg)``."""
+    def forward_backward_values(
+        self, batch: Any, loss_fn: ValueLossFn, micro_batch_size: int
+    ) -> dict[str, float]:
+        """:meth:`forward_backward` for a value model: ``loss_fn(micro_batch, values [b, R], agg)``."""
         raise NotImplementedError(f"{type(self).__name__} does not train value models")
+
+    def value_train_step(self, batch: Any, loss_fn: ValueLossFn, micro_batch_size: int) -> dict[str, float]:
+        """One optimizer step of a value model: :meth:`forward_backward_values`, then :meth:`optimizer_step`."""
+        started = time.perf_counter()
+        metrics = self.forward_backward_values(batch, loss_fn, micro_batch_size)
+        metrics.update(self.optimizer_step())
+        return with_step_time(metrics, time.perf_counter() - started)
+
+    def trainable_parameters(self) -> int | None:
+        """Parameters the engine trains, at full (unsharded) size; None: every parameter of the model."""
+        return None
+
+    def optimizer_state_bytes(self) -> int | None:
+        """Bytes of optimizer state over every rank (may be a collective); None: the engine does not say."""
+        return None
 
     @property
     def compute_dtype(self) -> torch.dtype:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from verity.engines.base import LossFn, MicroLossFn, TrainingEngine, ValueLossFn, make_aggregation_context
+from verity.engines.base import LossFn, TrainingEngine, ValueLossFn, make_aggregation_context
 from verity.engines.compiled_layers import (
     check_cuda_graphs,
     compile_decoder_layers,
@@ -75,6 +75,23 @@ def _add_values(sums: dict[str, Any], values: dict[str, Any]) -> None:
     for key, value in values.items():
         value = value.detach() if isinstance(value, torch.Tensor) else float(value)
         sums[key] = sums.get(key, 0.0) + value
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A policy's training pass: ``fn(micro_batch, logprobs [b, R], entropy [b, R], agg)`` over the
+    responses' log-probs at ``temperature`` (entropy with a gradient only when ``entropy_requires_grad``)."""
+
+    fn: LossFn
+    temperature: float = 1.0
+    entropy_requires_grad: bool = False
+
+
+@dataclass(frozen=True)
+class ValueLoss:
+    """A value model's training pass: ``fn(micro_batch, values [b, R], agg)``."""
+
+    fn: ValueLossFn
 
 
 class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
@@ -287,17 +304,16 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         self,
         batch: Any,
         micro_batch_size: int,
-        micro_loss: MicroLossFn,
+        loss: PolicyLoss | ValueLoss,
         max_response_len: int | None = None,
         train_rows: torch.Tensor | None = None,
     ) -> tuple[dict[str, float], dict[str, float]]:
-        """The micro-batch loop shared by the train steps: global counts, forward + loss, backward.
+        """The micro-batch loop of one mini-batch: global counts, then forward + loss + backward per micro-batch.
 
-        ``micro_loss(micro_batch, agg) -> (loss scalar, metrics, sums)`` computes one
-        micro-batch's share of the mini-batch loss. Returns ``(out, sums)``: ``out`` has
-        ``loss`` (global mini-batch loss), ``response_tokens``, ``tokens`` and each
-        metric averaged over micro-batches and ranks; ``sums`` each ``sums`` entry
-        summed over the real micro-batches of all ranks.
+        Returns ``(out, sums)``: ``out`` has ``loss`` (global mini-batch loss),
+        ``response_tokens``, ``tokens`` and each metric of ``loss.fn`` averaged over
+        micro-batches and ranks; ``sums`` each of :meth:`_micro_batch_loss`'s sums added over
+        the real micro-batches of all ranks.
 
         Padding: the trailing ``batch.pad_rows`` rows (added by ``Batch.split``) are
         skipped entirely; a rank with fewer micro-batches than another runs zero-weight
@@ -311,8 +327,8 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         """
         self._require_optimizer()
         validate_layout(batch, TRAIN_KEYS)
-        # Rows that Batch.split appended as padding are left out of the counts and the passes.
-        rows = num_rows(batch) - padding_rows(batch)
+        # 1. counts over the whole mini-batch (all micro-batches, all ranks): the loss normalisers
+        rows = num_rows(batch) - padding_rows(batch)  # rows Batch.split appended as padding: left out
         response_mask = get_tensor(batch, "response_mask")[:rows].float()
         attention_mask = get_tensor(batch, "attention_mask")[:rows]
         nonempty = response_mask.sum(-1) > 0  # rows with no response token count in no total
@@ -324,14 +340,15 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         if token_sum <= 0:
             raise ValueError("response_mask is all zero over the whole mini-batch: nothing to train on")
         agg = make_aggregation_context(token_sum, seq_sum, max_response_len)
+        # 2. the micro-batches: row ranges (every rank runs as many passes as the busiest)
         real_rows = rows
         batch, rows, row_counts = rows_to_run(batch, rows, train_rows)
         ranges, max_count = self._micro_ranges(batch, rows, micro_batch_size)
         local_count = len(ranges)
         resident = on_device(batch, max(rows, 1), self.device)
 
+        # 3. forward, loss, backward per micro-batch; sums stay on the device until the end (no host sync)
         self._module.train()
-        # sums stay on the device until the last micro-batch: no host sync between passes
         loss_total: Any = 0.0
         metric_sums: dict[str, Any] = {}
         extra_sums: dict[str, Any] = {}
@@ -339,19 +356,20 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             real = i < local_count
             start, end = ranges[i] if real else (0, 1)
             micro = take_rows(resident, start, end, self.device)
-            loss, metrics, sums = micro_loss(micro, agg, host_layout(batch, start, end))
-            if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            value, metrics, sums = self._micro_batch_loss(micro, host_layout(batch, start, end), agg, loss)
+            if not isinstance(value, torch.Tensor) or value.dim() != 0:
                 raise TypeError("loss_fn must return (scalar loss tensor, metrics dict)")
             weight = self._loss_scale if real else 0.0
-            (loss * weight).backward()
+            (value * weight).backward()
             if real:
-                loss_total = loss_total + loss.detach()
+                loss_total = loss_total + value.detach()
                 _add_values(metric_sums, metrics or {})
                 _add_values(extra_sums, sums)
         loss_total = float(loss_total)
         metric_sums = {k: float(v) for k, v in metric_sums.items()}
         extra_sums = {k: float(v) for k, v in extra_sums.items()}
 
+        # 4. gradients summed over ranks (FSDP reduced them in backward); metrics reduced
         if self.sharding == "replicate":
             all_reduce_gradients(self._module.parameters())
         keys, extra_keys = sorted(metric_sums), sorted(extra_sums)
@@ -365,6 +383,37 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         for key, value in zip(keys, reduced[5 : 5 + len(keys)], strict=True):
             out[key] = value / count_global
         return out, dict(zip(extra_keys, reduced[5 + len(keys) :], strict=True))
+
+    def _micro_batch_loss(
+        self, micro: Any, layout: Any, agg: Any, loss: PolicyLoss | ValueLoss
+    ) -> tuple[torch.Tensor, Any, dict[str, Any]]:
+        """One micro-batch's forward and its share of the mini-batch loss: ``(loss, metrics, sums)``.
+
+        A policy's ``sums`` are the response tokens' entropy and their count (for the token-mean
+        entropy); a value model's are empty. ``layout``: the micro-batch's padding-free window,
+        :func:`verity.engines.micro_batches.host_layout`.
+        """
+        if isinstance(loss, ValueLoss):
+            with self._autocast():
+                values = response_values(self._module, model_inputs(micro))
+            value, metrics = loss.fn(micro, values, agg)
+            return value, metrics, {}
+        with self._autocast():
+            logprobs, entropy = response_logprobs(
+                self._module,
+                model_inputs(micro),
+                temperature=loss.temperature,
+                compute_entropy=True,
+                chunk_tokens=self.logprob_chunk_tokens,
+                entropy_grad=loss.entropy_requires_grad,
+                compiled_head=self.compiled_head,
+                layout=layout,
+            )
+        if not loss.entropy_requires_grad:
+            entropy = entropy.detach()
+        value, metrics = loss.fn(micro, logprobs, entropy, agg)
+        mask = get_tensor(micro, "response_mask").to(entropy.device, torch.float32)
+        return value, metrics, {"entropy_sum": (entropy.detach() * mask).sum(), "entropy_tokens": mask.sum()}
 
     def forward_backward(
         self,
@@ -396,35 +445,8 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             ``trained_tokens`` (attention-mask tokens of the rows run) and each ``loss_fn``
             metric averaged over micro-batches and ranks.
         """
-
-        def micro_loss(micro: Any, agg: Any, layout: Any) -> tuple[torch.Tensor, Any, dict[str, float]]:
-            with self._autocast():
-                logprobs, entropy = response_logprobs(
-                    self._module,
-                    model_inputs(micro),
-                    temperature=temperature,
-                    compute_entropy=True,
-                    chunk_tokens=self.logprob_chunk_tokens,
-                    entropy_grad=entropy_requires_grad,
-                    compiled_head=self.compiled_head,
-                    layout=layout,
-                )
-            if not entropy_requires_grad:
-                entropy = entropy.detach()
-            loss, metrics = loss_fn(micro, logprobs, entropy, agg)
-            mask = get_tensor(micro, "response_mask").to(entropy.device, torch.float32)
-            return (
-                loss,
-                metrics,
-                {
-                    "entropy_sum": (entropy.detach() * mask).sum(),
-                    "entropy_tokens": mask.sum(),
-                },
-            )
-
-        out, sums = self._accumulate_gradients(
-            batch, micro_batch_size, micro_loss, max_response_len, train_rows=train_rows
-        )
+        loss = PolicyLoss(loss_fn, temperature, entropy_requires_grad)
+        out, sums = self._accumulate_gradients(batch, micro_batch_size, loss, max_response_len, train_rows)
         out["entropy"] = sums["entropy_sum"] / max(sums["entropy_tokens"], 1.0)
         return out
 
@@ -441,14 +463,7 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             ``loss``, ``response_tokens``, ``tokens`` and each ``loss_fn`` metric
             averaged over micro-batches and ranks.
         """
-
-        def micro_loss(micro: Any, agg: Any, _layout: Any) -> tuple[torch.Tensor, Any, dict[str, float]]:
-            with self._autocast():
-                values = response_values(self._module, model_inputs(micro))
-            loss, metrics = loss_fn(micro, values, agg)
-            return loss, metrics, {}
-
-        out, _ = self._accumulate_gradients(batch, micro_batch_size, micro_loss)
+        out, _ = self._accumulate_gradients(batch, micro_batch_size, ValueLoss(loss_fn))
         return out
 
     def optimizer_step(self) -> dict[str, float]:
@@ -471,40 +486,3 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         optimizer.zero_grad(set_to_none=not self.cuda_graphs)
         self.global_step += 1
         return {"grad_norm": grad_norm, "lr": lr, "step_skipped": 0.0 if finite else 1.0}
-
-    def _timed_step(self, forward_backward: Any) -> dict[str, float]:
-        start = time.perf_counter()
-        metrics = forward_backward()
-        metrics.update(self.optimizer_step())
-        seconds = time.perf_counter() - start
-        metrics["step_seconds"] = seconds
-        metrics["tokens_per_s"] = metrics["tokens"] / max(seconds, 1e-9)
-        return metrics
-
-    def train_step(
-        self,
-        batch: Any,
-        loss_fn: LossFn,
-        micro_batch_size: int,
-        temperature: float = 1.0,
-        *,
-        entropy_requires_grad: bool = False,
-        max_response_len: int | None = None,
-        train_rows: torch.Tensor | None = None,
-    ) -> dict[str, float]:
-        """:meth:`forward_backward` then :meth:`optimizer_step`; adds ``step_seconds`` and ``tokens_per_s``."""
-        return self._timed_step(
-            lambda: self.forward_backward(
-                batch,
-                loss_fn,
-                micro_batch_size,
-                temperature,
-                entropy_requires_grad=entropy_requires_grad,
-                max_response_len=max_response_len,
-                train_rows=train_rows,
-            )
-        )
-
-    def value_train_step(self, batch: Any, loss_fn: ValueLossFn, micro_batch_size: int) -> dict[str, float]:
-        """:meth:`forward_backward_values` then :meth:`optimizer_step` (a critic's optimizer step)."""
-        return self._timed_step(lambda: self.forward_backward_values(batch, loss_fn, micro_batch_size))

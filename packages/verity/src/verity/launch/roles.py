@@ -3,7 +3,7 @@
     plan = plan_run(cfg, backend)                  # verity.launch.pools: role -> node -> ranks
     groups = start_roles(cfg, inputs, backend, plan)   # pools + groups, every role's init_model() called
     groups.handles["actor"].generate(batch)
-    groups.ran                                      # {"actor": {"train_engine": "fsdp2", ...}, ...}
+    groups.ran()                                    # {"actor": "fsdp2", "rollout": "hf", ...}
     groups.close()                                  # kill the workers, free the pools
 
 Colocated roles share one worker group on the actor's pool (``trainer.n_workers``
@@ -23,16 +23,17 @@ from verity.controller.placement import PlacementPlan, PoolPlacement, placement_
 from verity.launch.pools import ACTOR_POOL, plan_run
 from verity.trainer import async_rollout as _async_rollout  # noqa: F401 (registers the async rollout role)
 from verity.workers.registry import RoleDef, RoleInputs, enabled_roles, role_placement
+from verity.workers.report import WorkerReport
 
 
 @dataclass
 class RoleGroups:
-    """The running roles: handles by name, their facts (rank 0's), the pools to free."""
+    """The running roles: handles by name, their reports (rank 0's), the pools to free."""
 
     roles: list[RoleDef]
     plan: PlacementPlan = field(default_factory=PlacementPlan)
     handles: dict[str, Any] = field(default_factory=dict)
-    facts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reports: dict[str, WorkerReport] = field(default_factory=dict)
     pools: list[Any] = field(default_factory=list)
     groups: list[Any] = field(default_factory=list)
 
@@ -42,37 +43,14 @@ class RoleGroups:
         return {r.name: self.handles[r.name] for r in self.roles if r.trained}
 
     def ran(self) -> dict[str, str]:
-        """What actually runs, as the workers reported it: ``{"actor": "fsdp2", "rollout": "hf", ...}``."""
+        """What actually runs, as the workers reported it: ``{"actor": "fsdp2", "rollout": "hf", ...}``
+        (:meth:`~verity.workers.report.WorkerReport.ran` of each role), the device the first role
+        (the actor) computed on, the trainer mode and where every pool's ranks ran."""
         out: dict[str, str] = {}
-        for name, facts in self.facts.items():
-            if facts.get("train_engine"):
-                out[name] = str(facts["train_engine"])
-            if facts.get("rollout_engine"):
-                out["rollout"] = str(facts["rollout_engine"])
-            if facts.get("train_sharding"):
-                out[f"{name}_sharding"] = str(facts["train_sharding"])
-            if facts.get("train_model_parallel_nodes"):
-                out[f"{name}_model_parallel_nodes"] = str(facts["train_model_parallel_nodes"])
-            if facts.get("train_compute_dtype"):
-                out[f"{name}_compute_dtype"] = str(facts["train_compute_dtype"])
-            if facts.get("train_attention"):
-                out[f"{name}_attention"] = str(facts["train_attention"])
-            if facts.get("train_compiled_layers"):  # only runs that compiled say so
-                out[f"{name}_compiled_layers"] = str(facts["train_compiled_layers"])
-            if facts.get("train_compiled_head"):
-                out[f"{name}_compiled_head"] = "true"
-            if facts.get("train_cuda_graphs"):  # only runs that replayed CUDA graphs say so
-                out[f"{name}_cuda_graphs"] = "true"
-            if facts.get("rollout_dtype"):
-                out["rollout_dtype"] = str(facts["rollout_dtype"])
-            if facts.get("rollout_attention"):
-                out["rollout_attention"] = str(facts["rollout_attention"])
-            if facts.get("adapter"):
-                out[f"{name}_adapter"] = str(facts["adapter"])
-            if facts.get("device_name"):  # the first role's (the actor's): what the run computed on
-                out.setdefault("device_name", str(facts["device_name"]))
-            if facts.get("rollout_wrappers"):
-                out["rollout_wrappers"] = "+".join(str(w) for w in facts["rollout_wrappers"])
+        for name, report in self.reports.items():
+            out.update(report.ran(name))
+            if report.device_name:
+                out.setdefault("device_name", report.device_name)
         # trainer.mode as it ran: a rollout worker group of its own is what generates one step ahead
         out["mode"] = "async" if "rollout" in self.handles else "sync"
         out.update(self.placement())
@@ -165,8 +143,8 @@ def start_roles(cfg: Any, inputs: RoleInputs, backend: Any, plan: PlacementPlan 
             out.groups.append(own)
             out.handles[r.name] = _handle(r, cfg, own)
         for r in roles:
-            facts = out.handles[r.name].init_model()
-            out.facts[r.name] = dict(facts[0]) if isinstance(facts, list) and facts else {}
+            answers = out.handles[r.name].init_model()
+            out.reports[r.name] = WorkerReport.from_answer(answers[0] if isinstance(answers, list) else answers)
     except BaseException:
         out.close()
         raise

@@ -254,10 +254,10 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
         ran = groups.ran()
         tracker.log_params(
             {
-                ("model" if name == "actor" else name) + f".{key}": facts[key]
-                for name, facts in groups.facts.items()
+                ("model" if name == "actor" else name) + f".{key}": getattr(report, key)
+                for name, report in groups.reports.items()
                 for key in ("n_params", "n_trainable_params")
-                if key in facts
+                if getattr(report, key) is not None
             }
         )
         tracker.set_tags({f"ran.{key}": value for key, value in ran.items()})

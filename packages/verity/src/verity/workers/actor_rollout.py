@@ -32,7 +32,6 @@ from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines import EngineBuildContext, TrainingEngine, build_training_engine
 from verity.engines.fsdp2 import load_causal_lm
-from verity.engines.shared_prompt import attention_implementation
 from verity.engines.train_rows import rows_with_advantage
 from verity.hardware import get_backend
 from verity.resharding import iter_engine_weights, sync_weights
@@ -40,12 +39,14 @@ from verity.resharding.object_store import publish_weight_buckets
 from verity.rollout import RolloutEngine
 from verity.testing.faults import maybe_stall
 from verity.workers.actor_loss import make_actor_loss
+from verity.workers.report import RolloutFacts, TrainingFacts, WorkerReport
 from verity.workers.role_training import (
+    UpdateSchedule,
     build_role_engine,
-    minibatch_epochs,
     role_device,
     role_model_dtype,
     rollout_dtype,
+    update_epochs,
 )
 from verity.workers.rollout_side import RowScorer, build_role_rollout, generate_batch, pad_id, rows_for_driver
 
@@ -66,17 +67,11 @@ class ActorRolloutRefWorker(Worker):
 
     # ------------------------------------------------------------------ setup
     @register(Dispatch.BROADCAST)
-    def init_model(self) -> dict[str, Any]:
-        """Form the process group, build actor / rollout / reference; returns this rank's facts.
+    def init_model(self) -> WorkerReport:
+        """Form the process group, build actor / rollout / reference; returns this rank's report.
 
-        The facts name what actually runs here — ``train_engine`` and ``rollout_engine``
-        are the built engines' own names, not the config's strings, ``train_compute_dtype``
-        and ``rollout_dtype`` the dtypes they compute in, ``train_compiled_layers`` how many
-        decoder layers the engine compiled, ``train_cuda_graphs`` whether it replays them as
-        CUDA graphs, ``train_model_parallel_nodes`` the nodes a Megatron model-parallel group
-        spans; ``rollout_wrappers``
-        what wraps the rollout engine (``["agent"]`` with the agent loop) — plus ``device``,
-        ``device_name`` (the runtime's name for it: a GPU's model, or the CPU's) and ``n_params``.
+        The report names what actually runs here, read from the built engines
+        (:class:`~verity.workers.report.WorkerReport`), not the config's strings.
         """
         from transformers import AutoTokenizer
 
@@ -138,31 +133,19 @@ class ActorRolloutRefWorker(Worker):
                 f"actor.skip_zero_advantage=on: the {self.actor.name!r} engine cannot train a subset of "
                 "rows (TrainingEngine.supports_train_rows); use auto or off"
             )
-        facts = {
-            "rank": self.rank,
-            "device": str(device),
-            "device_name": backend.device_name(device.index or 0),  # "NVIDIA H200", a CPU's model
-            "n_params": n_params,
-            "n_trainable_params": _trainable_parameters(self.actor, n_params),
-            "train_engine": self.actor.name,
-            "train_sharding": getattr(self.actor, "sharding", None),  # fsdp2: full | replicate
-            # megatron: nodes one model-parallel group spans (1: its collectives stay inside a node)
-            "train_model_parallel_nodes": getattr(self.actor, "model_parallel_nodes", None),
-            "train_compute_dtype": str(self.actor.compute_dtype).removeprefix("torch."),
-            "train_attention": attention_implementation(self.actor.model),
-            "train_compiled_layers": getattr(self.actor, "compiled_layers", 0),
-            "train_compiled_head": bool(getattr(self.actor, "compiled_head", False)),
-            "train_cuda_graphs": bool(getattr(self.actor, "cuda_graphs", False)),
-            "rollout_engine": self.rollout.name,
-            "rollout_dtype": self.rollout.serving_dtype,
-            "rollout_attention": self.rollout.serving_attention,
-            "rollout_wrappers": list(self.rollout.wrappers),
-            "reference_engine": self.ref.name if self.ref is not None else None,
-            "skip_zero_advantage": self.skip_zero_advantage,
-        }
-        if cfg.actor.lora.enabled:
-            facts["adapter"] = cfg.actor.lora.describe()
-        return facts
+        trainable = self.actor.trainable_parameters()
+        return WorkerReport(
+            rank=self.rank,
+            device=str(device),
+            device_name=backend.device_name(device.index or 0),  # "NVIDIA H200", a CPU's model
+            n_params=n_params,
+            n_trainable_params=n_params if trainable is None else int(trainable),
+            training=TrainingFacts.of(self.actor),
+            rollout=RolloutFacts.of(self.rollout),
+            reference_engine=self.ref.name if self.ref is not None else None,
+            skip_zero_advantage=self.skip_zero_advantage,
+            adapter=cfg.actor.lora.describe() if cfg.actor.lora.enabled else None,
+        )
 
     # ------------------------------------------------------------ generation
     @register(Dispatch.DP_SPLIT)
@@ -222,47 +205,44 @@ class ActorRolloutRefWorker(Worker):
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """PPO epochs over mini-batches of this rank's rows, then refresh the rollout's weights.
 
-        Each mini-batch is ``actor.ppo_mini_batch_size x rollout.n / dp_size`` rows
-        here. Returns the metrics of the last optimizer step (already reduced over
-        ranks by the engine) plus means over all steps and the weight-sync time.
+        Each mini-batch is ``actor.ppo_mini_batch_size x rollout.n / dp_size`` rows here, one
+        optimizer step (:func:`~verity.workers.role_training.update_epochs`). Returns the means
+        over the steps of the engine's metrics (already reduced over ranks), ``actor/optimizer_steps``
+        and the weight sync's time and bytes.
         """
         assert self.actor is not None and self.rollout is not None
         maybe_stall("update_actor")
         cfg = self.cfg
-        rows_per_mini = cfg.actor.ppo_mini_batch_size * cfg.rollout.n // self.dp_size
-        actor = self.actor
-        sums, steps = minibatch_epochs(
-            batch,
-            rows_per_mini,
-            cfg.actor.ppo_epochs,
-            lambda mini: actor.train_step(
-                mini,
-                self.loss_fn,
-                cfg.actor.micro_batch_size,
-                temperature=cfg.rollout.temperature,
-                entropy_requires_grad=cfg.actor.entropy_coeff != 0,  # the bonus needs d(entropy)
-                **self._train_rows(mini),
-            ),
+        schedule = UpdateSchedule(
+            epochs=cfg.actor.ppo_epochs,
+            rows_per_mini_batch=cfg.actor.ppo_mini_batch_size * cfg.rollout.n // self.dp_size,
+            micro_batch_size=cfg.actor.micro_batch_size,
         )
-        trained_tokens = sums.pop("trained_tokens", None)
-        out = {k if k.startswith("actor/") else f"actor/{k}": v / steps for k, v in sums.items()}
-        out["actor/optimizer_steps"] = float(steps)
+        steps = update_epochs(
+            self.actor,
+            batch,
+            self.loss_fn,
+            schedule,
+            # rows whose advantage is 0 add nothing to the gradient: only the others run (when exact)
+            train_rows=rows_with_advantage(batch["advantages"], batch["response_mask"])
+            if self.skip_zero_advantage
+            else None,
+            temperature=cfg.rollout.temperature,
+            entropy_requires_grad=cfg.actor.entropy_coeff != 0,  # the bonus needs d(entropy)
+        )
+        trained_tokens = steps.sums.pop("trained_tokens", None)
+        out = steps.means("actor")
         if trained_tokens is not None:  # tokens through forward + backward, all optimizer steps
             out["perf/actor_trained_tokens"] = trained_tokens
-        if hasattr(actor, "optimizer_state_bytes"):
-            out["perf/optimizer_state_bytes"] = float(actor.optimizer_state_bytes())
+        state_bytes = self.actor.optimizer_state_bytes()
+        if state_bytes is not None:
+            out["perf/optimizer_state_bytes"] = float(state_bytes)
         start = time.perf_counter()
         self.rollout.wake()
         stats = sync_weights(self.actor, self.rollout)
         out["timing/weight_sync_s"] = time.perf_counter() - start
         out["perf/weight_sync_bytes"] = float(stats.num_bytes)
         return out
-
-    def _train_rows(self, mini: Batch) -> dict[str, torch.Tensor]:
-        """``{"train_rows": [b] bool}`` (rows with a non-zero advantage) when skipping the others is on."""
-        if not self.skip_zero_advantage:
-            return {}
-        return {"train_rows": rows_with_advantage(mini["advantages"], mini["response_mask"])}
 
     # --------------------------------------------------- cross-process weight sync
     @register(Dispatch.BROADCAST, collect=Collect.RANK_ZERO)
@@ -311,9 +291,3 @@ class ActorRolloutRefWorker(Worker):
         self.rollout.wake()
         sync_weights(self.actor, self.rollout)
         return info
-
-
-def _trainable_parameters(engine: TrainingEngine, n_params: int) -> int:
-    """Parameters the engine trains (all of them for an engine that does not say)."""
-    count = getattr(engine, "trainable_parameters", None)
-    return int(count()) if callable(count) else n_params

@@ -49,7 +49,14 @@ from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines import TrainingEngine
 from verity.hardware import get_backend
-from verity.workers.role_training import build_role_engine, minibatch_epochs, role_device, role_model_dtype
+from verity.workers.report import TrainingFacts, WorkerReport
+from verity.workers.role_training import (
+    UpdateSchedule,
+    build_role_engine,
+    role_device,
+    role_model_dtype,
+    update_epochs,
+)
 
 ValueLossFn = Callable[[Any, torch.Tensor, Any], tuple[torch.Tensor, dict[str, float]]]
 
@@ -145,8 +152,8 @@ class CriticWorker(Worker):
         self.loss_fn: ValueLossFn | None = None
 
     @register(Dispatch.BROADCAST)
-    def init_model(self) -> dict[str, Any]:
-        """Join (or reuse) the process group and build the sharded value model; returns this rank's facts."""
+    def init_model(self) -> WorkerReport:
+        """Join (or reuse) the process group and build the sharded value model; returns this rank's report."""
         cfg = self.cfg
         backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
         self.init_process_group(backend=backend.dist_backend)  # no-op when colocated with the actor
@@ -165,16 +172,13 @@ class CriticWorker(Worker):
         self.loss_fn = make_value_loss(
             ValueLossConfig(cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode)
         )
-        return {
-            "rank": self.rank,
-            "device": str(device),
-            "n_params": n_params,
-            "train_engine": self.engine.name,
-            "train_sharding": getattr(self.engine, "sharding", None),
-            "train_compute_dtype": str(self.engine.compute_dtype).removeprefix("torch."),
-            "train_compiled_layers": getattr(self.engine, "compiled_layers", 0),
-            "train_cuda_graphs": bool(getattr(self.engine, "cuda_graphs", False)),
-        }
+        return WorkerReport(
+            rank=self.rank,
+            device=str(device),
+            device_name=backend.device_name(device.index or 0),
+            n_params=n_params,
+            training=TrainingFacts.of(self.engine),
+        )
 
     @register(Dispatch.DP_SPLIT)
     def compute_values(self, batch: Batch) -> Batch:
@@ -200,22 +204,14 @@ class CriticWorker(Worker):
         missing = [k for k in CRITIC_UPDATE_KEYS if k not in batch]
         if missing:
             raise KeyError(f"CriticWorker.update_critic: batch is missing {missing}; it has {batch.keys()}")
-        cfg = self.cfg
-        rows_per_mini = max(1, cfg.critic.ppo_mini_batch_size * cfg.rollout.n // self.world_size)
-        engine, loss_fn = self.engine, self.loss_fn
-        sums, steps = minibatch_epochs(
-            batch,
-            rows_per_mini,
-            cfg.critic.ppo_epochs,
-            lambda mini: engine.value_train_step(mini, loss_fn, cfg.critic.micro_batch_size),
+        c = self.cfg.critic
+        schedule = UpdateSchedule(
+            epochs=c.ppo_epochs,
+            rows_per_mini_batch=max(1, c.ppo_mini_batch_size * self.cfg.rollout.n // self.world_size),
+            micro_batch_size=c.micro_batch_size,
         )
-        renamed = {"loss": "value_loss"}  # the engine's exact mini-batch loss
-        out = {
-            k if k.startswith("critic/") else f"critic/{renamed.get(k, k)}": v / steps
-            for k, v in sums.items()
-        }
-        out["critic/optimizer_steps"] = float(steps)
-        return out
+        steps = update_epochs(self.engine, batch, self.loss_fn, schedule, values=True)
+        return steps.means("critic", renamed={"loss": "value_loss"})  # the engine's exact mini-batch loss
 
     @register(Dispatch.BROADCAST)
     def save_checkpoint(self, path: str) -> dict[str, Any]:

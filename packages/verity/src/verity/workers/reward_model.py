@@ -37,6 +37,7 @@ import torch
 
 from verity.batch import Batch, declared_keys, register_key
 from verity.controller import Dispatch, Worker, register
+from verity.workers.report import WorkerReport
 
 if "rm_scores" not in declared_keys():
     register_key("rm_scores", ("B",), "float", "reward-model score of each sample (sequence level)")
@@ -169,8 +170,8 @@ class RewardModelWorker(Worker):
         )
 
     @register(Dispatch.BROADCAST)
-    def init_model(self) -> dict[str, Any]:
-        """Load the tokenizer and the model on this rank; returns ``{"rank", "parameters", "device"}``."""
+    def init_model(self) -> WorkerReport:
+        """Load the tokenizer and the model on this rank; returns this rank's report."""
         from transformers import AutoTokenizer
 
         if self.device == "auto":
@@ -182,7 +183,7 @@ class RewardModelWorker(Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
         self.model = load_reward_model(self.model_path, self.dtype).to(self.device)
         n_params = sum(p.numel() for p in self.model.parameters())
-        return {"rank": self.rank, "parameters": n_params, "n_params": n_params, "device": self.device}
+        return WorkerReport(rank=self.rank, device=self.device, n_params=n_params)
 
     @register(Dispatch.DP_SPLIT)
     def compute_rm_score(self, batch: Batch) -> Batch:

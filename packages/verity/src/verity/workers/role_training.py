@@ -1,14 +1,17 @@
-"""What the trained roles (actor, critic, a plug-in's) share: their engine, optimizer and epoch loop.
+"""What the trained roles (actor, critic, a plug-in's) share: their engine, optimizer and update loop.
 
 A trained role's config section (``actor``, ``critic``, ...) names its ``engine``
 (built through :mod:`verity.engines.registry`) and has its own ``optim``
 (:class:`~verity.engines.optim.OptimConfig`), ``ppo_mini_batch_size`` (prompts per
-optimizer step) and ``ppo_epochs``.
+optimizer step) and ``ppo_epochs``. :func:`update_epochs` is every trained role's update
+of one RL step: epochs, mini-batches, and in each the engine's micro-batch loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -16,6 +19,7 @@ import torch
 from verity.batch import Batch
 from verity.config.schema import VerityConfig
 from verity.engines import EngineBuildContext, OptimConfig, TrainingEngine, build_training_engine
+from verity.engines.base import with_step_time
 
 
 class TrainedRole(Protocol):
@@ -85,30 +89,94 @@ def build_role_engine(
     return build_training_engine(role.engine, ctx)
 
 
-def minibatch_epochs(
-    batch: Batch, rows_per_mini: int, epochs: int, step: Callable[[Batch], dict[str, Any]]
-) -> tuple[dict[str, float], int]:
-    """``epochs`` passes over ``batch`` in consecutive mini-batches of ``rows_per_mini`` rows (the last
-    may be shorter), calling ``step(mini)`` (one optimizer step) on each.
+@dataclass(frozen=True)
+class UpdateSchedule:
+    """How one RL step's update walks a rank's rows: ``epochs`` passes, one optimizer step per
+    ``rows_per_mini_batch`` consecutive rows, ``micro_batch_size`` rows per forward + backward."""
+
+    epochs: int
+    rows_per_mini_batch: int
+    micro_batch_size: int
+
+
+@dataclass
+class StepSums:
+    """The metrics of an update's optimizer steps, summed, and how many steps there were."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+
+    def add(self, metrics: dict[str, Any]) -> None:
+        """Add one optimizer step's metrics (floats)."""
+        for key, value in metrics.items():
+            self.sums[key] = self.sums.get(key, 0.0) + float(value)
+        self.steps += 1
+
+    def means(self, prefix: str, renamed: dict[str, str] | None = None) -> dict[str, float]:
+        """Each metric's mean over the steps, as ``<prefix>/<name>`` (a name already under ``prefix`` kept),
+        plus ``<prefix>/optimizer_steps``; ``renamed`` maps an engine metric to the name reported."""
+        renamed = renamed or {}
+        out = {
+            key if key.startswith(f"{prefix}/") else f"{prefix}/{renamed.get(key, key)}": value / self.steps
+            for key, value in self.sums.items()
+        }
+        out[f"{prefix}/optimizer_steps"] = float(self.steps)
+        return out
+
+
+def mini_batches(batch: Batch, rows_per_mini: int) -> Iterator[tuple[slice, Batch]]:
+    """Consecutive mini-batches of ``rows_per_mini`` rows of ``batch`` (the last may be shorter), with their rows.
 
     The trailing ``batch.pad_rows`` rows (padding that ``Batch.split`` added so that the
     rows divide over the ranks) stay marked as padding in the mini-batches that hold
     them, so the engine leaves them out of the loss and its counts.
-
-    Returns the per-key sums, as floats, of the metrics the steps returned, and
-    the number of steps taken.
     """
-    sums: dict[str, float] = {}
-    steps = 0
     size = len(batch)
     real = size - int(getattr(batch, "pad_rows", 0) or 0)
-    for _ in range(epochs):
-        for start in range(0, size, rows_per_mini):
-            stop = min(start + rows_per_mini, size)
-            mini = batch.index(slice(start, stop))
-            mini.pad_rows = max(0, stop - max(start, real))
-            metrics = step(mini)
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + float(value)
-            steps += 1
-    return sums, steps
+    for start in range(0, size, rows_per_mini):
+        stop = min(start + rows_per_mini, size)
+        mini = batch.index(slice(start, stop))
+        mini.pad_rows = max(0, stop - max(start, real))
+        yield slice(start, stop), mini
+
+
+def update_epochs(
+    engine: TrainingEngine,
+    batch: Batch,
+    loss_fn: Any,
+    schedule: UpdateSchedule,
+    *,
+    values: bool = False,
+    train_rows: torch.Tensor | None = None,
+    **pass_options: Any,
+) -> StepSums:
+    """One RL step's update of a trained role on this rank's rows, top to bottom::
+
+        for each of schedule.epochs passes over the rows:
+            for each mini-batch of schedule.rows_per_mini_batch rows:      one optimizer step
+                engine.forward_backward(mini, loss_fn, micro_batch_size)   micro-batches: forward,
+                                                                           loss, backward
+                engine.optimizer_step()                                    clip, AdamW, LR schedule
+
+    ``loss_fn`` follows the engine's gradient contract (:mod:`verity.engines.base`): a policy's
+    ``(micro, logprobs, entropy, agg)``, or with ``values`` a value model's ``(micro, values, agg)``
+    (``engine.forward_backward_values``). ``train_rows`` (``[B]`` bool over ``batch``, optional):
+    each mini-batch runs forward + backward over its share of these rows only
+    (:mod:`verity.engines.train_rows`). ``pass_options`` go to every ``forward_backward``
+    (``temperature``, ``entropy_requires_grad``). Every step's metrics gain ``step_seconds``
+    and ``tokens_per_s``; returns their sums over the steps.
+    """
+    steps = StepSums()
+    for _epoch in range(schedule.epochs):
+        for rows, mini in mini_batches(batch, schedule.rows_per_mini_batch):
+            started = time.perf_counter()
+            if values:
+                metrics = engine.forward_backward_values(mini, loss_fn, schedule.micro_batch_size)
+            else:
+                rows_run = {} if train_rows is None else {"train_rows": train_rows[rows]}
+                metrics = engine.forward_backward(
+                    mini, loss_fn, schedule.micro_batch_size, **pass_options, **rows_run
+                )
+            metrics.update(engine.optimizer_step())
+            steps.add(with_step_time(metrics, time.perf_counter() - started))
+    return steps

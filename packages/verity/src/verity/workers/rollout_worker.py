@@ -23,6 +23,7 @@ from verity.hardware import get_backend
 from verity.resharding.object_store import load_weight_buckets
 from verity.rollout import RolloutEngine
 from verity.testing.faults import maybe_stall
+from verity.workers.report import RolloutFacts, WorkerReport
 from verity.workers.role_training import role_device, rollout_dtype
 from verity.workers.rollout_side import build_role_rollout, generate_batch, pad_id, rows_for_driver
 
@@ -39,8 +40,8 @@ class RolloutWorker(Worker):
         self.policy_version = 0  # updates the weights held here have had
 
     @register(Dispatch.BROADCAST)
-    def init_model(self) -> dict[str, Any]:
-        """Build the rollout engine from the model path; returns this rank's facts (``rollout_engine``, ...)."""
+    def init_model(self) -> WorkerReport:
+        """Build the rollout engine from the model path; returns this rank's report."""
         from transformers import AutoTokenizer
 
         cfg = self.cfg
@@ -62,14 +63,7 @@ class RolloutWorker(Worker):
                 self.model_path, dtype=dtype, attn_implementation=cfg.model.attn_implementation
             ).to(device),
         )
-        return {
-            "rank": self.rank,
-            "device": str(device),
-            "rollout_engine": self.rollout.name,
-            "rollout_dtype": self.rollout.serving_dtype,
-            "rollout_attention": self.rollout.serving_attention,
-            "rollout_wrappers": list(self.rollout.wrappers),
-        }
+        return WorkerReport(rank=self.rank, device=str(device), rollout=RolloutFacts.of(self.rollout))
 
     @register(Dispatch.DP_SPLIT)
     def generate(self, batch: Batch) -> Batch:

@@ -30,7 +30,6 @@ used.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -360,34 +359,6 @@ class MegatronEngine(TrainingEngine):
         optimizer.zero_grad(set_to_none=True)
         self.global_step += 1
         return {"grad_norm": grad_norm, "lr": lr, "step_skipped": 0.0 if finite else 1.0}
-
-    def train_step(
-        self,
-        batch: Any,
-        loss_fn: LossFn,
-        micro_batch_size: int,
-        temperature: float = 1.0,
-        *,
-        entropy_requires_grad: bool = False,
-        max_response_len: int | None = None,
-        train_rows: torch.Tensor | None = None,
-    ) -> dict[str, float]:
-        """:meth:`forward_backward` then :meth:`optimizer_step`; adds ``step_seconds`` and ``tokens_per_s``."""
-        start = time.perf_counter()
-        metrics = self.forward_backward(
-            batch,
-            loss_fn,
-            micro_batch_size,
-            temperature,
-            entropy_requires_grad=entropy_requires_grad,
-            max_response_len=max_response_len,
-            train_rows=train_rows,
-        )
-        metrics.update(self.optimizer_step())
-        seconds = time.perf_counter() - start
-        metrics["step_seconds"] = seconds
-        metrics["tokens_per_s"] = metrics["tokens"] / max(seconds, 1e-9)
-        return metrics
 
     # ---------------------------------------------------------- full tensors
     def iter_full_weights(
