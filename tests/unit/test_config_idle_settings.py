@@ -163,7 +163,7 @@ TRAINER = [
     (["trainer.val_every=-1"], "trainer.val_every must be >= 0"),
     (["trainer.cpus_per_worker=0"], "trainer.cpus_per_worker must be > 0"),
     (["trainer.device=tpu"], "trainer.device must be one of auto|cpu|cuda|rocm|npu|gpu"),
-    (["rollout.top_k=-5"], "rollout.top_k must be >= 0 (0 or -1: no top-k), got -5"),
+    (["rollout.top_k=-5"], "rollout.top_k must be >= -1 (0 or -1: no top-k), got -5"),
     (["data.val_max_samples=0"], "data.val_max_samples must be >= 1 or -1"),
     (["trainer.device=cpu", "rollout.engine=sglang"], "rollout.engine=sglang runs on CUDA devices only"),
     (

@@ -101,7 +101,7 @@ def test_rollout_dtype_follows_the_model_unless_given_and_is_checked():
     assert rollout_dtype(load_config(["rollout.dtype=bfloat16"])) == torch.bfloat16
     assert rollout_dtype(load_config(["model.dtype=bfloat16"])) == torch.bfloat16
     assert rollout_dtype(load_config(["model.dtype=bfloat16", "rollout.dtype=float32"])) == torch.float32
-    with pytest.raises(ConfigError, match=r"rollout.dtype must be float32, bfloat16 or null.*'float16'"):
+    with pytest.raises(ConfigError, match=r"rollout.dtype must be one of float32\|bfloat16 or null, got 'float16'"):
         load_config(["rollout.dtype=float16"])
 
 

@@ -1,5 +1,5 @@
-"""Scoring on the rollout workers (``reward.placement=workers``): the same scores, accuracies and
-failure handling as the driver's reward stage, from per-row scalars."""
+"""Scoring on the workers (``reward.placement=workers``): the reward stage's group call gives the same
+scores, accuracies and failure handling as the driver's reward manager, from per-row scalars."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ from verity.config import load_config
 from verity.rewards import RewardFailureError, RewardManager
 from verity.rewards.on_workers import (
     FIRST_FAILURE,
-    SCORE_ON_WORKERS,
+    SCORING_KEYS,
     collect_worker_scores,
     score_on_worker,
-    scored_on_workers,
     worker_reward_manager,
 )
 from verity.trainer.stages import StepContext, reward
@@ -39,24 +38,49 @@ TEXTS = ["#### 4", "the answer is 5", "#### 12", "####  3", "no idea", "#### 9"]
 TRUTHS = ["4", "5", "12", "4", "1", "9"]
 
 
-def driver_ctx(placement: str = "driver", **reward: object) -> StepContext:
+class ScoringActor:
+    """The actor's group as the reward stage sees it: ``score`` runs a rank's :class:`RowScorer`."""
+
+    def __init__(self, cfg) -> None:
+        self.scorer = RowScorer(cfg, tokenizer=None)
+        self.requests: list[Batch] = []
+
+    def score(self, request: Batch) -> Batch:
+        self.requests.append(request)
+        return self.scorer.score(request)
+
+
+class CannedActor:
+    """A group whose ``score`` answers what the ranks answered, concatenated."""
+
+    def __init__(self, answer: Batch) -> None:
+        self.answer = answer
+
+    def score(self, request: Batch) -> Batch:
+        return self.answer
+
+
+def driver_ctx(placement: str = "driver", actor: object = None, **reward: object) -> StepContext:
     cfg = load_config([f"reward.placement={placement}"] + [f"reward.{k}={v}" for k, v in reward.items()])
-    return StepContext(cfg=cfg, actor=None, rewards=RewardManager(cfg.reward), kl_controller=None)
+    if placement == "workers" and actor is None:
+        actor = ScoringActor(cfg)
+    return StepContext(cfg=cfg, actor=actor, rewards=RewardManager(cfg.reward), kl_controller=None)
 
 
-def test_rows_scored_on_a_worker_give_the_driver_stage_exactly_what_it_computes_itself() -> None:
+def test_rows_scored_on_the_workers_give_the_reward_stage_exactly_what_the_driver_computes() -> None:
     on_driver = reward(driver_ctx(), generated_rows(TEXTS, TRUTHS))
 
     ctx = driver_ctx("workers")
-    scored = score_on_worker(worker_reward_manager(ctx.cfg.reward, None), generated_rows(TEXTS, TRUTHS))
-    assert scored_on_workers(scored) and FIRST_FAILURE not in scored.meta
-    on_workers = reward(ctx, scored)
+    on_workers = reward(ctx, generated_rows(TEXTS, TRUTHS))
 
     for key in ("scores", "acc", "token_rewards"):
         assert torch.equal(on_workers[key], on_driver[key]), key
     assert on_driver["acc"].tolist() == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
     assert ctx.metrics["reward/scored_on_workers"] == 1.0
     assert ctx.metrics["reward/timeouts"] == ctx.metrics["reward/errors"] == 0.0
+    # one group call, with only what a reward function reads
+    (request,) = ctx.actor.requests
+    assert set(request.keys()) <= set(SCORING_KEYS) and "responses" in request and "data_source" in request
 
 
 def write_reward(tmp_path, body: str) -> str:
@@ -78,7 +102,7 @@ def test_without_an_acc_from_every_row_the_accuracy_is_score_above_zero(tmp_path
     ctx = driver_ctx("workers", custom_path=path, num_workers=0)
     scored = score_on_worker(worker_reward_manager(ctx.cfg.reward, None), generated_rows(TEXTS, TRUTHS))
     assert torch.isnan(scored["acc"]).tolist() == [False, True, False, False, True, False]
-    out = reward(ctx, scored)
+    out = reward(ctx, generated_rows(TEXTS, TRUTHS))
     assert out["acc"].tolist() == (out["scores"] > 0).float().tolist() == [1.0, 1.0, 1.0, 1.0, 0.0, 1.0]
 
     on_driver = reward(driver_ctx(custom_path=path, num_workers=0), generated_rows(TEXTS, TRUTHS))
@@ -97,8 +121,8 @@ def test_the_whole_batch_failure_share_stops_the_run_with_the_first_failure_a_wo
     tmp_path,
 ) -> None:
     path = write_reward(tmp_path, FAILING)
-    ctx = driver_ctx("workers", custom_path=path, num_workers=0, max_failure_rate=0.5)
-    manager = worker_reward_manager(ctx.cfg.reward, None)
+    cfg = load_config(["reward.placement=workers", f"reward.custom_path={path}", "reward.num_workers=0"])
+    manager = worker_reward_manager(cfg.reward, None)
     # one rank's rows fail 2 of 3 (above the rate on its own): it reports, it does not stop
     first = score_on_worker(manager, generated_rows(TEXTS[:3], ["boom", "boom", "1"]))
     assert first["reward_status"].tolist() == [2, 2, 0] and first["scores"].tolist() == [0.0, 0.0, 1.0]
@@ -106,15 +130,15 @@ def test_the_whole_batch_failure_share_stops_the_run_with_the_first_failure_a_wo
     second = score_on_worker(manager, generated_rows(TEXTS[3:], ["1", "1", "1"]))
     assert FIRST_FAILURE not in second.meta
     # the whole batch: 2 of 6 failed, within 0.5
-    batch = Batch.concat([first, second])
-    out = reward(ctx, batch)
+    ctx = driver_ctx("workers", CannedActor(Batch.concat([first, second])), max_failure_rate=0.5)
+    out = reward(ctx, generated_rows(TEXTS, TRUTHS))
     assert ctx.metrics["reward/errors"] == 2.0 and ctx.metrics["reward/timeouts"] == 0.0
     assert out["scores"].tolist() == [0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
-    assert FIRST_FAILURE not in out.meta  # said once, not carried to the later group calls
 
     failing = score_on_worker(manager, generated_rows(TEXTS[:4], ["boom", "boom", "boom", "1"]))
+    ctx = driver_ctx("workers", CannedActor(failing), max_failure_rate=0.5)
     with pytest.raises(RewardFailureError, match=r"(?s)3 of 4 samples failed \(3 errors.*cannot read #### 4"):
-        reward(ctx, failing)
+        reward(ctx, generated_rows(TEXTS[:4], TRUTHS[:4]))
 
 
 def test_collect_counts_timeouts_and_errors_by_status_code() -> None:
@@ -132,15 +156,12 @@ def test_collect_counts_timeouts_and_errors_by_status_code() -> None:
         collect_worker_scores(batch, max_failure_rate=0.25)
 
 
-def test_a_rank_scores_only_the_calls_that_ask_and_builds_its_manager_on_the_first() -> None:
-    cfg = load_config(["reward.placement=workers"])
-    scorer = RowScorer(cfg, tokenizer=None)
-    rows = generated_rows(TEXTS, TRUTHS)
-    untouched = scorer(Batch.from_dict({"x": torch.zeros(6)}), rows)
-    assert untouched is rows and scorer._manager is None and "scores" not in rows
-    request = Batch.from_dict({"x": torch.zeros(6)}, meta={SCORE_ON_WORKERS: True})
-    scored = scorer(request, generated_rows(TEXTS, TRUTHS))
+def test_a_rank_builds_its_reward_manager_on_the_first_score_call() -> None:
+    scorer = RowScorer(load_config(["reward.placement=workers"]), tokenizer=None)
+    assert scorer._manager is None  # a run that scores on the driver never starts a pool here
+    scored = scorer.score(generated_rows(TEXTS, TRUTHS))
     assert scored["scores"].tolist() == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
+    assert set(scored.keys()) == {"scores", "acc", "reward_status"}
     assert scorer._manager is not None and scorer._manager.config.max_failure_rate == 1.0
     scorer.close()
 
@@ -163,37 +184,30 @@ def test_a_rank_scores_its_rows_in_host_memory(monkeypatch) -> None:
 
     monkeypatch.setattr(Batch, "to", spy_to)
     scorer = RowScorer(load_config(["reward.placement=workers"]), tokenizer=None)
-    request = Batch.from_dict({"x": torch.zeros(6)}, meta={SCORE_ON_WORKERS: True})
-    scored = scorer(request, generated_rows(TEXTS, TRUTHS))
+    scored = scorer.score(generated_rows(TEXTS, TRUTHS))
     assert moved_to == ["cpu"] and scored["scores"].device.type == "cpu"
 
 
-def test_the_remax_baseline_asks_the_ranks_to_score_the_greedy_responses_too() -> None:
+def test_the_remax_baseline_is_scored_by_the_same_group_call() -> None:
     from verity.trainer.stages import generate_baseline
 
     cfg = load_config(["reward.placement=workers", "algorithm.advantage.estimator=remax"])
-    requests = []
+    generated = []
 
-    class Actor:
+    class Actor(ScoringActor):
         def generate(self, batch: Batch) -> Batch:
-            requests.append(batch)
-            scored = score_on_worker(worker_reward_manager(cfg.reward, None), generated_rows(TEXTS, TRUTHS))
-            return scored
+            generated.append(batch)
+            return generated_rows(TEXTS, TRUTHS)
 
     class NoDriverRewards:
         def score(self, batch):
             raise AssertionError("scored on the driver")
 
-    ctx = StepContext(cfg=cfg, actor=Actor(), rewards=NoDriverRewards(), kl_controller=None)
+    actor = Actor(cfg)
+    ctx = StepContext(cfg=cfg, actor=actor, rewards=NoDriverRewards(), kl_controller=None)
     prompts = generate_baseline(ctx, Batch.from_dict({"x": torch.zeros(6)}))
-    assert requests[0].meta[SCORE_ON_WORKERS] is True and requests[0].meta["sampling"]["do_sample"] is False
+    assert generated[0].meta["sampling"]["do_sample"] is False and len(actor.requests) == 1
     assert prompts["baseline_scores"].tolist() == [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]
-
-
-def test_asking_the_ranks_to_score_marks_the_rows() -> None:
-    from verity.rewards.on_workers import ask_ranks_to_score
-
-    assert ask_ranks_to_score(Batch.from_dict({"x": torch.zeros(2)})).meta == {SCORE_ON_WORKERS: True}
 
 
 def test_a_scoring_rank_without_the_reward_file_stops_before_any_step(tmp_path) -> None:

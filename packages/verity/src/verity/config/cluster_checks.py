@@ -67,8 +67,6 @@ def validate_cluster_shape(cfg: Any) -> None:
             raise ConfigError(
                 f"trainer.n_workers = {t.n_workers} does not divide over trainer.{key} = {value}"
             )
-    if not t.placement_timeout_s > 0:
-        raise ConfigError(f"trainer.placement_timeout_s must be > 0 seconds, got {t.placement_timeout_s}")
     group = model_parallel_size(cfg)
     per_node = actor_workers_per_node(cfg)
     # a total that is not a multiple of the group is the megatron checks' to name (validate.py)

@@ -19,9 +19,6 @@ __all__ = [
     "zero_advantage_rows_matter",
 ]
 
-OLD_LOGPROBS_MODES = ("auto", "recompute", "rollout")
-REWARD_PLACEMENTS = ("driver", "workers")
-SKIP_ZERO_ADVANTAGE_MODES = ("auto", "on", "off")
 VANISHING_POLICY_LOSSES = frozenset({"ppo", "vanilla", "gspo", "gpg", "cispo"})
 """Built-in policy losses whose every token term is ``A_t`` times a finite factor: exactly 0, with
 gradient exactly 0, where the advantage is 0 (clip-cov / kl-cov pick tokens by statistics of

@@ -14,10 +14,11 @@ When the caller knows which keys the user set (``user_keys``: the config file th
 and the overrides), only those are rejected; a changed value that a preset brought (the
 quickstart's ``actor.fsdp2.*`` tuning under ``actor.engine=megatron``) steps aside with
 one logged line instead.
-Each idle part is an :class:`IdlePart` from :func:`idle_parts`: a dotted prefix (a
-section or one key), the reason and the fix. Plug-in estimators say which
-``algorithm.advantage`` keys they read (``register_advantage_estimator(reads=...)``);
-one that does not say is not second-guessed.
+Each idle part is an :class:`IdlePart`: a dotted prefix (a section or one key), the reason
+and the fix. Each section names its own, beside its dataclass, in ``idle_parts(cfg)``
+(:mod:`verity.config.schema`; a plug-in section may do the same); :func:`idle_parts`
+collects them. Plug-in estimators say which ``algorithm.advantage`` keys they read
+(``register_advantage_estimator(reads=...)``); one that does not say is not second-guessed.
 """
 
 from __future__ import annotations
@@ -29,10 +30,20 @@ from typing import Any
 
 from verity.config.errors import ConfigError
 
-__all__ = ["IdlePart", "changed_keys", "check_idle_settings", "idle_parts"]
+__all__ = [
+    "IdlePart",
+    "changed_keys",
+    "check_idle_settings",
+    "engine_option_parts",
+    "estimators_fix",
+    "idle_parts",
+    "replicated_parts",
+]
 
 logger = logging.getLogger("verity.config")
 
+# keys of model.* that only the embedded default reads
+EMBEDDED_ONLY = ("embedded_sft_steps", "embedded_cache_dir")
 # algorithm.advantage keys that belong to particular estimators (eps / whiten_eps are numerical
 # guards shared by several and read by plug-in stages; they are not checked)
 ESTIMATOR_KEYS = ("gamma", "lam", "gae_whiten", "norm_by_std", "gpg_norm_by_std", "gpg_alpha_correction")
@@ -76,7 +87,7 @@ def changed_keys(cfg: Any, default: Any, prefix: str) -> list[str]:
     return [] if _same(value, ref) else [prefix]
 
 
-def _engine_sections(role: Any, section: str, registry: Any) -> list[IdlePart]:
+def engine_option_parts(role: Any, section: str, registry: Any) -> list[IdlePart]:
     """The option sections of ``section`` named after a registered engine other than the one it runs."""
     parts = []
     for f in dataclasses.fields(role):
@@ -91,155 +102,21 @@ def _engine_sections(role: Any, section: str, registry: Any) -> list[IdlePart]:
     return parts
 
 
-def _role_parts(cfg: Any) -> list[IdlePart]:
-    from verity.config.derived import needs_critic
-    from verity.engines.registry import TRAINING_ENGINES
-    from verity.rollout.registry import ROLLOUT_ENGINES
-
-    parts = _engine_sections(cfg.actor, "actor", TRAINING_ENGINES)
-    parts += _engine_sections(cfg.rollout, "rollout", ROLLOUT_ENGINES)
-    if needs_critic(cfg):
-        parts += _engine_sections(cfg.critic, "critic", TRAINING_ENGINES)
-    else:
-        estimator = cfg.algorithm.advantage.estimator
-        why = (
-            "critic.enabled=false"
-            if cfg.critic.enabled is False
-            else f"algorithm.advantage.estimator={estimator} reads no values (critic.enabled=null: auto)"
+def replicated_parts(role: Any, section: str) -> list[IdlePart]:
+    """``<section>.fsdp2.reshard_after_forward`` under ``fsdp2.sharding=replicate`` (whole weights on every rank)."""
+    if role.engine != "fsdp2" or role.fsdp2.sharding != "replicate":
+        return []
+    return [
+        IdlePart(
+            f"{section}.fsdp2.reshard_after_forward",
+            f"{section}.fsdp2.sharding=replicate: every rank keeps whole weights",
+            f"it applies to {section}.fsdp2.sharding=full",
         )
-        parts.append(
-            IdlePart(
-                "critic",
-                f"this run has no critic: {why}",
-                "set critic.enabled=true to train one, or drop them",
-                keep=("critic.enabled",),
-            )
-        )
-    for section in ("actor", "critic") if needs_critic(cfg) else ("actor",):
-        role = getattr(cfg, section)
-        if role.engine == "fsdp2" and role.fsdp2.sharding == "replicate":
-            parts.append(
-                IdlePart(
-                    f"{section}.fsdp2.reshard_after_forward",
-                    f"{section}.fsdp2.sharding=replicate: every rank keeps whole weights",
-                    f"it applies to {section}.fsdp2.sharding=full",
-                )
-            )
-    if not cfg.reward_model.enabled:
-        parts.append(
-            IdlePart(
-                "reward_model",
-                "reward_model.enabled=false",
-                "set reward_model.enabled=true to score with it, or drop them",
-                keep=("reward_model.enabled",),
-            )
-        )
-    if cfg.trainer.mode != "async":
-        parts.append(
-            IdlePart(
-                "rollout.n_workers",
-                f"trainer.mode={cfg.trainer.mode}: the rollout runs in the actor's workers",
-                "set trainer.mode=async for a rollout worker group of its own",
-            )
-        )
-        parts.append(
-            IdlePart(
-                "rollout.nnodes",
-                f"trainer.mode={cfg.trainer.mode}: the rollout runs in the actor's workers, on the actor's nodes",
-                "set trainer.mode=async for a rollout worker group of its own",
-            )
-        )
-    if cfg.model.path != "embedded":
-        for key in ("embedded_sft_steps", "embedded_cache_dir"):
-            parts.append(
-                IdlePart(
-                    f"model.{key}",
-                    f"model.path is {cfg.model.path!r}, not embedded",
-                    "it applies to model.path=embedded",
-                )
-            )
-    if cfg.rollout.val_temperature == 0:
-        parts.append(
-            IdlePart(
-                "rollout.val_top_p",
-                "rollout.val_temperature=0: held-out answers are greedy",
-                "set rollout.val_temperature > 0 to sample them",
-            )
-        )
-    return parts
+    ]
 
 
-def _algorithm_parts(cfg: Any) -> list[IdlePart]:
-    import verity.algorithms  # noqa: F401  (fills the registries)
-    from verity.algorithms.registry import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
-
-    parts: list[IdlePart] = []
-    kl = cfg.algorithm.kl
-    if not kl.use_kl_in_reward:
-        for key in KL_IN_REWARD_KEYS:
-            parts.append(
-                IdlePart(
-                    f"algorithm.kl.{key}",
-                    "algorithm.kl.use_kl_in_reward=false",
-                    "set algorithm.kl.use_kl_in_reward=true",
-                )
-            )
-    elif kl.kl_ctrl != "adaptive":
-        for key in ADAPTIVE_KL_KEYS:
-            parts.append(
-                IdlePart(
-                    f"algorithm.kl.{key}",
-                    f"algorithm.kl.kl_ctrl={kl.kl_ctrl}",
-                    "they steer algorithm.kl.kl_ctrl=adaptive",
-                )
-            )
-    if not kl.use_kl_loss:
-        for key in KL_LOSS_KEYS:
-            parts.append(
-                IdlePart(
-                    f"algorithm.kl.{key}", "algorithm.kl.use_kl_loss=false", "set algorithm.kl.use_kl_loss=true"
-                )
-            )
-    if not (kl.use_kl_loss or kl.use_kl_in_reward):
-        parts.append(
-            IdlePart(
-                "algorithm.kl.kl_clamp",
-                "no KL term (algorithm.kl.use_kl_loss and use_kl_in_reward are false)",
-                "turn one of them on",
-            )
-        )
-    name = cfg.actor.policy_loss.name
-    if name in POLICY_LOSSES:
-        loss = POLICY_LOSSES.canonical(name)
-        for prefix in LOSS_PREFIXES:
-            if prefix == loss:
-                continue
-            for f in dataclasses.fields(cfg.actor.policy_loss):
-                if f.name.startswith(prefix + "_"):
-                    parts.append(
-                        IdlePart(
-                            f"actor.policy_loss.{f.name}",
-                            f"actor.policy_loss.name={name}",
-                            f"it applies to actor.policy_loss.name={prefix}",
-                        )
-                    )
-    estimator = cfg.algorithm.advantage.estimator
-    if estimator in ADVANTAGE_ESTIMATORS:
-        reads = ADVANTAGE_ESTIMATORS.get(estimator).reads
-        if reads is not None:
-            for key in ESTIMATOR_KEYS:
-                if key not in reads:
-                    parts.append(
-                        IdlePart(
-                            f"algorithm.advantage.{key}",
-                            f"algorithm.advantage.estimator={estimator} does not read it",
-                            _estimators_fix(key),
-                        )
-                    )
-    return parts
-
-
-def _estimators_fix(key: str) -> str:
+def estimators_fix(key: str) -> str:
+    """How to make ``algorithm.advantage.<key>`` count: the estimators that read it."""
     readers = estimators_reading(key)
     if not readers:
         return "no registered estimator reads it"
@@ -254,8 +131,17 @@ def estimators_reading(key: str) -> list[str]:
 
 
 def idle_parts(cfg: Any) -> list[IdlePart]:
-    """Every part of ``cfg`` that this run does not read, with the reason and the fix."""
-    return _role_parts(cfg) + _algorithm_parts(cfg)
+    """Every part of ``cfg`` that this run does not read, with the reason and the fix: what each
+    section's ``idle_parts(cfg)`` names (the schema's sections and plug-in sections alike)."""
+    import verity.algorithms  # noqa: F401  (fills the registries the sections consult)
+
+    parts: list[IdlePart] = []
+    for f in dataclasses.fields(cfg):
+        section = getattr(cfg, f.name)
+        name_parts = getattr(section, "idle_parts", None)
+        if callable(name_parts):
+            parts += name_parts(cfg)
+    return parts
 
 
 def check_idle_settings(cfg: Any, user_keys: set[str] | None = None, source: str = "the preset") -> None:

@@ -4,17 +4,35 @@ Every field has a default here and only here (no YAML defaults that drift). A re
 YAML or a command-line override (``actor.optim.lr=1e-5``) changes fields; an unknown
 key is an error. Units are in the field comments; batch sizes count *prompts* unless
 the name says rows (a row is one prompt with one response, so rows = prompts x n).
+
+Each field declares what it accepts in its type (``Annotated[str, OneOf("sync", "async")]``,
+``Annotated[int, AtLeast(1)]``: :mod:`verity.config.fields`), and each section with keys a run
+may not read says which in ``idle_parts(cfg)`` (:mod:`verity.config.idle_settings`), so a new
+key is one field and its comment; checks across keys live in :mod:`verity.config.validate`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Annotated, Any
 
 from verity.algorithms.configs import AdvantageConfig, KLConfig, PolicyLossConfig
+from verity.config.fields import Above, AtLeast, AtMost, OneOf
+from verity.config.idle_settings import (
+    ADAPTIVE_KL_KEYS,
+    EMBEDDED_ONLY,
+    ESTIMATOR_KEYS,
+    KL_IN_REWARD_KEYS,
+    KL_LOSS_KEYS,
+    LOSS_PREFIXES,
+    IdlePart,
+    engine_option_parts,
+    estimators_fix,
+    replicated_parts,
+)
 from verity.engines.lora import LoRAConfig
 from verity.engines.optim import OptimConfig
-from verity.engines.options import FSDP2Options, MegatronOptions
+from verity.engines.options import ATTN_IMPLEMENTATIONS, FSDP2Options, MegatronOptions
 from verity.rollout.agent.config import AgentConfig
 from verity.rollout.options import SGLangOptions, VLLMOptions
 
@@ -25,29 +43,38 @@ class ModelConfig:
     # by SFT on the arithmetic task; otherwise a local HF checkpoint folder.
     path: str = "embedded"
     tokenizer_path: str | None = None  # defaults to `path`
-    dtype: str = "float32"  # parameter dtype for training: float32 | bfloat16
-    # HF attention kernel every role loads with: sdpa | eager | flash_attention_2 | ...
-    attn_implementation: str = "sdpa"
+    dtype: Annotated[str, OneOf("float32", "bfloat16")] = "float32"  # parameter dtype for training
+    # HF attention kernel every role loads with
+    attn_implementation: Annotated[str, OneOf(*ATTN_IMPLEMENTATIONS)] = "sdpa"
     gradient_checkpointing: bool = False  # recompute activations in backward (trained roles)
     # embedded default only: which preset (task, teacher, model shape, SFT; verity_toyworld.presets),
     # its SFT warm-start steps and the cache folder
     embedded_preset: str = "default"  # default, multiply-tools, shape-count (tiny Qwen2.5-VL), a plug-in's
-    embedded_sft_steps: int | None = None  # None: the preset's own (see verity_toyworld.build)
+    # None: the preset's own (see verity_toyworld.build)
+    embedded_sft_steps: Annotated[int, AtLeast(0, "0: no warm-start")] | None = None
     embedded_cache_dir: str = "~/.cache/verity/embedded"  # where the embedded default is built and reused
+
+    def idle_parts(self, cfg: Any) -> list[IdlePart]:
+        """The embedded model's keys when ``model.path`` names a checkpoint."""
+        if self.path == "embedded":
+            return []
+        why = f"model.path is {self.path!r}, not embedded"
+        return [IdlePart(f"model.{k}", why, "it applies to model.path=embedded") for k in EMBEDDED_ONLY]
 
 
 @dataclass
 class DataConfig:
     train_files: list[str] = field(default_factory=list)  # parquet/jsonl in the verl schema
     val_files: list[str] = field(default_factory=list)  # held-out files for validation (same schema)
-    train_batch_size: int = 32  # prompts per RL step
-    val_batch_size: int = 256  # prompts per evaluation generate call
+    train_batch_size: Annotated[int, AtLeast(1)] = 32  # prompts per RL step
+    val_batch_size: Annotated[int, AtLeast(1)] = 256  # prompts per evaluation generate call
     # verl's defaults, for real checkpoints; the embedded model's own (48, 8) apply when unset
     # (the toy world's embedded-tiny preset, verity.config.model_presets)
-    max_prompt_length: int = 512  # tokens
-    max_response_length: int = 512  # tokens
-    truncation: str = "error"  # error | filter | truncate_left | truncate_right
-    on_malformed: str = "error"  # rows not in the verl schema: error (list them) | skip (log and count them)
+    max_prompt_length: Annotated[int, AtLeast(1)] = 512  # tokens
+    max_response_length: Annotated[int, AtLeast(1)] = 512  # tokens
+    truncation: Annotated[str, OneOf("error", "filter", "truncate_left", "truncate_right")] = "error"
+    # rows not in the verl schema: error (list them) | skip (log and count them)
+    on_malformed: Annotated[str, OneOf("error", "skip")] = "error"
     shuffle: bool = True  # draw training prompts in a seeded random order (resumable)
     val_max_samples: int = -1  # -1: the whole validation set
 
@@ -55,20 +82,24 @@ class DataConfig:
 @dataclass
 class RolloutConfig:
     engine: str = "hf"  # generation backend, from the rollout-engine registry (verity.rollout.registry)
-    n: int = 8  # samples per prompt
-    temperature: float = 1.0  # sampling temperature during training (0: greedy)
-    top_p: float = 1.0  # nucleus sampling: keep the smallest token set with this total probability
-    top_k: int = 0  # 0 (or -1): no top-k
-    val_temperature: float = 0.0  # held-out evaluation: 0 greedy, > 0 one sample at this temperature
+    n: Annotated[int, AtLeast(1)] = 8  # samples per prompt
+    temperature: Annotated[float, AtLeast(0)] = 1.0  # sampling temperature during training (0: greedy)
+    # nucleus sampling: keep the smallest token set with this total probability
+    top_p: Annotated[float, Above(0), AtMost(1)] = 1.0
+    top_k: Annotated[int, AtLeast(-1, "0 or -1: no top-k")] = 0  # 0 (or -1): no top-k
+    # held-out evaluation: 0 greedy, > 0 one sample at this temperature
+    val_temperature: Annotated[float, AtLeast(0, "0: greedy")] = 0.0
     # held-out evaluation, k samples per prompt at val_temperature (> 0): val/avg_at_k and val/pass_at_k
     # beside the greedy val/acc; 1: no sampled evaluation (val/acc as val_temperature says)
-    val_n: int = 1
-    val_top_p: float | None = None  # nucleus sampling of held-out answers (val_temperature > 0); None: top_p
-    micro_batch_size: int = 256  # rows per generate call inside a worker
+    val_n: Annotated[int, AtLeast(1, "samples per held-out prompt")] = 1
+    # nucleus sampling of held-out answers (val_temperature > 0); None: top_p
+    val_top_p: Annotated[float, Above(0), AtMost(1)] | None = None
+    micro_batch_size: Annotated[int, AtLeast(1)] = 256  # rows per generate call inside a worker
     # the dtype the rollout serves the policy in: float32 | bfloat16; null: model.dtype. A bf16 rollout of
     # float32 training weights gets each weight sync rounded to bf16 (docs/rollout-engines.md, "Serving dtype")
-    dtype: str | None = None
-    n_workers: int = 1  # trainer.mode=async: Ray workers of the rollout's own worker group
+    dtype: Annotated[str, OneOf("float32", "bfloat16")] | None = None
+    # trainer.mode=async: Ray workers of the rollout's own worker group
+    n_workers: Annotated[int, AtLeast(1, "the async rollout group")] = 1
     nnodes: int | None = None  # trainer.mode=async: nodes that group spans (n_workers / nnodes each); None: fewest that fit
     # the vllm and sglang engines' own settings, read when rollout.engine names them
     # (docs/rollout-engines.md)
@@ -77,12 +108,27 @@ class RolloutConfig:
     # multi-turn generation with tool calls around whichever engine runs (docs/agent-loop.md)
     agent: AgentConfig = field(default_factory=AgentConfig)
 
+    def idle_parts(self, cfg: Any) -> list[IdlePart]:
+        """Other engines' options; the async rollout group's size in sync mode; ``val_top_p`` when greedy."""
+        from verity.rollout.registry import ROLLOUT_ENGINES
+
+        parts = engine_option_parts(self, "rollout", ROLLOUT_ENGINES)
+        if cfg.trainer.mode != "async":
+            why = f"trainer.mode={cfg.trainer.mode}: the rollout runs in the actor's workers"
+            fix = "set trainer.mode=async for a rollout worker group of its own"
+            parts.append(IdlePart("rollout.n_workers", why, fix))
+            parts.append(IdlePart("rollout.nnodes", f"{why}, on the actor's nodes", fix))
+        if self.val_temperature == 0:
+            why = "rollout.val_temperature=0: held-out answers are greedy"
+            parts.append(IdlePart("rollout.val_top_p", why, "set rollout.val_temperature > 0 to sample them"))
+        return parts
+
 
 @dataclass
 class OffPolicyConfig:
     # truncated importance weights min(pi_old / pi_rollout, is_cap) on every token's loss, against the
     # sampler's recorded rollout_logprobs (docs/algorithms.md, "Off-policy correction"); 0: off
-    is_cap: float = 0.0
+    is_cap: Annotated[float, AtLeast(0, "0: no importance weights")] = 0.0
 
 
 @dataclass
@@ -94,18 +140,37 @@ class ActorConfig:
     # LoRA adapters: rank > 0 trains only low-rank adapters on the frozen model (docs/engines.md, "LoRA")
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    ppo_mini_batch_size: int = 32  # prompts per optimizer step
-    ppo_epochs: int = 1  # passes over each RL step's batch
-    micro_batch_size: int = 64  # rows per forward/backward inside a worker
+    ppo_mini_batch_size: Annotated[int, AtLeast(1)] = 32  # prompts per optimizer step
+    ppo_epochs: Annotated[int, AtLeast(1)] = 1  # passes over each RL step's batch
+    micro_batch_size: Annotated[int, AtLeast(1)] = 64  # rows per forward/backward inside a worker
     entropy_coeff: float = 0.0  # entropy bonus: loss -= coeff * aggregate(entropy)
     # where the PPO ratio's behaviour log-probs come from: auto (recompute, skipped when on-policy) |
     # recompute (a forward before the update) | rollout (the sampler's own log-probs); see docs/algorithms.md
-    old_logprobs: str = "auto"
+    old_logprobs: Annotated[str, OneOf("auto", "recompute", "rollout")] = "auto"
     # run forward + backward only over rows with a non-zero advantage (the loss still normalised
     # over all rows): auto (where that leaves the gradient exactly unchanged) | on | off; docs/engines.md
-    skip_zero_advantage: str = "auto"
+    skip_zero_advantage: Annotated[str, OneOf("auto", "on", "off")] = "auto"
     # off-policy correction of the PPO ratio against the sampler's own log-probs (docs/algorithms.md)
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+
+    def idle_parts(self, cfg: Any) -> list[IdlePart]:
+        """Other engines' options, FSDP2 resharding under replication, other policy losses' parameters."""
+        from verity.algorithms.registry import POLICY_LOSSES
+        from verity.engines.registry import TRAINING_ENGINES
+
+        parts = engine_option_parts(self, "actor", TRAINING_ENGINES) + replicated_parts(self, "actor")
+        name = self.policy_loss.name
+        if name not in POLICY_LOSSES:
+            return parts
+        loss = POLICY_LOSSES.canonical(name)
+        for prefix in LOSS_PREFIXES:
+            if prefix == loss:
+                continue
+            for f in fields(self.policy_loss):
+                if f.name.startswith(prefix + "_"):
+                    key = f"actor.policy_loss.{f.name}"
+                    parts.append(IdlePart(key, f"actor.policy_loss.name={name}", f"it applies to actor.policy_loss.name={prefix}"))
+        return parts
 
 
 def _critic_optim() -> OptimConfig:
@@ -120,16 +185,34 @@ class CriticConfig:
     model_path: str | None = None  # None: the actor's checkpoint (model.path)
     engine: str = "fsdp2"  # training backend (verity.engines.registry)
     fsdp2: FSDP2Options = field(default_factory=FSDP2Options)
-    placement: str = "colocated"  # colocated: in the actor's processes | separate: its own worker group
-    n_workers: int | None = None  # workers of a separate critic group; None: trainer.n_workers
+    # colocated: in the actor's processes | separate: its own worker group
+    placement: Annotated[str, OneOf("colocated", "separate")] = "colocated"
+    n_workers: Annotated[int, AtLeast(1)] | None = None  # workers of a separate critic group; None: trainer.n_workers
     nnodes: int | None = None  # nodes a separate critic group spans (n_workers / nnodes each); None: fewest that fit
     optim: OptimConfig = field(default_factory=_critic_optim)
-    ppo_mini_batch_size: int = 32  # prompts per optimizer step
-    ppo_epochs: int = 1  # passes over each RL step's batch
-    micro_batch_size: int = 64  # rows per forward/backward inside a worker
+    ppo_mini_batch_size: Annotated[int, AtLeast(1)] = 32  # prompts per optimizer step
+    ppo_epochs: Annotated[int, AtLeast(1)] = 1  # passes over each RL step's batch
+    micro_batch_size: Annotated[int, AtLeast(1)] = 64  # rows per forward/backward inside a worker
     cliprange_value: float | None = 0.5  # values kept within +-this of the old values; null: no clip
     loss_agg_mode: str = "token-mean"  # value-loss aggregation (see docs/algorithms.md)
-    warmup_steps: int = 0  # RL steps at the start that train only the critic (the actor waits)
+    # RL steps at the start that train only the critic (the actor waits)
+    warmup_steps: Annotated[int, AtLeast(0)] = 0
+
+    def idle_parts(self, cfg: Any) -> list[IdlePart]:
+        """The whole section without a critic; otherwise other engines' options and resharding under replication."""
+        from verity.config.derived import needs_critic
+        from verity.engines.registry import TRAINING_ENGINES
+
+        if needs_critic(cfg):
+            return engine_option_parts(self, "critic", TRAINING_ENGINES) + replicated_parts(self, "critic")
+        estimator = cfg.algorithm.advantage.estimator
+        why = (
+            "critic.enabled=false"
+            if self.enabled is False
+            else f"algorithm.advantage.estimator={estimator} reads no values (critic.enabled=null: auto)"
+        )
+        fix = "set critic.enabled=true to train one, or drop them"
+        return [IdlePart("critic", f"this run has no critic: {why}", fix, keep=("critic.enabled",))]
 
 
 @dataclass
@@ -138,6 +221,33 @@ class AlgorithmConfig:
     # regularisation (in the reward and/or as a loss term); see docs/algorithms.md
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     kl: KLConfig = field(default_factory=KLConfig)
+
+    def idle_parts(self, cfg: Any) -> list[IdlePart]:
+        """KL settings of the KL terms that are off; estimator parameters the chosen estimator does not read."""
+        from verity.algorithms.registry import ADVANTAGE_ESTIMATORS
+
+        parts: list[IdlePart] = []
+        kl = self.kl
+        if not kl.use_kl_in_reward:
+            why, fix = "algorithm.kl.use_kl_in_reward=false", "set algorithm.kl.use_kl_in_reward=true"
+            parts += [IdlePart(f"algorithm.kl.{key}", why, fix) for key in KL_IN_REWARD_KEYS]
+        elif kl.kl_ctrl != "adaptive":
+            why, fix = f"algorithm.kl.kl_ctrl={kl.kl_ctrl}", "they steer algorithm.kl.kl_ctrl=adaptive"
+            parts += [IdlePart(f"algorithm.kl.{key}", why, fix) for key in ADAPTIVE_KL_KEYS]
+        if not kl.use_kl_loss:
+            why, fix = "algorithm.kl.use_kl_loss=false", "set algorithm.kl.use_kl_loss=true"
+            parts += [IdlePart(f"algorithm.kl.{key}", why, fix) for key in KL_LOSS_KEYS]
+        if not (kl.use_kl_loss or kl.use_kl_in_reward):
+            why = "no KL term (algorithm.kl.use_kl_loss and use_kl_in_reward are false)"
+            parts.append(IdlePart("algorithm.kl.kl_clamp", why, "turn one of them on"))
+        estimator = self.advantage.estimator
+        reads = ADVANTAGE_ESTIMATORS.get(estimator).reads if estimator in ADVANTAGE_ESTIMATORS else None
+        if reads is not None:
+            why = f"algorithm.advantage.estimator={estimator} does not read it"
+            for key in ESTIMATOR_KEYS:
+                if key not in reads:
+                    parts.append(IdlePart(f"algorithm.advantage.{key}", why, estimators_fix(key)))
+        return parts
 
 
 @dataclass
@@ -157,7 +267,7 @@ class RewardConfig:
     # responses stay there and only per-row scores, accuracies and statuses come back) | driver (one
     # reward manager in the driver process; every response comes back). Held-out evaluation is scored
     # on the driver either way. On a cluster, a reward function file must be on every node for workers.
-    placement: str = "workers"
+    placement: Annotated[str, OneOf("driver", "workers")] = "workers"
 
 
 @dataclass
@@ -168,17 +278,26 @@ class RewardModelConfig:
     model_path: str | None = None  # local HF folder of the reward model (required when enabled)
     tokenizer_path: str | None = None  # None: model_path
     weight: float = 1.0  # score = rule score + weight x reward-model score; 0: logged only
-    max_length: int = 1024  # tokens of prompt + response, truncated on the left
-    micro_batch_size: int = 16  # rows per forward pass
-    placement: str = "colocated"  # colocated: in the actor's processes | separate: its own worker group
-    n_workers: int | None = None  # workers of a separate reward-model group; None: trainer.n_workers
+    max_length: Annotated[int, AtLeast(1)] = 1024  # tokens of prompt + response, truncated on the left
+    micro_batch_size: Annotated[int, AtLeast(1)] = 16  # rows per forward pass
+    # colocated: in the actor's processes | separate: its own worker group
+    placement: Annotated[str, OneOf("colocated", "separate")] = "colocated"
+    # workers of a separate reward-model group; None: trainer.n_workers
+    n_workers: Annotated[int, AtLeast(1)] | None = None
     nnodes: int | None = None  # nodes a separate reward-model group spans; None: fewest that fit
+
+    def idle_parts(self, cfg: Any) -> list[IdlePart]:
+        """The whole section when the reward model is off."""
+        if self.enabled:
+            return []
+        fix = "set reward_model.enabled=true to score with it, or drop them"
+        return [IdlePart("reward_model", "reward_model.enabled=false", fix, keep=("reward_model.enabled",))]
 
 
 @dataclass
 class CheckpointConfig:
-    every: int = 0  # RL steps between checkpoints; 0: none during training
-    keep: int = 2  # complete checkpoints kept (oldest removed first); 0: keep all
+    every: Annotated[int, AtLeast(0, "0: no periodic checkpoints")] = 0  # RL steps between checkpoints; 0: none
+    keep: Annotated[int, AtLeast(0, "0: keep all")] = 2  # complete checkpoints kept (oldest removed first); 0: keep all
     save_final: bool = True  # a checkpoint after the last step
     dir: str | None = None  # None: <trainer.output_dir>/checkpoints
 
@@ -189,7 +308,8 @@ class TrainerConfig:
     # over GSM8K's 7,473 questions; for your data, epochs x rows / data.train_batch_size. The embedded
     # model's own (100) applies when unset
     total_steps: int = 200  # RL steps (each: train_batch_size prompts x rollout.n samples)
-    n_workers: int = 2  # actor workers (Ray actors) in all nodes together; = nnodes x n_workers_per_node
+    # actor workers (Ray actors) in all nodes together; = nnodes x n_workers_per_node
+    n_workers: Annotated[int, AtLeast(1)] = 2
     # nodes the actor's pool spans (ranks node by node: rank r on node r // n_workers_per_node); None: 1 on
     # a private cluster, the fewest nodes that hold n_workers on a joined one (docs/multi-node.md)
     nnodes: int | None = None
@@ -201,20 +321,23 @@ class TrainerConfig:
     run_name: str | None = None  # MLflow run name; None: MLflow picks one
     tracking_uri: str | None = None  # None: sqlite store in output_dir
     val_before_train: bool = True  # evaluate the starting model on the held-out set
-    val_every: int = 0  # steps; 0: only before and after
+    # steps between held-out evaluations; 0: only before and after training
+    val_every: Annotated[int, AtLeast(0, "steps between held-out evaluations; 0: only before and after training")] = 0
     ray_address: str | None = None  # None: a private local Ray cluster | auto | host:port | ray://host:10001
     # seconds to wait for the cluster to hold the run's pools (nodes still joining) before stopping with
     # what was asked and what the cluster has
-    placement_timeout_s: float = 60.0
-    cpus_per_worker: float = 1.0  # CPUs reserved per worker (Ray) and torch threads per worker
+    placement_timeout_s: Annotated[float, Above(0)] = 60.0
+    # CPUs reserved per worker (Ray) and torch threads per worker
+    cpus_per_worker: Annotated[float, Above(0, "CPUs Ray reserves for each worker, also its torch threads")] = 1.0
     progress: bool = True  # print a progress line
     # auto: continue from the newest complete checkpoint (fresh start if none) | off | a checkpoint path
     resume: str = "auto"
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    stage_timeout_s: float = 3600.0  # a stage running longer fails the run, naming it; 0: no limit
+    # a stage running longer fails the run, naming it; 0: no limit
+    stage_timeout_s: Annotated[float, AtLeast(0, "0: no limit")] = 3600.0
     # sync: generate, then train, in turn | async: the rollout group generates step t+1's batch while
     # the actor trains on step t's (one-step off-policy, docs/async.md)
-    mode: str = "sync"
+    mode: Annotated[str, OneOf("sync", "async")] = "sync"
 
 
 @dataclass
