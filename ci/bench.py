@@ -1,6 +1,6 @@
 """Throughput benchmark of the tiny model, each figure beside a plain baseline measured in the same run.
 
-    python ci/bench.py [--out outputs/bench/bench.json] [--repeats 7] [--threads 1]
+    python -m ci.bench [--out outputs/bench/bench.json] [--repeats 7] [--threads 1]
 
 Absolute times on a shared 2-core machine swing with whatever else runs, so every
 verity figure is paired with a baseline doing the same work on the same model in

@@ -1,8 +1,8 @@
 """Actor-update MFU and rollout tokens/s of a Qwen2.5-0.5B-shaped model, verity beside its peers.
 
-    python ci/bench_gpu.py --out outputs/bench_gpu/result.json            # on a CUDA machine
-    python ci/bench_gpu.py --model tiny --device cpu --out /tmp/b.json    # a small check anywhere
-    python ci/bench_gpu.py --model qwen2.5-vocab-small-body --device cpu --rows 8 --micro-rows 8 \
+    python -m ci.bench_gpu --out outputs/bench_gpu/result.json            # on a CUDA machine
+    python -m ci.bench_gpu --model tiny --device cpu --out /tmp/b.json    # a small check anywhere
+    python -m ci.bench_gpu --model qwen2.5-vocab-small-body --device cpu --rows 8 --micro-rows 8 \
         --prompt-len 64 --response-len 192 --sides update-verity-autograd-head,update-verity --out ...
                                                  # the loss head's cost where the vocabulary dominates
 
@@ -65,9 +65,7 @@ from typing import Any
 
 import torch
 
-# the sibling bench_gpu_model.py, also when this file is imported by path
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpu_model import (  # noqa: E402
+from ci.bench_gpu_model import (
     EOS_ID,
     MODELS,
     PAD_ID,
@@ -80,9 +78,9 @@ from bench_gpu_model import (  # noqa: E402
     train_batch,
     training_flops_per_row,
 )
-from bench_gpu_processes import FLAG as PROCESS_PER_SIDE  # noqa: E402
-from bench_gpu_processes import run_each_side_apart  # noqa: E402
-from bench_gpu_profile import maybe_profile, sync  # noqa: E402
+from ci.bench_gpu_processes import FLAG as PROCESS_PER_SIDE
+from ci.bench_gpu_processes import run_each_side_apart
+from ci.bench_gpu_profile import maybe_profile, sync
 
 __all__ = [
     "MODELS",
@@ -517,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.process_per_side:
-        result = run_each_side_apart(args, argv, Path(__file__).resolve(), summarise)
+        result = run_each_side_apart(args, argv, "ci.bench_gpu", summarise)
     else:
         result = run(args)
     print(format_table(result), flush=True)

@@ -1,8 +1,8 @@
 """The loss head's kernels on one micro-batch of logits, side by side, on a GPU.
 
-    python ci/bench_gpu_head.py                          # [12,304 x 151,936] bf16: 16 rows x 769 positions
-    python ci/bench_gpu_head.py --rows 49216 --out outputs/bench_gpu/head.json   # the 64-row micro-batch
-    python ci/bench_gpu_head.py --device cpu --rows 64 --vocab 4096 --repeats 2  # a dry run (no Triton sides)
+    python -m ci.bench_gpu_head                          # [12,304 x 151,936] bf16: 16 rows x 769 positions
+    python -m ci.bench_gpu_head --rows 49216 --out outputs/bench_gpu/head.json   # the 64-row micro-batch
+    python -m ci.bench_gpu_head --device cpu --rows 64 --vocab 4096 --repeats 2  # a dry run (no Triton sides)
 
 Sides, all on the same logits and labels:
 
@@ -35,9 +35,7 @@ from typing import Any
 
 import torch
 
-# the sibling bench_gpu.py, also when this file is imported by path
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gpu import environment  # noqa: E402
+from ci.bench_gpu import environment
 
 __all__ = ["main", "parse_args", "run"]
 

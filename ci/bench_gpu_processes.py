@@ -1,10 +1,10 @@
-"""``ci/bench_gpu.py --process-per-side``: each side in a fresh process, their figures merged.
+"""``python -m ci.bench_gpu --process-per-side``: each side in a fresh process, their figures merged.
 
 Sides that share a process share its device memory: a CUDA-graph side keeps its graphs'
 private pool (27.7 GiB at 64-row micro-batches on an H200) and the caching allocator keeps
 what it reserved, so on 2026-11-27 the stacked-projection side ran out of memory after the
 plain CUDA-graph side that had fit alone (99 GiB of 140). Running each side as its own
-``python ci/bench_gpu.py ... --sides NAME`` gives every side the whole device; the
+``python -m ci.bench_gpu ... --sides NAME`` gives every side the whole device; the
 parent never touches the device and writes one JSON in the usual layout, its ratios
 computed from the children's medians as if they had shared a process.
 
@@ -48,10 +48,10 @@ def side_from_child(side: str, returncode: int, out: Path) -> tuple[dict, dict |
 def run_each_side_apart(
     args: argparse.Namespace,
     argv: Sequence[str],
-    script: Path,
+    module: str,
     summarise: Callable[[argparse.Namespace, dict[str, dict], float | None, float | None], dict],
 ) -> dict:
-    """Every side of ``args.sides`` as ``python script <argv> --sides side``, one after another.
+    """Every side of ``args.sides`` as ``python -m module <argv> --sides side``, one after another.
 
     ``argv``: the parent's command line (the children get it less ``--process-per-side``).
     ``summarise``: bench_gpu's, called on the merged sides. Returns the merged result, also
@@ -69,7 +69,7 @@ def run_each_side_apart(
         for name in args.sides:
             out = Path(scratch) / f"{name}.json"
             print(f"[bench_gpu] {name} in its own process ...", flush=True)
-            done = subprocess.run([sys.executable, str(script), *child_argv(argv, name, out)], check=False)
+            done = subprocess.run([sys.executable, "-m", module, *child_argv(argv, name, out)], check=False)
             side, child = side_from_child(name, done.returncode, out)
             if child is not None:
                 side["pid"] = child["environment"].get("pid")

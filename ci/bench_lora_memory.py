@@ -1,6 +1,6 @@
 """Memory of the reference policy with LoRA: the actor's model with adapters disabled vs a separate copy.
 
-    python ci/bench_lora_memory.py [--hidden 768] [--layers 12] [--rank 32] [--out outputs/bench/lora_memory.json]
+    python -m ci.bench_lora_memory [--hidden 768] [--layers 12] [--rank 32] [--out outputs/bench/lora_memory.json]
 
 A Qwen2-architecture model (random weights, character vocabulary unless ``--vocab``) is
 saved to a temporary folder; then each setup runs in a fresh process, as an actor worker
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         n_params = build_model(Path(tmp), args.hidden, args.layers, args.vocab)
         rows = []
         for setup in SETUPS:
-            command = [sys.executable, __file__, "--setup", setup, "--model", tmp, "--rank", str(args.rank)]
+            command = [sys.executable, "-m", "ci.bench_lora_memory", "--setup", setup, "--model", tmp, "--rank", str(args.rank)]
             done = subprocess.run(command, capture_output=True, text=True, check=True)
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
     print(

@@ -1,6 +1,6 @@
 """How the controller's (driver's) cost per GRPO step grows with the number of actor workers.
 
-    python ci/bench_scaling.py [--workers 1,2,4,8] [--nodes 1,2] [--steps 6] [--warmup 2]
+    python -m ci.bench_scaling [--workers 1,2,4,8] [--nodes 1,2] [--steps 6] [--warmup 2]
                                [--cpus 2] [--json outputs/bench/bench_scaling.json]
 
 A benchmark, not a test: it prints a table and, with ``--json``, writes the figures with the
@@ -440,11 +440,12 @@ def run_one(workers: int, nodes: int, steps: int, cpus: float, out_dir: Path) ->
 
 
 def run_child(workers: int, nodes: int, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
-    """Run one configuration in a fresh ``python ci/bench_scaling.py --one WxK`` process."""
+    """Run one configuration in a fresh ``python -m ci.bench_scaling --one WxK`` process."""
     out_file = folder / "figures.json"
     cmd = [
         sys.executable,
-        str(Path(__file__).resolve()),
+        "-m",
+        "ci.bench_scaling",
         "--one",
         f"{workers}x{nodes}",
         "--one-out",

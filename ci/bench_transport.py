@@ -1,6 +1,6 @@
 """What each piece of the driver<->worker transport saves at the GSM8K recipe's shape.
 
-    python ci/bench_transport.py [--rows 1280] [--n 8] [--prompt 512] [--response 1024]
+    python -m ci.bench_transport [--rows 1280] [--n 8] [--prompt 512] [--response 1024]
                                  [--rounds 3] [--nodes 1,2] [--json ci/reports/x.json]
 
 A benchmark, not a test: it prints a table and, with ``--json``, writes the figures with the
@@ -163,8 +163,7 @@ def run_cluster(nodes: int, args: argparse.Namespace) -> dict[str, Any]:
         init_ray(num_cpus=args.cpus, temp_dir=f"/tmp/vr-bt-{os.getpid()}")
         pool = ResourcePool([2], cpus_per_bundle=args.cpus / 2)
     else:
-        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "helpers"))
-        from sim_cluster import simulated_cluster
+        from tests.helpers.sim_cluster import simulated_cluster
 
         sim = contextlib.ExitStack()
         sim.enter_context(

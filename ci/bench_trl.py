@@ -1,6 +1,6 @@
 """verity's GRPO step beside TRL's ``GRPOTrainer`` on the same work, in one run.
 
-    python ci/bench_trl.py [--out outputs/bench/bench_trl.json] [--shapes quickstart,512x8]
+    python -m ci.bench_trl [--out outputs/bench/bench_trl.json] [--shapes quickstart,512x8]
                            [--steps-quickstart 40] [--steps-512x8 10] [--rounds 1] [--trl-threads 2]
                            [--verity-layouts 1x2] [--trl-micro-batches 32] [--verity-all-rows] [--bf16]
 
@@ -72,11 +72,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(
-    0, str(Path(__file__).resolve().parent)
-)  # the sibling bench_trl_*.py modules, when imported as a file
-from bench_trl_report import (  # noqa: E402, F401 (also this module's names: the tests and the nightly use them)
+from ci.bench_trl_report import (  # noqa: F401 (also this module's names: the tests and the nightly use them)
     ALL_ROWS_SIDE,
     BF16_ALL_ROWS_SIDE,
     BF16_SIDES,
@@ -95,6 +91,8 @@ from bench_trl_report import (  # noqa: E402, F401 (also this module's names: th
     steady_median,
     trl_side_name,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -181,13 +179,14 @@ def prepare_inputs(shape: Shape, workdir: Path, cache_dir: str) -> dict[str, str
 
 
 def run_side_process(job: SideJob, out_file: Path) -> dict[str, Any]:
-    """Run one side in a child ``python ci/bench_trl.py --side-job FILE``; its result document."""
+    """Run one side in a child ``python -m ci.bench_trl --side-job FILE``; its result document."""
     job_file = out_file.with_suffix(".job.json")
     job_file.write_text(json.dumps(asdict(job)))
     out_file.unlink(missing_ok=True)
     cmd = [
         sys.executable,
-        str(Path(__file__).resolve()),
+        "-m",
+        "ci.bench_trl",
         "--side-job",
         str(job_file),
         "--side-out",
@@ -345,7 +344,7 @@ def _with_response_len(shape: Shape, response_len: int | None) -> Shape:
 
 
 def _verity_bf16_overrides() -> list[str]:
-    from bench_trl_sides import VERITY_BF16_OVERRIDES  # ci/ is on sys.path: this file's folder
+    from ci.bench_trl_sides import VERITY_BF16_OVERRIDES
 
     return list(VERITY_BF16_OVERRIDES)
 
@@ -425,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--side-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.side_job is not None:
-        from bench_trl_sides import run_side  # ci/ is on sys.path: this file's folder
+        from ci.bench_trl_sides import run_side
 
         job = SideJob(**json.loads(args.side_job.read_text()))
         args.side_out.write_text(

@@ -15,7 +15,7 @@ runs actor methods on threads it makes in C) that records ``co_filename`` of eac
 'call' event; the marker file ``<work>/recording`` holding the phase switches it,
 and each process writes ``<work>/files-<pid>.txt`` whenever its set grows.
 
-Run: ``nice -n 10 python ci/count_step_files.py [--json out.json] [--work /tmp/cnt]``
+Run: ``nice -n 10 python -m ci.count_step_files [--json out.json] [--work /tmp/cnt]``
 (about 30 s on 2 CPUs once the embedded default is cached; its first build takes minutes).
 """
 

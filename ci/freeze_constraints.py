@@ -1,6 +1,6 @@
 """Write constraints.txt: the exact versions, from this environment, of verity's dependency closure.
 
-    python ci/freeze_constraints.py > constraints.txt
+    python -m ci.freeze_constraints > constraints.txt
 
 Run it in an environment where the runtime was installed with its test and megatron extras
 (``nox -s tests`` installs both); torch is pinned separately (its CPU wheel must be installed first).
@@ -52,7 +52,7 @@ def closure() -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    print("# Exact versions CI installs (python ci/freeze_constraints.py > constraints.txt).")
+    print("# Exact versions CI installs (python -m ci.freeze_constraints > constraints.txt).")
     print("# torch is installed first from its local CPU wheel: torch==2.13.0.")
     for name, version in sorted(closure().items()):
         print(f"{name}=={version}")

@@ -82,16 +82,16 @@ fi
 read -r -a micro_rows <<< "$MICRO_ROWS"
 if [[ $skip != *,bench,* ]]; then
   for rows in "${micro_rows[@]}"; do
-    run_step "bench-micro$rows" 300 python3 ci/bench_gpu.py "${bench_args[@]}" --micro-rows "$rows" \
+    run_step "bench-micro$rows" 300 python3 -m ci.bench_gpu "${bench_args[@]}" --micro-rows "$rows" \
       --warmup 3 --steps 5 --sides "$sides" --process-per-side --out "$out/bench-micro$rows.json"
   done
 fi
 if [[ $skip != *,head,* ]]; then
-  run_step head 90 python3 ci/bench_gpu_head.py --out "$out/head.json"
+  run_step head 90 python3 -m ci.bench_gpu_head --out "$out/head.json"
 fi
 if [[ $skip != *,sdpa,* ]]; then
   for backend in ${SDPA_BACKENDS:-flash}; do
-    run_step "sdpa-$backend-micro${micro_rows[0]}" 150 python3 ci/bench_gpu.py "${bench_args[@]}" \
+    run_step "sdpa-$backend-micro${micro_rows[0]}" 150 python3 -m ci.bench_gpu "${bench_args[@]}" \
       --micro-rows "${micro_rows[0]}" --warmup 3 --steps 5 --sdpa-backend "$backend" \
       --sides "$one_side" --out "$out/sdpa-$backend-micro${micro_rows[0]}.json"
   done
@@ -102,7 +102,7 @@ fi
 if [[ $skip != *,profile,* ]]; then
   logs=perf_hints,cudagraphs,cudagraph_static_inputs
   TORCH_LOGS=$logs python3 -c "import torch" 2> /dev/null || logs=perf_hints  # an older torch lacks one
-  TORCH_LOGS=$logs run_step profile 180 python3 ci/bench_gpu.py "${bench_args[@]}" \
+  TORCH_LOGS=$logs run_step profile 180 python3 -m ci.bench_gpu "${bench_args[@]}" \
     --micro-rows "${PROFILE_MICRO_ROWS:-${micro_rows[0]}}" --warmup 3 --steps 1 --profile "$out/profile" \
     --sides "$one_side" --out "$out/profile.json"  # its traces (tens of MiB each) stay out of the archive
 fi

@@ -1,12 +1,12 @@
 """Nightly: every recipe's CPU configs, the benchmark, a comparison with the accepted baseline, a report.
 
-    python ci/nightly.py                          # all recipes under recipes/, then bench, report, leaderboard
-    python ci/nightly.py --recipes grpo --skip-bench
-    python ci/nightly.py --skip-trl               # the bench without the TRL side-by-side (needs `trl`)
-    python ci/nightly.py --recipes grpo --configs cpu   # one row
-    python ci/nightly.py --override actor.optim.lr=0   # a planted regression: must exit 1 naming the metric
-    python ci/nightly.py --plant-slowdown update_actor:0.10   # a planted slowdown: must flag the update's figure
-    python ci/nightly.py --accept                 # after a good night: its machine class's new baseline
+    python -m ci.nightly                          # all recipes under recipes/, then bench, report, leaderboard
+    python -m ci.nightly --recipes grpo --skip-bench
+    python -m ci.nightly --skip-trl               # the bench without the TRL side-by-side (needs `trl`)
+    python -m ci.nightly --recipes grpo --configs cpu   # one row
+    python -m ci.nightly --override actor.optim.lr=0   # a planted regression: must exit 1 naming the metric
+    python -m ci.nightly --plant-slowdown update_actor:0.10   # a planted slowdown: must flag the update's figure
+    python -m ci.nightly --accept                 # after a good night: its machine class's new baseline
 
 Steps:
 
@@ -51,8 +51,8 @@ Steps:
 
 Planted regressions (``ci/reports/2026-11-28-nightly-gates.md``)::
 
-    python ci/nightly.py --plant-slowdown update_actor:0.10   # every process's update stage 10% slower
-    python ci/nightly.py --override actor.optim.lr=1.5e-5      # grpo's learning rate halved
+    python -m ci.nightly --plant-slowdown update_actor:0.10   # every process's update stage 10% slower
+    python -m ci.nightly --override actor.optim.lr=1.5e-5      # grpo's learning rate halved
 
 ``--plant-slowdown STAGE:FRACTION`` sets ``VERITY_TEST_SLOW_STAGE`` (:mod:`verity.testing.slow_stage`)
 for every row and bench. With ``--override`` or ``--plant-slowdown`` (a deliberate change) result
@@ -74,10 +74,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parent)
-)  # the sibling nightly_*.py modules, imported as files
-from nightly_baselines import (  # noqa: E402
+from verity.testing.slow_stage import ENV_VAR as SLOW_STAGE_VAR
+from verity.testing.slow_stage import parse_slowdowns
+
+from ci.nightly_baselines import (
     accept_report,
     class_baseline,
     load_baselines,
@@ -85,11 +85,9 @@ from nightly_baselines import (  # noqa: E402
     night_commit,
     with_accepted_night,
 )
-from nightly_gates import RULE, Figure, Finding, judge, tonight_figures  # noqa: E402
-from nightly_history import HistoryError, store_uri  # noqa: E402
-from nightly_machine import machine_lines, note_other_machine, this_machine  # noqa: E402
-from verity.testing.slow_stage import ENV_VAR as SLOW_STAGE_VAR  # noqa: E402
-from verity.testing.slow_stage import parse_slowdowns  # noqa: E402
+from ci.nightly_gates import RULE, Figure, Finding, judge, tonight_figures
+from ci.nightly_history import HistoryError, store_uri
+from ci.nightly_machine import machine_lines, note_other_machine, this_machine
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BASELINE = ROOT / "ci" / "baseline.json"
@@ -170,7 +168,7 @@ def run_recipe(
 def run_bench(out: Path) -> dict[str, Any]:
     path = out / "bench.json"
     print("\n=== bench", flush=True)
-    code = subprocess.call([sys.executable, str(ROOT / "ci" / "bench.py"), "--out", str(path)], cwd=ROOT)
+    code = subprocess.call([sys.executable, "-m", "ci.bench", "--out", str(path)], cwd=ROOT)
     if code != 0 or not path.is_file():
         return {"exit_code": code}
     return {**json.loads(path.read_text()), "exit_code": code}
@@ -199,14 +197,14 @@ NIGHTLY_COMPUTE_BOUND_ARGS = (
 def run_bench_trl(
     out: Path, shapes: str = NIGHTLY_TRL_SHAPES, args: Sequence[str] = (), name: str = "bench_trl"
 ) -> dict[str, Any]:
-    """``ci/bench_trl.py --shapes SHAPES [ARGS]`` in a child process, writing ``<name>.json``; its document plus ``exit_code``.
+    """``python -m ci.bench_trl --shapes SHAPES [ARGS]`` in a child process, writing ``<name>.json``; its document plus ``exit_code``.
 
     ``args`` may name its own ``--shapes`` or ``--rounds`` (they come after, so they win); the
     default is :data:`NIGHTLY_TRL_ROUNDS` alternating rounds.
     """
     path = out / f"{name}.json"
     print(f"\n=== {name.replace('_', '-')}", flush=True)
-    cmd = [sys.executable, str(ROOT / "ci" / "bench_trl.py"), "--shapes", shapes, "--out", str(path)]
+    cmd = [sys.executable, "-m", "ci.bench_trl", "--shapes", shapes, "--out", str(path)]
     cmd += ["--rounds", str(NIGHTLY_TRL_ROUNDS), *args]
     code = subprocess.call(cmd, cwd=ROOT)
     if code != 0 or not path.is_file():
@@ -332,7 +330,7 @@ def write_report(
             [
                 f"**No baseline for machine class `{klass}`**: nothing was compared with another class's "
                 f"figures. Proposed baseline: `{out / PROPOSED_BASELINE}`; accept it with "
-                f"`python ci/nightly.py --accept-report {out / 'report.json'}`.",
+                f"`python -m ci.nightly --accept-report {out / 'report.json'}`.",
                 "",
             ]
             if not has_baseline
@@ -507,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("\n" + report.read_text())
     # the night's JSON (committed unless planted), its MLflow run and trend.html: ci/nightly_history.py
-    history = [sys.executable, str(ROOT / "ci" / "nightly_history.py"), str(args.out / "report.json")]
+    history = [sys.executable, "-m", "ci.nightly_history", str(args.out / "report.json")]
     history += ["--nights-dir", str(board_dir / "nightly"), "--history-store", history_store]
     if subprocess.call([*history, "--board-dir", str(board_dir)], cwd=ROOT) != 0:
         print(f"nightly: the night's history was not recorded: {' '.join(history)}", file=sys.stderr)

@@ -7,7 +7,7 @@ night is compared only with a baseline accepted on its own **machine class**:
 (``cpu-intel-xeon/amx_bf16``, ``cpu-amd-epyc/avx512_bf16``; ``h200/none`` on a GPU). A night on
 a class with no baseline compares nothing: it says so and writes ``proposed-baseline.json``
 beside its report (the baseline file with tonight's class added), which
-``python ci/nightly.py --accept-report <out>/report.json`` makes the accepted one.
+``python -m ci.nightly --accept-report <out>/report.json`` makes the accepted one.
 
 ``ci/baseline.json``::
 
@@ -34,11 +34,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from nightly_gates import RULE, Figure, tonight_figures
+from ci.nightly_gates import RULE, Figure, tonight_figures
 
 ABOUT = (
     "Accepted figures of the nightly (ci/nightly.py), one entry per machine class "
-    "(<hardware>/<matrix instruction set>); ratios only. Written by python ci/nightly.py --accept "
+    "(<hardware>/<matrix instruction set>); ratios only. Written by python -m ci.nightly --accept "
     "or --accept-report; the gate rule is ci/nightly_gates.py's."
 )
 

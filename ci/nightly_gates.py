@@ -42,9 +42,9 @@ spread are tonight's expected-file check's, else the ones stored with the baseli
 Every figure is a :class:`Finding`; ``report.json`` keeps, per figure, its value (the median),
 rounds, spread (MAD), baseline, allowed drop, ok and the machine class it was compared in.
 
-Two bench documents (``ci/bench.py --out``) judged against each other, the first as accepted::
+Two bench documents (``python -m ci.bench --out``) judged against each other, the first as accepted::
 
-    python ci/nightly_gates.py accepted-bench.json tonight-bench.json   # exit 1 if a ratio regressed
+    python -m ci.nightly_gates accepted-bench.json tonight-bench.json   # exit 1 if a ratio regressed
 """
 
 from __future__ import annotations
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     """Judge the ratios of one bench document against another's; print a line per ratio; 1 if any regressed."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python ci/nightly_gates.py ACCEPTED_BENCH.json TONIGHT_BENCH.json", file=sys.stderr)
+        print("usage: python -m ci.nightly_gates ACCEPTED_BENCH.json TONIGHT_BENCH.json", file=sys.stderr)
         return 2
     accepted, tonight = (json.loads(Path(a).read_text()) for a in args)
     specs = {m: {"value": f.value, "rounds": f.rounds} for m, f in tonight_figures({}, accepted).items()}

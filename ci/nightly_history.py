@@ -1,7 +1,7 @@
 """Nightly history: each night's figures kept across nights, for people and for the trend page.
 
-    python ci/nightly_history.py outputs/nightly/report.json            # record one finished night
-    python ci/nightly_history.py --backfill ci/reports                   # the nights committed as Markdown
+    python -m ci.nightly_history outputs/nightly/report.json            # record one finished night
+    python -m ci.nightly_history --backfill ci/reports                   # the nights committed as Markdown
     mlflow ui --backend-store-uri sqlite:///outputs/nightly/mlflow.db    # each figure over nights
 
 Recording a night (``ci/nightly.py`` does it after writing ``report.json``) writes:

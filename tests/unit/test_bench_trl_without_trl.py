@@ -1,4 +1,4 @@
-"""`python ci/bench_trl.py` on a machine without TRL: one sentence with the install command, exit 2, nothing run."""
+"""`python -m ci.bench_trl` on a machine without TRL: one sentence with the install command, exit 2, nothing run."""
 
 from __future__ import annotations
 

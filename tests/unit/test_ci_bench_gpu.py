@@ -114,7 +114,7 @@ def test_the_compiled_sides_run_and_profile_on_the_tiny_shape(tmp_path):
 
 
 def test_device_gaps_are_the_holes_between_the_kernels():
-    import bench_gpu_profile
+    bench_gpu_profile = load_ci_script("bench_gpu_profile")
 
     kernels = [(100.0, 110.0, "a"), (105.0, 112.0, "b"), (120.0, 130.0, "c"), (131.0, 140.0, "d")]
     gaps = bench_gpu_profile.device_gaps(kernels)

@@ -188,8 +188,9 @@ def test_the_script_records_a_night_from_the_command_line(tmp_path: Path) -> Non
     report, store, nights = _report(tmp_path), tmp_path / "h.db", tmp_path / "nights"
     board = tmp_path / "board"
     done = subprocess.run(
-        [sys.executable, str(history.ROOT / "ci" / "nightly_history.py"), str(report)]
+        [sys.executable, "-m", "ci.nightly_history", str(report)]
         + ["--history-store", str(store), "--nights-dir", str(nights), "--board-dir", str(board)],
+        cwd=history.ROOT,
         capture_output=True,
         text=True,
         timeout=120,

@@ -31,7 +31,7 @@ FIGURES_FILE = "figures.json"
 BASELINE = Path("ci/baseline.json")
 PAGE = Path("docs/benchmarks.md")
 PROVENANCE_FIELDS = ("machine", "date", "commit", "command")
-NIGHTLY_COMMAND = "nox -s nightly"  # then `python ci/nightly.py --accept-report ...` writes ci/baseline.json
+NIGHTLY_COMMAND = "nox -s nightly"  # then `python -m ci.nightly --accept-report ...` writes ci/baseline.json
 
 
 class BenchmarksPageError(ValueError):
@@ -230,7 +230,7 @@ def _nightly_section(baseline: Any, source: str) -> str:
     parts = [
         "## The nightly's accepted figures\n\n"
         f"`{source}`: the figures a night is compared with, per machine class (ratios measured side by\n"
-        f"side on one machine). Command: `{NIGHTLY_COMMAND}`, accepted with `python ci/nightly.py --accept-report`."
+        f"side on one machine). Command: `{NIGHTLY_COMMAND}`, accepted with `python -m ci.nightly --accept-report`."
         + (f" Rule: {baseline['rule']}." if isinstance(baseline.get("rule"), str) else "")
     ]
     for name, accepted, figures in _baseline_classes(baseline, source):
@@ -309,7 +309,7 @@ TAIL = """## Running them yourself
 nox -s recipe-grpo        # a recipe's CPU config, checked against its expected file (also -ppo, -rloo, -dapo, -prime, -vlm)
 nox -s nightly            # every recipe's CPU configs + ci/bench.py + ci/bench_trl.py against ci/baseline.json
 nox -s bench-trl          # verity's GRPO step beside TRL's GRPOTrainer on the same work
-python ci/bench_gpu.py    # on a GPU: the actor update's MFU and the rollout's tokens/s
+python -m ci.bench_gpu    # on a GPU: the actor update's MFU and the rollout's tokens/s
 nox -s leaderboard        # rebuild the leaderboard pages and this page from the committed results
 ```
 

@@ -30,23 +30,10 @@ time. That is the situation RL with a verifier is good at: the reward
 separates the samples, GRPO has a signal in most subtraction groups, and the
 fix (drop the full stop) generalises across prompts. Without the slip
 (``sft_slip_rate=0``) what is left to learn is arithmetic itself — for this
-model mostly the units digit, a 200-entry table — which GRPO improves only a
-few points in minutes.
-
-Measured (2-core CPU shared with other jobs, 1 torch thread; 6000 train /
-500 held-out rows, 2-digit ``+``/``-``, ``expr`` style, batch 64, lr 3e-3):
-
-    SFT steps   slip 0.7: seconds  greedy acc  clean answers | slip 0: seconds  greedy acc
-       800                  87       13.6%       51.6%       |          31       19.8%
-      1600                  99       15.0%       51.8%       |         121       40.8%
-      2400                 151       51.0%       51.6%       |         132       40.6%
-      3200 (default)       194       53.4%       54.0%       |         144       65.6%
-
-Seconds vary with the machine's load (100 steps take ~4 s on one
-thread). From the default checkpoint a single-process GRPO probe (32 prompts
-x 8 samples, temperature 1, AdamW lr 1e-4 with 10 warm-up steps, no KL) took
-held-out greedy accuracy from 53.4% to 91% in 40 steps (~30 s) and ~95% by
-step 80; from slip-0 checkpoints the same probe gained 3-5 points in 500 steps.
+model mostly the units digit, a 200-entry table — which GRPO improves only
+slowly. Build times and held-out accuracies for several SFT step counts, with
+and without the slip, and a GRPO probe from the default checkpoint are in
+``ci/reports/2026-12-06-docstring-figures.md``.
 """
 
 from __future__ import annotations
@@ -293,10 +280,10 @@ def _torch_threads(count: int) -> Iterator[None]:
     """Run torch's CPU ops on ``count`` threads inside the block, then restore the previous count.
 
     The build uses one thread: its matrices are tiny, so a second thread gains
-    little when the machine is idle and loses 5-6x when other processes compete
-    for the cores (measured: 100 SFT steps 4 s on 1 thread vs 21-27 s on 2 on a
-    loaded 2-core machine), and a fixed count keeps the floating-point reduction
-    order, hence the warm-started weights, the same on any machine.
+    little when the machine is idle and loses several times over when other
+    processes compete for the cores (``ci/reports/2026-12-06-docstring-figures.md``),
+    and a fixed count keeps the floating-point reduction order, hence the
+    warm-started weights, the same on any machine.
     """
     import torch
 

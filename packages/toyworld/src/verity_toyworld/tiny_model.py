@@ -9,10 +9,8 @@ With the defaults (hidden 128, 2 layers, 4 query heads, 2 key/value heads,
 MLP width 512) and the 260-token character vocabulary the model has about
 0.53M parameters. Attention defaults to ``sdpa``, the implementation
 ``from_pretrained`` picks when loading, so a rollout built here and a trainer
-that loads the saved folder run the same kernel. At this size ``eager`` is
-no faster on CPU: measured decoding (batch 64, 32 new tokens, 1 thread on a
-loaded 2-core machine, best of 7) 11-16k tokens/s for both with 7-token
-prompts; with 35-token prompts sdpa ~9-10k vs eager ~8k tokens/s.
+that loads the saved folder run the same kernel. At this size ``eager``
+decodes no faster on CPU (``ci/reports/2026-12-06-docstring-figures.md``).
 """
 
 from __future__ import annotations

@@ -8,8 +8,7 @@ are that cluster's).
 
 A private cluster's workers run at the driver's CPU priority (:data:`LOCAL_WORKER_NICENESS`).
 Ray's default starts them 15 nice levels lower, so on a machine shared with anything busy
-they waited for every other process: the quickstart beside one busy process took 213 ms a
-step at Ray's default and 188 ms at the driver's priority (2-core VM).
+they waited for every other process and a step took longer (``ci/reports/2026-12-06-docstring-figures.md``).
 
 Nothing of a private cluster outlives its driver: every process of the cluster
 carries ``VERITY_RAY_CLUSTER=<its temp dir>`` in its environment, and a small reaper

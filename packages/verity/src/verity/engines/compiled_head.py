@@ -17,9 +17,8 @@ instead of about a dozen passes, most of them float32.
 
 On CUDA the same math runs as hand-written Triton kernels that read each row once
 (:mod:`verity.engines.triton_head`); inductor's forward loops over a row once for each of
-its reductions (its CPU code: maximum, normaliser, entropy), and on an H200 it took 6.7 ms
-with a symbolic vocabulary size where Triton's first forward took 2.1 ms
-(``ci/reports/2026-11-26-gpu-h200-2.md``; the forward since then runs about half the instructions a logit).
+its reductions (its CPU code: maximum, normaliser, entropy), and on a GPU it was slower than
+the Triton forward (``ci/reports/2026-12-06-docstring-figures.md``).
 
 Engines use it when their layers are compiled (``fsdp2.compile=true``), in the training
 pass and in every no-grad pass alike, so that recomputed and training log-probs come from

@@ -1,17 +1,16 @@
 """Decoder layers compiled with ``torch.compile`` (inductor): fused kernels for the elementwise work.
 
 On a CPU that multiplies bf16 in hardware the matmuls of a training pass are no longer
-most of its time: one thread, forward + backward of 128 GRPO rows of a hidden-512 x
-8-layer Qwen2 in bf16 spent 31% of its time in ``mm`` and the rest in memory-bound
-elementwise kernels — dtype casts (17%), ``mul`` (15%: RMSNorm, SiLU gating, rotary),
-adds, softmax. Inductor fuses those into a few loops per layer.
+most of its time: most goes to memory-bound elementwise kernels — dtype casts, ``mul``
+(RMSNorm, SiLU gating, rotary), adds, softmax (a profile:
+``ci/reports/2026-12-06-docstring-figures.md``). Inductor fuses those into a few loops per layer.
 
 Each decoder layer is compiled in place (``nn.Module.compile``), so parameter names,
 ``state_dict`` keys, checkpoints and the weight sync to the rollout are unchanged.
 Compilation is ``dynamic=True``: micro-batches of any length share one graph, and
 every layer shares it as well (the engine runs the model without a KV cache, so no
 per-layer state enters the guards). Training and no-grad passes compile one graph each;
-the first pass of each pays the compile (tens of seconds on a CPU), later passes reuse it.
+the first pass of each pays the compile (slow on a CPU), later passes reuse it.
 
 Inductor generates C++ on CPU (it needs a C++ compiler: ``g++`` or ``clang++``) and
 Triton kernels on CUDA; :func:`compile_unavailable_reason` says, before any compute,

@@ -43,9 +43,9 @@ __all__ = [
     "triton_head_forward",
 ]
 
-# Compiled for sm_90, the forward's loop costs 12.0 instructions per logit at 4096 columns and
-# 4 warps (32 logits a thread), 14.4 at 4096 and 8 warps (16 a thread: the block's three
-# reductions weigh more); the kernel of 2026-11-26, with two exponentials per logit, 28.8.
+# 4096 columns and 4 warps (32 logits a thread): compiled for sm_90, the forward's loop spends
+# the fewest instructions per logit there; with 8 warps the block's three reductions weigh more
+# (ci/reports/2026-12-06-docstring-figures.md)
 FORWARD_BLOCK = 4096
 FORWARD_WARPS = 4
 BACKWARD_BLOCK = 4096

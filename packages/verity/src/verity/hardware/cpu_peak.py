@@ -13,8 +13,7 @@ term).
 
 :func:`cpu_has_native_bf16` says whether the cores multiply bfloat16 in hardware
 (Intel AMX or AVX-512 BF16); only then does bf16 mixed precision speed a CPU run up
-(measured on a 2-core Xeon with AMX: one thread, ``[2048, 512] @ [512, 1536]``,
-181 GFLOP/s in float32 against 1,358 in bfloat16). :func:`cpu_matmul_isa` names the
+(``ci/reports/2026-12-06-docstring-figures.md``). :func:`cpu_matmul_isa` names the
 widest matrix instruction set a CPU has, so that results from two CPUs a virtual machine
 names alike (``"Intel(R) Xeon(R) Processor"`` with and without AMX) stay apart.
 """

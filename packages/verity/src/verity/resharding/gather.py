@@ -103,7 +103,8 @@ def _shard_dim0_group(tensor: torch.Tensor) -> Any | None:
         return None
     if tensor.device_mesh.size() == 1:
         # one rank holds the full tensor and full_tensor() issues no collective; a gloo
-        # all_gather on a 1-rank group made the quickstart's later steps ~1.4x slower (measured)
+        # all_gather on a 1-rank group slowed the quickstart's later steps
+        # (ci/reports/2026-12-06-docstring-figures.md)
         return None
     if tuple(tensor.placements) != (Shard(0),):
         return None

@@ -228,8 +228,8 @@ class RewardManager:
         mask = response_span(batch)
         if mask is None:
             mask = torch.ones_like(responses)
-        # one conversion of each tensor to lists, then a filter per row (indexing a tensor per row
-        # cost ~7 us a row: 0.9 ms for 128 rows against 0.06)
+        # one conversion of each tensor to lists, then a filter per row: indexing a tensor per row
+        # is slower (ci/reports/2026-12-06-docstring-figures.md)
         ids = [list(compress(row, keep)) for row, keep in zip(responses.tolist(), mask.tolist(), strict=True)]
         return self.tokenizer.batch_decode(ids, skip_special_tokens=self.config.skip_special_tokens)
 

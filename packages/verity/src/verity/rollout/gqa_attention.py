@@ -9,9 +9,8 @@ layer, at every decode step: ``O(T^2)`` bytes over ``T`` new tokens, the cost th
 KV cache (:mod:`verity.rollout.kv_cache`) removed from the cache itself.
 
 On CPU, ``scaled_dot_product_attention(..., enable_gqa=True)`` takes the mask and reads the
-grouped heads in place. Measured on the 2-core CPU VM (one thread, bf16, 128 rows, 8 query
-/ 4 key-value heads of 64, 100 cached positions, one query token): 1.24 ms a call against
-4.73 ms with the repeat, and the output is the same to the bit. :data:`GQA_SDPA` is that
+grouped heads in place: faster than the repeat, and the output is the same to the bit
+(``ci/reports/2026-12-06-docstring-figures.md``). :data:`GQA_SDPA` is that
 attention, registered with transformers' ``AttentionInterface`` under its own name; on any
 other device, for a model without grouped heads, or for a call it does not cover (a position
 bias, a paged cache) it is transformers' ``sdpa`` unchanged, whose CUDA kernels take
@@ -114,13 +113,11 @@ def matmul_decode(dtype: torch.dtype) -> bool:
     """Whether a single-query (decode) call in ``dtype`` runs :func:`_grouped_matmul_decode`
     instead of the fused kernel: bf16 and fp16 on a CPU without AMX tiles.
 
-    There, the fused CPU kernel's reduced-precision path is slow for one query: measured on a
-    2-core AMD EPYC VM (AVX-512 with avx512_bf16, no AMX; one thread, bf16, 128 rows, 8 query /
-    4 key-value heads of 64), 8.3 ms a call at 70 cached positions and 11.5 ms at 100, against
-    about 1.7 and 3 ms for the two float32 matmuls of :func:`_grouped_matmul_decode`. On an
-    Intel Xeon with AMX the fused kernel took 1.24 ms at 100 positions, so it stays there;
-    float32 stays on the fused kernel everywhere (the matmuls gained nothing at the
-    quickstart's shape) and keeps transformers' ``sdpa`` to the bit.
+    There, the fused CPU kernel's reduced-precision path is slower for one query than the two
+    float32 matmuls of :func:`_grouped_matmul_decode`; with AMX tiles it is fast, so it stays
+    there (``ci/reports/2026-12-06-docstring-figures.md``). float32 stays on the fused kernel
+    everywhere (the matmuls gained nothing at the quickstart's shape) and keeps transformers'
+    ``sdpa`` to the bit.
     """
     return dtype in (torch.bfloat16, torch.float16) and not _has_amx_tiles()
 

@@ -127,8 +127,9 @@ def draw_categorical(probs: torch.Tensor, generator: torch.Generator | None = No
     Inverse-CDF sampling: one uniform ``u`` per row, the first index whose cumulative
     probability exceeds ``u`` times the row's total. It draws exactly from ``probs`` (up to
     the float64 cumulative sum) with one random number per row, where ``torch.multinomial``
-    spends one per vocabulary entry on CPU (0.65 against ~0.05 ms for 128 x 260). A token of
-    probability 0 is never drawn. Returns ``[B]`` int64.
+    spends one per vocabulary entry on CPU and is slower
+    (``ci/reports/2026-12-06-docstring-figures.md``). A token of probability 0 is never drawn.
+    Returns ``[B]`` int64.
     """
     u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=torch.float64)
     return categorical_from_uniform(probs, u)

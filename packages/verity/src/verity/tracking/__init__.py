@@ -42,7 +42,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # Tracker pulls in mlflow (~1 s); load it on first use only.
+    # Tracker pulls in mlflow, slow to import; load it on first use only
+    # (ci/reports/2026-12-06-docstring-figures.md)
     if name in ("Tracker", "embedded_tracking_uri"):
         from verity.tracking import mlflow_tracker
 

@@ -15,8 +15,8 @@ where MLflow's per-request limits demand). ``log_metrics`` does the same, unless
 the tracker buffers metrics (``buffer_seconds > 0``, what a training run uses):
 then values are written together once that many seconds have passed since the
 last write, or on :meth:`Tracker.flush` / :meth:`Tracker.finish` — one SQLite
-transaction per few steps instead of per step (measured: 12.7 against 2.8 ms per
-step for 45 metrics, ten steps per write). MLflow's own chatter while creating the
+transaction per few steps instead of per step, which costs a step less time
+(``ci/reports/2026-12-06-docstring-figures.md``). MLflow's own chatter while creating the
 store is silenced, and a new embedded store is copied from a pre-migrated
 empty one cached in ``~/.cache/verity`` (``VERITY_MLFLOW_TEMPLATE=0`` turns
 that off) instead of running MLflow's schema migrations for every run.

@@ -69,7 +69,8 @@ class _Watchdog:
     """One daemon thread that fires each watched stage whose deadline passes (:meth:`_StageWatch._fire`).
 
     Starting and stopping a watch is a dictionary update under a lock; a thread per stage
-    (``threading.Timer``) cost ~0.16 ms of the driver's time per stage, five times a step.
+    (``threading.Timer``) cost the driver more time, five times a step
+    (``ci/reports/2026-12-06-docstring-figures.md``).
     """
 
     def __init__(self) -> None:
