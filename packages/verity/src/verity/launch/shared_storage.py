@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from verity.controller.placement import NodeInfo
 
 # Only the standard library at module level: a node's marker task imports this module in a
-# fresh Ray worker, and verity.config (torch, Hydra) took seconds there, over a minute on a
-# busy machine, which the check's time limit counted against the node.
+# fresh Ray worker, where importing verity.config (torch, Hydra) is slow enough, on a busy
+# machine, to eat the check's time limit (ci/reports/2026-12-06-docstring-figures.md).
 
 __all__ = ["MARKER_DIR", "check_shared_output_dir", "write_marker"]
 
