@@ -70,8 +70,16 @@ def test_missing_values_and_baseline_scores():
 
 
 def test_estimators_without_groups_run_without_them():
-    compute_advantages("reinforce_plus_plus", token_rewards=REWARDS, response_mask=MASK)
-    compute_advantages("gae", token_rewards=REWARDS, response_mask=MASK, values=torch.zeros(2, 2))
+    advantages, returns = compute_advantages("reinforce_plus_plus", token_rewards=REWARDS, response_mask=MASK)
+    # undiscounted returns-to-go of each row; advantages: those whitened over the batch's tokens
+    assert torch.equal(returns, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))
+    assert advantages.shape == (2, 2) and advantages.mean().abs() < 1e-6
+    assert advantages[0].gt(advantages[1]).all()
+    advantages, returns = compute_advantages(
+        "gae", token_rewards=REWARDS, response_mask=MASK, values=torch.zeros(2, 2)
+    )
+    assert torch.equal(returns, torch.tensor([[1.0, 1.0], [0.0, 0.0]]))  # gamma = lam = 1, values 0
+    assert advantages.shape == (2, 2) and advantages[0].gt(advantages[1]).all()
 
 
 def test_bad_shapes_and_dtypes_name_the_input():

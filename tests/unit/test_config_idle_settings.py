@@ -84,7 +84,13 @@ USED = [
 
 @pytest.mark.parametrize("overrides", USED, ids=[" ".join(c) for c in USED])
 def test_a_setting_the_run_reads_is_accepted(overrides) -> None:
-    load_config(overrides)
+    cfg = load_config(overrides)
+    for override in overrides:  # the values arrived as set
+        key, value = override.split("=", 1)
+        node = cfg
+        for name in key.split("."):
+            node = getattr(node, name)
+        assert str(node).lower() == value.lower() or float(node) == float(value), (key, node, value)
 
 
 def test_every_idle_key_is_listed_in_one_error() -> None:
@@ -181,7 +187,8 @@ def test_trainer_settings_out_of_range_are_named(overrides, needle) -> None:
 
 
 def test_top_k_minus_one_and_gpu_device_names_are_accepted() -> None:
-    load_config(["rollout.top_k=-1", "trainer.device=gpu"])
+    cfg = load_config(["rollout.top_k=-1", "trainer.device=gpu"])
+    assert (cfg.rollout.top_k, cfg.trainer.device) == (-1, "gpu")
 
 
 def test_the_held_out_pass_samples_with_val_top_p() -> None:

@@ -61,8 +61,12 @@ def test_a_stage_within_its_limit_is_untouched_and_errors_pass_through():
 
 
 def test_zero_means_no_limit():
-    with StageGuard(0).stage("generate"):
+    guard = StageGuard(0)
+    with guard.stage("generate"):
         spin(0.05)
+    with guard.stage("update_actor"):
+        time.sleep(0.3)  # past any limit a zero could be mistaken for: nothing interrupts it
+    assert guard.timeout_s == 0
 
 
 def test_outside_the_main_thread_the_overrun_is_reported_when_the_stage_returns():
