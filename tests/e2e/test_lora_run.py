@@ -116,6 +116,7 @@ def test_lora_exports_generate_like_the_trainer_rollout(paths, uninterrupted, tm
         info = group.load_checkpoint(str(uninterrupted / "checkpoints" / f"step_{STEPS}" / "actor"))
         assert info[0]["saved_world_size"] == 2
         rollout = group.generate(prompts)
+        responses = rollout["responses"]  # read while the workers that hold them are up
         group.shutdown()
     finally:
         pool.remove()
@@ -137,7 +138,7 @@ def test_lora_exports_generate_like_the_trainer_rollout(paths, uninterrupted, tm
             )[:, width:]
         for i in range(len(prompts)):
             n = int(mask[i].sum())
-            assert generated[i, :n].tolist() == rollout["responses"][i, :n].tolist(), (
+            assert generated[i, :n].tolist() == responses[i, :n].tolist(), (
                 type(generator).__name__,
                 i,
             )
