@@ -240,7 +240,7 @@ def bench_training(model: Any, prompts: dict, response_len: int, repeats: int) -
     from verity.batch import Batch
     from verity.engines import FSDP2Engine
     from verity.engines import OptimConfig as EngineOptim
-    from verity.workers.actor_loss import make_actor_loss
+    from verity.workers.actor_rollout import make_actor_loss
 
     tensors = _train_batch(model, prompts, response_len, seed=1)
     batch = Batch.from_dict(tensors)

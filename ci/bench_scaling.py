@@ -24,7 +24,7 @@ driver, which is part of what is measured.
 Per step, after the first ``--warmup`` steps (medians over the steps left):
 
 - **step s**: ``timing/step_s`` from ``<output_dir>/metrics.jsonl`` (the sum of the stages' wall
-  times, :class:`verity.trainer.metrics.StageTimer`).
+  times, :class:`verity.trainer.loop.StageTimer`).
 - **driver overhead** (ms/step): the wall time of :meth:`verity.trainer.loop.RLTrainer.step`
   (every stage plus the loop's per-step metrics) minus the time the driver's main thread spent
   blocked in ``ray.wait`` inside it. verity logs no such figure, so this script measures it: in

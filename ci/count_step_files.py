@@ -40,8 +40,9 @@ OVERRIDES = [
     "trainer.n_workers=2", "trainer.cpus_per_worker=0.5", "trainer.progress=false",
     "trainer.val_before_train=false", "trainer.checkpoint.save_final=false",
 ]  # fmt: skip
-#: files a reader would not open to follow the step: registries, errors, plug-in loading, test faults
-INFRA_NAMES = ("registry.py", "errors.py", "plugins.py", "optional_packages.py", "faults.py")
+#: files a reader would not open to follow the step: registries, errors, plug-in loading, test hooks
+#: (planted faults and slowdowns, inert unless a test switches them on)
+INFRA_NAMES = ("registry.py", "errors.py", "plugins.py", "optional_packages.py", "faults.py", "slow_stage.py")
 
 SITECUSTOMIZE = r'''
 import ctypes, os, threading, time

@@ -33,7 +33,7 @@ TOL = 1e-5
 def actor_loss(mode: str):
     """The trainer's actor loss: dual-clip PPO with clip-higher + k3 KL loss - entropy bonus."""
     from verity.algorithms.configs import KLConfig, PolicyLossConfig
-    from verity.workers.actor_loss import make_actor_loss
+    from verity.workers.actor_rollout import make_actor_loss
 
     policy = PolicyLossConfig(loss_agg_mode=mode, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
     kl = KLConfig(use_kl_loss=True, kl_loss_kind="k3", kl_loss_coef=0.1)
@@ -79,7 +79,7 @@ ZERO_ROWS = [0, 1, 2, 3, 5]  # at DP=2 all of rank 0's rows and one of rank 1's
 def policy_only_loss():
     """Dual-clip PPO without KL or entropy: rows with zero advantage add exactly nothing."""
     from verity.algorithms.configs import KLConfig, PolicyLossConfig
-    from verity.workers.actor_loss import make_actor_loss
+    from verity.workers.actor_rollout import make_actor_loss
 
     return make_actor_loss(PolicyLossConfig(clip_ratio_c=3.0), KLConfig(), entropy_coeff=0.0)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers.ci_scripts import load_ci_script
 from verity.testing import slow_stage
-from verity.trainer.metrics import StageTimer
+from verity.trainer.loop import StageTimer
 
 gates = load_ci_script("nightly_gates")
 

@@ -9,7 +9,7 @@ from verity.algorithms.configs import KLConfig, PolicyLossConfig
 from verity.config import ConfigError, load_config
 from verity.config.derived import old_logprobs_source
 from verity.engines import FSDP2Engine, OptimConfig
-from verity.workers.actor_loss import make_actor_loss
+from verity.workers.actor_rollout import make_actor_loss
 
 
 def _grads(engine: FSDP2Engine, batch: dict, loss_fn) -> dict[str, torch.Tensor]:

@@ -90,7 +90,7 @@ def _rank(rank: int, store_file: str, layout: str, args: argparse.Namespace, ans
     from verity.batch import Batch
     from verity.engines.fsdp2 import FSDP2Engine
     from verity.engines.optim import OptimConfig
-    from verity.workers.actor_loss import make_actor_loss
+    from verity.workers.actor_rollout import make_actor_loss
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -40,7 +40,7 @@ def _rank(rank: int, store_file: str, layout: str, rows: int, repeats: int, answ
     from verity.batch import Batch
     from verity.engines.fsdp2 import FSDP2Engine
     from verity.engines.optim import OptimConfig
-    from verity.workers.actor_loss import make_actor_loss
+    from verity.workers.actor_rollout import make_actor_loss
     from verity_toyworld.char_tokenizer import CharTokenizer
     from verity_toyworld.tiny_model import build_tiny_qwen2_for
 

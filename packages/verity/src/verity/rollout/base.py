@@ -23,7 +23,7 @@ is repeated ``n`` times consecutively):
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import torch
@@ -38,6 +38,10 @@ class RolloutEngine(abc.ABC):
     name: str = "rollout"
     #: wrappers around the engine that named it, innermost first (e.g. ``("agent",)``); recorded by runs
     wrappers: tuple[str, ...] = ()
+    #: token ids that end a response; None: the tokenizer's EOS (the agent loop stops turns on them)
+    eos_token_ids: Collection[int] | None = None
+    #: the id that pads responses; None: the tokenizer's
+    pad_token_id: int | None = None
     sampling: SamplingParams
 
     @abc.abstractmethod
@@ -79,3 +83,6 @@ class RolloutEngine(abc.ABC):
 
     def wake(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Bring back what :meth:`sleep` released."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Release what the engine holds for good (processes, memory); it is not used after this."""

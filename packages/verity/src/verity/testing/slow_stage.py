@@ -6,7 +6,7 @@ The variable holds ``stage:fraction`` pairs separated by commas. When a slowed s
 :func:`slow_down` adds ``fraction`` x the seconds it took (slept, or spun on a given clock), so
 the stage's time (and every figure built on it) grows by that fraction while its work stays
 the same. The
-trainer's :class:`verity.trainer.metrics.StageTimer` calls it for every stage; the bench
+trainer's :class:`verity.trainer.loop.StageTimer` calls it for every stage; the bench
 (``ci/bench.py``) calls it around the engine's training step, the update measured outside a
 trainer. The variable is read once, when this module is imported: with it unset
 :data:`SLOWED` is empty and a call site costs one truth test of that dict.

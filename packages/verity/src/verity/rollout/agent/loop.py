@@ -76,13 +76,13 @@ class AgentRollout(RolloutEngine):
         self.tokenizer = tokenizer
         self.config = config
         self.max_model_len = max_model_len
-        self.wrappers = (*getattr(engine, "wrappers", ()), "agent")
+        self.wrappers = (*engine.wrappers, "agent")
         self.parser = get_tool_parser(config.tool_parser)
         self.renderer = ToolMessageRenderer(tokenizer)
         self.executor = ToolExecutor(resolve_tools(config), workers=config.tool_workers)
-        eos = getattr(engine, "eos_token_ids", None) or [tokenizer.eos_token_id]
+        eos = engine.eos_token_ids or [tokenizer.eos_token_id]
         self.eos_token_ids = {int(i) for i in eos if i is not None}
-        pad = getattr(engine, "pad_token_id", None)
+        pad = engine.pad_token_id
         self.pad_token_id = int(
             pad if pad is not None else (tokenizer.pad_token_id or min(self.eos_token_ids))
         )
@@ -127,9 +127,7 @@ class AgentRollout(RolloutEngine):
     def close(self) -> None:
         """Stop the tool processes and close the wrapped engine (when it can be closed)."""
         self.executor.close()
-        close = getattr(self.engine, "close", None)
-        if callable(close):
-            close()
+        self.engine.close()
 
     # ------------------------------------------------------------------ the loop
     def generate(self, batch: Batch | Mapping[str, Any], params: SamplingParams | None = None) -> Batch:
