@@ -14,7 +14,7 @@ from verity.rollout.agent.metrics import agent_batch_metrics
 from verity.rollout.base import RolloutEngine
 from verity.rollout.registry import ROLLOUT_WRAPPERS, RolloutBuildContext
 from verity.trainer.stage_plan import build_stage_plan
-from verity.workers.actor_loss import make_actor_loss
+from verity.workers.actor_rollout import make_actor_loss
 
 TOOLS = "rollout.agent.tools=[{class_name: calculator}]"
 

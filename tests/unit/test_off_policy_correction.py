@@ -11,7 +11,7 @@ from verity.algorithms.configs import KLConfig, PolicyLossConfig
 from verity.algorithms.off_policy import truncated_importance_weights
 from verity.config import ConfigError, load_config
 from verity.config.derived import old_logprobs_source
-from verity.workers.actor_loss import make_actor_loss
+from verity.workers.actor_rollout import make_actor_loss
 
 # proximal probabilities 0.5, 0.2, 0.9, 0.3; sampler probabilities 0.25, 0.4, 0.1, 0.3
 OLD = torch.log(torch.tensor([[0.5, 0.2, 0.9, 0.3]]))

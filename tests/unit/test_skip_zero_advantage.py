@@ -16,7 +16,7 @@ from verity.config import ConfigError, load_config
 from verity.config.derived import skips_zero_advantage_rows, zero_advantage_rows_matter
 from verity.engines import FSDP2Engine, OptimConfig
 from verity.engines.train_rows import rows_with_advantage, trained_row_index
-from verity.workers.actor_loss import make_actor_loss
+from verity.workers.actor_rollout import make_actor_loss
 
 CFG = OptimConfig(lr=1e-2, warmup_steps=0, grad_clip=1.0)
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
