@@ -138,6 +138,7 @@ def test_remax_baseline_is_a_real_greedy_rollout_of_each_prompt():
     cfg = load_config(
         [
             "algorithm.advantage.estimator=remax",
+            "reward.placement=driver",  # LengthRewards scores on the driver
             "rollout.n=3",
             "rollout.temperature=1.0",
             f"data.max_response_length={R}",

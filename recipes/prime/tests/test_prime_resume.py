@@ -190,6 +190,7 @@ def test_a_separate_prm_worker_group_trains_beside_the_actor(prime_tiny_model_an
         "prm": "fsdp2",
         "prm_sharding": "full",
         "prm_compute_dtype": "float32",
+        "prm_attention": "sdpa",
         "mode": "sync",  # no rollout worker group of its own
         "device": "cpu",
     }
