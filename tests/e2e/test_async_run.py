@@ -137,7 +137,7 @@ def test_a_dead_rollout_worker_stops_the_run_naming_it(paths, tmp_path) -> None:
     out = tmp_path / "dead"
     args = run_args(paths, out, "trainer.checkpoint.every=0", "trainer.val_before_train=false")
     environ = {k: v for k, v in os.environ.items() if not k.startswith("VERITY_DEBUG_")}
-    environ["VERITY_DEBUG_STALL"] = "generate:2:120"  # the rollout holds step 2's generation
+    environ["VERITY_DEBUG_STALL"] = "generate:3:120"  # the rollout holds step 3's batch (generated in step 2)
     process = subprocess.Popen(
         [sys.executable, "-m", "verity.cli.main", "train", *args],
         env=environ,
