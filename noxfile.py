@@ -119,7 +119,9 @@ def tests(session: nox.Session) -> None:
         "VERITY_REQUIRE_VLLM": "1",
         "VERITY_TRITON_SITE": install_triton_site(session),
     }
-    session.run("pytest", "-q", "-m", "not gpu", *session.posargs, env=env)
+    # two processes, a test file each at a time (a file's fixtures, e.g. its Ray cluster, stay in one
+    # process); files with slow tests are handed out first (tests/conftest.py). Pass -n 0 to run in one.
+    session.run("pytest", "-q", "-m", "not gpu", "-n", "2", "--dist", "loadfile", *session.posargs, env=env)
 
 
 @nox.session

@@ -26,6 +26,8 @@ from helpers.tiny_models import (
 )
 from verity.engines import FSDP2Engine, OptimConfig
 
+pytestmark = pytest.mark.slow  # the 2-rank module fixture runs every scenario once: about a minute on 2 cores
+
 WORLD = 2
 
 

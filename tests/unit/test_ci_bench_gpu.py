@@ -12,6 +12,8 @@ import pytest
 import torch
 from helpers.ci_scripts import load_ci_script
 
+pytestmark = pytest.mark.slow  # the benchmark sides run for real on the tiny shape
+
 bench = load_ci_script("bench_gpu")
 
 
