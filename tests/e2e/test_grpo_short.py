@@ -55,6 +55,11 @@ def test_grpo_runs_end_to_end_and_is_deterministic(tiny_model_and_task, tmp_path
     responses = 8 * rows[-1]["response_length/mean"]  # tokens of 8 prompts x n samples, > 0
     assert rows[-1]["perf/driver_bytes_received"] >= responses > 0
     assert rows[-1]["perf/driver_bytes_sent"] > 0
+    # each role's memory peak per method, largest over the ranks (CPU: the resident set)
+    memory = {k: v for k, v in rows[-1].items() if k.startswith("memory/actor/")}
+    assert {"memory/actor/generate_gb", "memory/actor/update_actor_gb"} <= set(memory), memory
+    assert all(0.05 < v < 64 for v in memory.values()), memory  # a worker process with torch: not 0
+    assert rows[-1]["perf/max_memory_gb"] == max(memory.values())
     for name in ("summary.json", "curves.png", "validation.jsonl", "mlflow.db"):
         assert (tmp_path / "a" / name).exists(), name
 

@@ -107,6 +107,13 @@ class ShardWorker(Worker):
     def collector_rank(self) -> int:
         return self.rank
 
+    @register(Dispatch.PER_RANK)
+    def hold_memory(self, megabytes: int) -> int:
+        """Touch ``megabytes`` MiB of fresh memory, then let it go: a peak the host must see."""
+        block = bytearray(megabytes * 1024 * 1024)
+        block[:: 4096] = b"x" * len(block[:: 4096])
+        return len(block)
+
     @register(Dispatch.BROADCAST)
     def checksum(self, batch: Batch) -> float:
         """Sum of every tensor after adding 1 in place (received tensors must be writable)."""
@@ -312,3 +319,14 @@ def test_pool_waiting_for_busy_resources_times_out(group):
     # the failed reservation was released: two CPUs can still be reserved
     with ResourcePool([2], cpus_per_bundle=1, name="fits", timeout_s=30) as pool:
         assert pool.world_size == 2 and len(set(pool.slot_node_ids)) == 1
+
+
+def test_every_method_s_memory_peak_is_measured_and_the_largest_rank_wins(group) -> None:
+    group.memory_peaks()  # what earlier tests left
+    group.hold_memory([8, 8, 8, 300])  # rank 3 alone touches 300 MiB
+    group.collector_rank()
+    peaks = group.memory_peaks()
+    held, light = peaks["worker/hold_memory"], peaks["worker/collector_rank"]
+    assert held.device is None  # CPU workers: the host's resident set is the figure
+    assert held.host - light.host > 250 * 1024**2, (held, light)  # the peak is reset before each method
+    assert group.memory_peaks() == {}  # taken: the next step starts empty

@@ -4,11 +4,13 @@ Every rank of a :class:`~verity.controller.WorkerGroup` is one Ray actor of
 :class:`WorkerHost`. The host holds one object per role: a single role for a plain
 group, several for a colocated group built with :func:`colocate` (actor, rollout and
 reference in one process, sharing memory and the device). Roles in one host reach each
-other with ``Worker.peer(name)``.
+other with ``Worker.peer(name)``. Every method the host runs is measured: its peak device and
+host memory, under ``<role>/<method>`` (:mod:`verity.hardware.memory`; :meth:`WorkerHost.memory_peaks`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -21,6 +23,7 @@ from typing import Any
 from verity.batch import Batch, materialize
 from verity.controller.dispatch import DPLayout
 from verity.controller.worker import Worker, open_rendezvous_store
+from verity.hardware.memory import MemoryPeak, PeakMeter
 
 __all__ = ["ColocatedRoles", "RoleSpec", "WorkerHost", "colocate", "role"]
 
@@ -84,6 +87,11 @@ def _setup_logging(env: dict[str, str]) -> None:
     )
 
 
+@contextlib.contextmanager
+def _nothing() -> Any:
+    yield
+
+
 def _layout_of(obj: Any) -> DPLayout:
     return obj._dp_layout()
 
@@ -97,6 +105,7 @@ class WorkerHost:
     def __init__(self) -> None:
         self._roles: dict[str, Any] = {}
         self._busy: tuple[str, str, float, int] | None = None  # role, method, start (epoch s), thread id
+        self._meter: PeakMeter | None = None
 
     def rendezvous_address(self) -> tuple[str, int]:
         """``(node IP, port)`` for ``MASTER_ADDR``/``MASTER_PORT``: this process's rendezvous store, already listening."""
@@ -116,6 +125,7 @@ class WorkerHost:
 
         os.environ.update(env)
         _setup_logging(env)
+        self._meter = PeakMeter.for_this_process()
         load_plugins()
         peers: dict[str, Any] = {}
         for name, spec in roles.items():
@@ -140,12 +150,18 @@ class WorkerHost:
             # rows that stayed on the workers that made them are fetched here, never through the driver
             args = tuple(materialize(a) if isinstance(a, Batch) else a for a in args)
             kwargs = {k: materialize(v) if isinstance(v, Batch) else v for k, v in kwargs.items()}
-            answer = getattr(obj, method)(*args, **kwargs)
+            named = os.environ.get("VERITY_WORKER_GROUP", role_name) if role_name == SINGLE_ROLE else role_name
+            with self._meter.measure(f"{named}/{method}") if self._meter else _nothing():
+                answer = getattr(obj, method)(*args, **kwargs)
             if not answer_wanted:
                 answer = None
         finally:
             self._busy = None
         return answer, _layout_of(obj)
+
+    def memory_peaks(self) -> dict[str, MemoryPeak]:
+        """The memory peak of each ``<role>/<method>`` run since the last call, in bytes; cleared."""
+        return self._meter.take() if self._meter is not None else {}
 
     def stacks(self) -> dict[str, Any]:
         """What this rank is doing: the group method running now (if any) and every thread's stack.

@@ -42,6 +42,7 @@ from verity.controller.host import SINGLE_ROLE, ColocatedRoles, RoleSpec, Worker
 from verity.controller.placement import describe_node
 from verity.controller.rank_failures import explain_failure
 from verity.controller.resource_pool import ResourcePool
+from verity.hardware.memory import MemoryPeak
 
 __all__ = ["GroupCall", "GroupMethod", "RoleView", "WorkerGroup"]
 
@@ -333,6 +334,18 @@ class WorkerGroup:
         refs = [host.info.remote() for host in self._hosts]
         found = self._gather(refs, list(range(self.world_size)), "host", "info", self.call_timeout_s)
         return [found[rank] for rank in range(self.world_size)]
+
+    def memory_peaks(self) -> dict[str, MemoryPeak]:
+        """Each ``<role>/<method>``'s memory peak since the last call, the largest over the ranks (bytes)."""
+        if self._closed:
+            raise ControllerError(f"worker group {self.name!r} was shut down")
+        refs = [host.memory_peaks.remote() for host in self._hosts]
+        found = self._gather(refs, list(range(self.world_size)), "host", "memory_peaks", self.call_timeout_s)
+        peaks: dict[str, MemoryPeak] = {}
+        for rank in range(self.world_size):
+            for name, peak in found[rank].items():
+                peaks[name] = peak if name not in peaks else peaks[name].max(peak)
+        return peaks
 
     def stacks(self, timeout_s: float = 10.0) -> dict[int, dict[str, Any] | None]:
         """Per rank, what it is doing now (``WorkerHost.stacks``), even while a group method runs.

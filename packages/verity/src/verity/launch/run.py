@@ -285,6 +285,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
             note=progress.note if progress else None,
             step_end=recovery.step_end,
             stage_guard=recovery.stage_guard,
+            step_probes=(groups.memory_metrics,),
         )
         trainer = RLTrainer(
             cfg,

@@ -27,7 +27,9 @@ Per-step training metrics (one value per RL step):
 | ``perf/driver_bytes_sent`` | tensor bytes the driver sent to workers in the step's group calls | bytes |
 | ``perf/driver_bytes_received`` | tensor bytes the driver got back from workers in the step | bytes |
 | ``perf/mfu`` | model-FLOPs utilisation of the actor update (see verity.hardware.mfu) | 0..1 |
-| ``perf/max_memory_gb`` | peak device memory on the driver's device | GiB |
+| ``perf/max_memory_gb`` | the largest ``memory/*_gb`` figure of the step: the peak of the busiest worker | GiB |
+| ``memory/<role>/<method>_gb`` | peak memory of one group method in the step, the largest over the role's ranks: device memory allocated on an accelerator, the process's resident set on a CPU (``verity.hardware.memory``) | GiB |
+| ``memory/<role>/<method>_host_gb`` | on an accelerator, the same method's peak resident set on the host | GiB |
 | ``val/acc``, ``val/reward`` | held-out (validation) accuracy / mean reward | 0..1 / reward |
 | ``val/response_length`` | mean response tokens on the validation set | tokens |
 | ``val/avg_at_k``, ``val/pass_at_k`` | with ``rollout.val_n = k > 1`` (``verity eval -k K``): mean correctness of k sampled responses per held-out prompt (avg@k) and the unbiased pass@k, at n = k the share of prompts with a correct one among them (``verity.evaluation.validation``) | 0..1 |

@@ -152,6 +152,10 @@ class RunHooks:
             (``metrics.jsonl``: :mod:`verity.tracking.metrics_file`; checkpoints and SIGTERM:
             :mod:`verity.checkpoint.hooks`).
         stage_guard: the time limit on every stage (:mod:`verity.trainer.stage_guard`).
+        step_probes: figures read from the workers once a step: each is called before the step's
+            stages (what it answers then is dropped: it ran between steps, in validation or a
+            checkpoint) and after them (merged into the step's metrics); the run's memory peaks
+            (:meth:`verity.launch.roles.RoleGroups.memory_metrics`).
     """
 
     tracker: Any | None = None
@@ -159,6 +163,7 @@ class RunHooks:
     note: Callable[[str], None] | None = None
     step_end: Sequence[StepEndHook] = ()
     stage_guard: StageGuard | None = None
+    step_probes: Sequence[Callable[[], dict[str, float]]] = ()
 
 
 class RLTrainer:
@@ -245,6 +250,8 @@ class RLTrainer:
         )
         timer = StageTimer()
         DRIVER_TRANSFERS.take()  # what validation or start-up moved is not this step's
+        for probe in self.hooks.step_probes:
+            probe()  # likewise what the workers measured since the last step
         batch = prompts
         for stage in self.stages:
             with timer.stage(stage.name), self._guard(stage.name, step):
@@ -265,6 +272,8 @@ class RLTrainer:
         sent, received = DRIVER_TRANSFERS.take()
         metrics["perf/driver_bytes_sent"] = float(sent)
         metrics["perf/driver_bytes_received"] = float(received)
+        for probe in self.hooks.step_probes:
+            metrics.update(probe())
         return metrics
 
     def fit(self) -> TrainResult:

@@ -29,6 +29,10 @@ class WorkerGroupHandle(Protocol):
         """Per rank: ``pid``, ``ip``, ``node_id``, ``niceness``, ``roles``."""
         ...
 
+    def memory_peaks(self) -> dict[str, Any]:
+        """Each ``<role>/<method>``'s memory peak since the last call (``verity.hardware.memory.MemoryPeak``)."""
+        ...
+
 
 @runtime_checkable
 class GroupView(Protocol):

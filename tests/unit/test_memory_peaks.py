@@ -1,0 +1,68 @@
+"""Peak memory per piece of work (verity.hardware.memory): reset before, read after, kept per name."""
+
+from __future__ import annotations
+
+from verity.hardware.memory import MemoryPeak, PeakMeter, host_peak_bytes
+
+
+def _touch(megabytes: int) -> int:
+    block = bytearray(megabytes * 1024 * 1024)
+    block[::4096] = b"x" * len(block[::4096])
+    return len(block)
+
+
+def test_the_host_peak_is_reset_before_each_piece_of_work() -> None:
+    meter = PeakMeter()
+    with meter.measure("big"):
+        _touch(200)
+    with meter.measure("small"):
+        _touch(1)
+    peaks = meter.take()
+    assert peaks["big"].device is None
+    if meter.host_resets:  # Linux lets a process reset its high-water mark
+        assert peaks["big"].host - peaks["small"].host > 150 * 1024**2, peaks
+    else:
+        assert peaks["small"].host >= peaks["big"].host  # a lifetime peak never falls
+    assert meter.take() == {}
+
+
+def test_the_same_name_keeps_the_larger_peak_until_taken() -> None:
+    meter = PeakMeter()
+    with meter.measure("generate"):
+        _touch(150)
+    with meter.measure("generate"):
+        _touch(1)
+    assert meter.take()["generate"].host >= 150 * 1024**2
+
+
+class _FakeDevice:
+    """A runtime whose allocator peaks at what the work asked for since the last reset."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self.resets = 0
+
+    def reset_peak_memory_stats(self, index: int) -> None:
+        self.resets += 1
+        self.peak = 0
+
+    def max_memory_allocated(self, index: int) -> int:
+        return self.peak
+
+
+def test_on_an_accelerator_the_device_peak_is_read_after_a_reset() -> None:
+    device = _FakeDevice()
+    meter = PeakMeter(device, index=0)
+    with meter.measure("update_actor"):
+        device.peak = 5 * 1024**3
+    with meter.measure("generate"):
+        device.peak = 2 * 1024**3
+    peaks = meter.take()
+    assert (peaks["update_actor"].device, peaks["generate"].device, device.resets) == (5 * 1024**3, 2 * 1024**3, 2)
+    assert peaks["generate"].host > 0
+
+
+def test_peaks_combine_device_and_host_each() -> None:
+    assert MemoryPeak(3, 10).max(MemoryPeak(5, 7)) == MemoryPeak(5, 10)
+    assert MemoryPeak(None, 4).max(MemoryPeak(None, 9)) == MemoryPeak(None, 9)
+    assert host_peak_bytes() > 0
