@@ -66,3 +66,28 @@ def test_peaks_combine_device_and_host_each() -> None:
     assert MemoryPeak(3, 10).max(MemoryPeak(5, 7)) == MemoryPeak(5, 10)
     assert MemoryPeak(None, 4).max(MemoryPeak(None, 9)) == MemoryPeak(None, 9)
     assert host_peak_bytes() > 0
+
+
+class _Group:
+    def __init__(self, peaks: dict) -> None:
+        self.peaks = peaks
+
+    def memory_peaks(self) -> dict:
+        return self.peaks
+
+
+def test_the_step_metrics_name_each_role_and_method_in_gib() -> None:
+    from verity.trainer.loop import memory_metrics
+
+    gib = 1024**3
+    cpu = _Group({"actor/generate": (None, 2 * gib), "actor/update_actor": (None, 3 * gib)})
+    gpu = _Group({"critic/update_critic": (5 * gib, gib // 2)})
+    metrics = memory_metrics([cpu, gpu])
+    assert metrics == {
+        "memory/actor/generate_gb": 2.0,
+        "memory/actor/update_actor_gb": 3.0,
+        "memory/critic/update_critic_gb": 5.0,  # an accelerator's: device memory
+        "memory/critic/update_critic_host_gb": 0.5,  # and the host's beside it
+        "perf/max_memory_gb": 5.0,
+    }
+    assert memory_metrics([_Group({})]) == {}

@@ -23,7 +23,7 @@ from typing import Any
 from verity.batch import Batch, materialize
 from verity.controller.dispatch import DPLayout
 from verity.controller.worker import Worker, open_rendezvous_store
-from verity.hardware.memory import MemoryPeak, PeakMeter
+from verity.hardware.memory import PeakMeter
 
 __all__ = ["ColocatedRoles", "RoleSpec", "WorkerHost", "colocate", "role"]
 
@@ -159,9 +159,10 @@ class WorkerHost:
             self._busy = None
         return answer, _layout_of(obj)
 
-    def memory_peaks(self) -> dict[str, MemoryPeak]:
-        """The memory peak of each ``<role>/<method>`` run since the last call, in bytes; cleared."""
-        return self._meter.take() if self._meter is not None else {}
+    def memory_peaks(self) -> dict[str, tuple[int | None, int]]:
+        """``{"<role>/<method>": (device bytes or None, host bytes)}``: each method's peak since the last call; cleared."""
+        taken = self._meter.take() if self._meter is not None else {}
+        return {name: (peak.device, peak.host) for name, peak in taken.items()}
 
     def stacks(self) -> dict[str, Any]:
         """What this rank is doing: the group method running now (if any) and every thread's stack.

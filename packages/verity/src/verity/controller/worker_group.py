@@ -42,7 +42,6 @@ from verity.controller.host import SINGLE_ROLE, ColocatedRoles, RoleSpec, Worker
 from verity.controller.placement import describe_node
 from verity.controller.rank_failures import explain_failure
 from verity.controller.resource_pool import ResourcePool
-from verity.hardware.memory import MemoryPeak
 
 __all__ = ["GroupCall", "GroupMethod", "RoleView", "WorkerGroup"]
 
@@ -335,16 +334,21 @@ class WorkerGroup:
         found = self._gather(refs, list(range(self.world_size)), "host", "info", self.call_timeout_s)
         return [found[rank] for rank in range(self.world_size)]
 
-    def memory_peaks(self) -> dict[str, MemoryPeak]:
-        """Each ``<role>/<method>``'s memory peak since the last call, the largest over the ranks (bytes)."""
+    def memory_peaks(self) -> dict[str, tuple[int | None, int]]:
+        """``{"<role>/<method>": (device bytes or None, host bytes)}``: each method's memory peak since the
+        last call (:meth:`WorkerHost.memory_peaks`), the largest over the ranks."""
         if self._closed:
             raise ControllerError(f"worker group {self.name!r} was shut down")
-        refs = [host.memory_peaks.remote() for host in self._hosts]
-        found = self._gather(refs, list(range(self.world_size)), "host", "memory_peaks", self.call_timeout_s)
-        peaks: dict[str, MemoryPeak] = {}
-        for rank in range(self.world_size):
-            for name, peak in found[rank].items():
-                peaks[name] = peak if name not in peaks else peaks[name].max(peak)
+        ranks = list(range(len(self._hosts)))
+        found = self._gather([host.memory_peaks.remote() for host in self._hosts], ranks, "host", "memory_peaks", self.call_timeout_s)
+        peaks: dict[str, tuple[int | None, int]] = {}
+        for rank in ranks:
+            for name, (device, host) in found[rank].items():
+                if name in peaks:
+                    before_device, before_host = peaks[name]
+                    device = device if before_device is None else max(before_device, device or 0)
+                    host = max(before_host, host)
+                peaks[name] = (device, host)
         return peaks
 
     def stacks(self, timeout_s: float = 10.0) -> dict[int, dict[str, Any] | None]:

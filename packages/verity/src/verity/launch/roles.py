@@ -25,8 +25,6 @@ from verity.trainer import async_rollout as _async_rollout  # noqa: F401 (regist
 from verity.workers.registry import RoleDef, RoleInputs, enabled_roles, role_placement
 from verity.workers.report import WorkerReport
 
-GIB = float(1024**3)
-
 
 @dataclass
 class RoleGroups:
@@ -56,26 +54,6 @@ class RoleGroups:
         # trainer.mode as it ran: a rollout worker group of its own is what generates one step ahead
         out["mode"] = "async" if "rollout" in self.handles else "sync"
         out.update(self.placement())
-        return out
-
-    def memory_metrics(self) -> dict[str, float]:
-        """Every role's memory peak per method since the last call, the largest over its ranks, in GiB.
-
-        ``memory/<role>/<method>_gb``: device memory on an accelerator, the host's resident set on
-        a CPU; on an accelerator also ``memory/<role>/<method>_host_gb``; ``perf/max_memory_gb``:
-        the largest ``_gb`` figure (:mod:`verity.hardware.memory`).
-        """
-        out: dict[str, float] = {}
-        for group in self.groups:
-            for name, peak in group.memory_peaks().items():
-                if peak.device is None:
-                    out[f"memory/{name}_gb"] = peak.host / GIB
-                else:
-                    out[f"memory/{name}_gb"] = peak.device / GIB
-                    out[f"memory/{name}_host_gb"] = peak.host / GIB
-        device = [value for key, value in out.items() if not key.endswith("_host_gb")]
-        if device:
-            out["perf/max_memory_gb"] = max(device)
         return out
 
     def placement(self) -> dict[str, str]:

@@ -21,6 +21,7 @@ Nothing is downloaded: ``model.path=embedded`` builds (or reuses) the tiny model
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import textwrap
@@ -160,7 +161,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
     from verity.rewards.preflight import check_rewards
     from verity.rollout.agent.tools import prompt_chat_template_kwargs
     from verity.tracking import ProgressLine, config_hash
-    from verity.trainer.loop import RLTrainer, RunHooks
+    from verity.trainer.loop import RLTrainer, RunHooks, memory_metrics
     from verity.trainer.stage_plan import build_stage_plan
     from verity.workers.registry import RoleInputs
 
@@ -285,7 +286,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
             note=progress.note if progress else None,
             step_end=recovery.step_end,
             stage_guard=recovery.stage_guard,
-            step_probes=(groups.memory_metrics,),
+            step_probes=(functools.partial(memory_metrics, groups.groups),),
         )
         trainer = RLTrainer(
             cfg,

@@ -120,6 +120,31 @@ class StageTimer:
         return out
 
 
+GIB = float(1024**3)
+
+
+def memory_metrics(groups: Sequence[Any]) -> dict[str, float]:
+    """Every worker group's memory peak per role and method since the last call, in GiB.
+
+    ``memory/<role>/<method>_gb``: device memory on an accelerator, the process's resident set on
+    a CPU, the largest over the group's ranks; on an accelerator also
+    ``memory/<role>/<method>_host_gb``; ``perf/max_memory_gb``: the largest ``_gb`` figure.
+    ``groups``: :class:`~verity.controller.WorkerGroup` s (``memory_peaks()``, :mod:`verity.hardware.memory`).
+    """
+    out: dict[str, float] = {}
+    for group in groups:
+        for name, (device, host) in group.memory_peaks().items():
+            if device is None:
+                out[f"memory/{name}_gb"] = host / GIB
+            else:
+                out[f"memory/{name}_gb"] = device / GIB
+                out[f"memory/{name}_host_gb"] = host / GIB
+    figures = [value for key, value in out.items() if not key.endswith("_host_gb")]
+    if figures:
+        out["perf/max_memory_gb"] = max(figures)
+    return out
+
+
 # ---------------------------------------------------------------- the loop
 
 
@@ -154,8 +179,8 @@ class RunHooks:
         stage_guard: the time limit on every stage (:mod:`verity.trainer.stage_guard`).
         step_probes: figures read from the workers once a step: each is called before the step's
             stages (what it answers then is dropped: it ran between steps, in validation or a
-            checkpoint) and after them (merged into the step's metrics); the run's memory peaks
-            (:meth:`verity.launch.roles.RoleGroups.memory_metrics`).
+            checkpoint) and after them (merged into the step's metrics); a run's: its worker
+            groups' memory peaks (:func:`memory_metrics`).
     """
 
     tracker: Any | None = None

@@ -29,8 +29,8 @@ class WorkerGroupHandle(Protocol):
         """Per rank: ``pid``, ``ip``, ``node_id``, ``niceness``, ``roles``."""
         ...
 
-    def memory_peaks(self) -> dict[str, Any]:
-        """Each ``<role>/<method>``'s memory peak since the last call (``verity.hardware.memory.MemoryPeak``)."""
+    def memory_peaks(self) -> dict[str, tuple[int | None, int]]:
+        """Each ``<role>/<method>``'s memory peak since the last call: ``(device bytes or None, host bytes)``."""
         ...
 
 
