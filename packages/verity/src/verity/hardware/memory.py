@@ -11,6 +11,10 @@ the process's resident-set high-water mark (``VmHWM``), reset before the work by
 ``/proc/self/clear_refs`` (Linux). Where the kernel does not allow that reset, the host figure is
 the process's peak since it started, and :attr:`PeakMeter.host_resets` says so. Several pieces of
 work named alike (the same method called twice) keep the larger peak until :meth:`PeakMeter.take`.
+
+The host figure is what the process holds at most, not what the work allocated: the allocator
+keeps freed memory in the process, so work that needs no more than the process already holds
+shows the process's resident size (``docs/hardware.md``, "Memory, recorded every step").
 """
 
 from __future__ import annotations
