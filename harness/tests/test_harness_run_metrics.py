@@ -160,3 +160,10 @@ def test_the_cpu_peak_is_measured_in_the_dtype_the_actor_computes_in() -> None:
     assert throughput["mfu"] is None and "measured in float32 but the actor computed in bfloat16" in (
         throughput["mfu_note"]
     )
+
+
+def test_the_peak_memory_is_the_largest_of_the_measured_steps() -> None:
+    steps = [{**row, "perf/max_memory_gb": 1.0 + i / 10} for i, row in enumerate(_steps())]
+    steps[0]["perf/max_memory_gb"] = 99.0  # step 1 (start-up) is left out like the rest of its figures
+    assert throughput(steps)["max_memory_gb"] == pytest.approx(2.1)
+    assert throughput(_steps())["max_memory_gb"] is None  # a run that recorded none

@@ -27,6 +27,8 @@ for start-up and is left out when there is more than one step):
   (``perf/actor_trained_tokens``: what the update actually ran, rows skipped for a zero
   advantage left out; runs that do not log it count ``total_tokens * ppo_epochs``);
 - ``stage_seconds``: mean seconds per step of each stage (``timing/<stage>_s``);
+- ``max_memory_gb``: the busiest worker's memory peak over those steps (``perf/max_memory_gb``,
+  GiB: device memory on an accelerator, the resident set on a CPU; ``docs/hardware.md``);
 - ``mfu``: ``6 * n_params * train_tokens_per_s / (peak_flops * devices)``
   (:func:`verity.hardware.mfu`), ``None`` where the device's peak is unknown. On CPU the
   harness measures the peak (float32 matmuls on the actor's threads,
@@ -142,6 +144,8 @@ def throughput(
         "generated_tokens_per_s": _mean(column("perf/generated_tokens_per_s")),
         "train_tokens_per_s": train_tps,
         "step_seconds": _mean(column("timing/step_s")),
+        # the busiest worker's peak over the measured steps (GiB; None for a run that recorded none)
+        "max_memory_gb": max(column("perf/max_memory_gb"), default=None),
         "stage_seconds": dict(sorted(stage_seconds.items())),
         "mfu": utilisation,
         "mfu_note": mfu_note,

@@ -69,6 +69,7 @@ LATEST_COLUMNS = (
     ("tokens/s", "tp:tokens_per_s", "tokens"),
     ("MFU", "tp:mfu", "mfu"),
     ("s/step", "tp:step_seconds", "num2"),
+    ("peak mem. GiB", "tp:max_memory_gb", "num2"),
     ("date, commit", "date", "date"),
 )
 
