@@ -99,7 +99,7 @@ def deterministic(row: dict[str, float]) -> dict[str, float]:
     return {
         k: v
         for k, v in row.items()
-        if not k.startswith(("timing/", "perf/")) and not k.endswith(("_per_s", "_seconds"))
+        if not k.startswith(("timing/", "perf/", "memory/")) and not k.endswith(("_per_s", "_seconds"))
     }
 
 
