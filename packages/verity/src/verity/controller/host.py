@@ -87,11 +87,6 @@ def _setup_logging(env: dict[str, str]) -> None:
     )
 
 
-@contextlib.contextmanager
-def _nothing() -> Any:
-    yield
-
-
 def _layout_of(obj: Any) -> DPLayout:
     return obj._dp_layout()
 
@@ -151,7 +146,7 @@ class WorkerHost:
             args = tuple(materialize(a) if isinstance(a, Batch) else a for a in args)
             kwargs = {k: materialize(v) if isinstance(v, Batch) else v for k, v in kwargs.items()}
             named = os.environ.get("VERITY_WORKER_GROUP", role_name) if role_name == SINGLE_ROLE else role_name
-            with self._meter.measure(f"{named}/{method}") if self._meter else _nothing():
+            with self._meter.measure(f"{named}/{method}") if self._meter else contextlib.nullcontext():
                 answer = getattr(obj, method)(*args, **kwargs)
             if not answer_wanted:
                 answer = None
