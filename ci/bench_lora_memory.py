@@ -66,8 +66,8 @@ def run_setup(setup: str, folder: str, rank: int) -> dict:
     """Build ``setup`` in this process; one train step and one reference pass; memory figures."""
     import torch
     from verity.engines import FSDP2Engine, OptimConfig
-    from verity.engines.fsdp2 import load_causal_lm
     from verity.engines.fsdp2_lora import FSDP2LoRAEngine
+    from verity.engines.hf_loading import load_causal_lm
     from verity.engines.lora import LoRAConfig
 
     torch.set_num_threads(1)
@@ -135,7 +135,17 @@ def main(argv: list[str] | None = None) -> int:
         n_params = build_model(Path(tmp), args.hidden, args.layers, args.vocab)
         rows = []
         for setup in SETUPS:
-            command = [sys.executable, "-m", "ci.bench_lora_memory", "--setup", setup, "--model", tmp, "--rank", str(args.rank)]
+            command = [
+                sys.executable,
+                "-m",
+                "ci.bench_lora_memory",
+                "--setup",
+                setup,
+                "--model",
+                tmp,
+                "--rank",
+                str(args.rank),
+            ]
             done = subprocess.run(command, capture_output=True, text=True, check=True)
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
     print(

@@ -61,7 +61,7 @@ class OneRankGroup:
 
 
 def new_engine(model_dir) -> FSDP2Engine:
-    from verity.engines.fsdp2 import load_causal_lm
+    from verity.engines.hf_loading import load_causal_lm
 
     return FSDP2Engine(load_causal_lm(model_dir), OptimConfig(lr=1e-2, warmup_steps=3, weight_decay=0.1))
 

@@ -12,8 +12,8 @@ from verity.checkpoint.sharded import load_engine, save_engine
 from verity.checkpoint.state import TrainerState
 from verity.config import ConfigError, load_config
 from verity.engines import FSDP2Engine, OptimConfig
-from verity.engines.fsdp2 import load_causal_lm
 from verity.engines.fsdp2_lora import FSDP2LoRAEngine
+from verity.engines.hf_loading import load_causal_lm
 from verity.engines.lora import LoRAConfig, check_lora_targets
 from verity.resharding.lora_merge import merge_lora_weight
 

@@ -93,7 +93,7 @@ def test_fsdp2_shards_the_vision_blocks_and_the_decoder_layers() -> None:
 
 def test_the_saved_folder_passes_the_model_check_and_loads(tmp_path) -> None:
     from verity.config.model_checks import check_model_folder
-    from verity.engines.fsdp2 import load_causal_lm
+    from verity.engines.hf_loading import load_causal_lm
 
     save_tiny_vlm(tmp_path)
     assert check_model_folder("model.path", str(tmp_path))["model_type"] == "qwen2_5_vl"

@@ -8,6 +8,7 @@ from helpers.tiny_models import tiny_qwen2
 from verity.batch import Batch
 from verity.config import load_config
 from verity.engines import OptimConfig
+from verity.engines.model_source import ModelSource
 from verity.workers.report import TrainingFacts, WorkerReport
 from verity.workers.role_training import (
     UpdateSchedule,
@@ -55,11 +56,10 @@ def test_each_role_has_its_own_optim_section():
     assert optimizer_steps_per_rl_step(cfg, cfg.critic) == 1
 
 
-def test_role_engine_schedules_the_whole_run():
+def test_role_engine_schedules_the_whole_run(tmp_path):
     cfg = _cfg()
-    engine = build_role_engine(
-        "actor", lambda: tiny_qwen2(seed=0), cfg, cfg.actor, torch.device("cpu"), "unused"
-    )
+    tiny_qwen2(seed=0).save_pretrained(tmp_path)
+    engine = build_role_engine("actor", ModelSource(str(tmp_path)), cfg, cfg.actor, torch.device("cpu"))
     assert engine.name == "fsdp2"
     assert engine.optim_config is cfg.actor.optim
     assert engine.optimizer is not None and engine.device == torch.device("cpu")

@@ -32,7 +32,7 @@ from verity.batch import Batch
 from verity.checkpoint.sharded import load_engine, save_engine
 from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines import EngineBuildContext, TrainingEngine, build_training_engine
-from verity.engines.fsdp2 import load_causal_lm
+from verity.engines.model_source import ModelSource
 from verity.hardware import get_backend
 from verity.workers.report import TrainingFacts, WorkerReport
 from verity.workers.role_training import (
@@ -84,7 +84,9 @@ def update_prm_epochs(
     Returns the means over the steps of the engine's metrics, named ``prm/<metric>``
     (``prm/loss`` is the exact mini-batch cross-entropy), plus ``prm/optimizer_steps``.
     """
-    schedule = UpdateSchedule(epochs=epochs, rows_per_mini_batch=rows_per_mini, micro_batch_size=micro_batch_size)
+    schedule = UpdateSchedule(
+        epochs=epochs, rows_per_mini_batch=rows_per_mini, micro_batch_size=micro_batch_size
+    )
     return update_epochs(engine, batch, loss_fn, schedule, temperature=PRM_TEMPERATURE).means("prm")
 
 
@@ -114,21 +116,17 @@ class PRMWorker(Worker):
         device = role_device(backend, self.local_rank)
         dtype, attn = role_model_dtype(cfg), cfg.model.attn_implementation
 
-        def load() -> torch.nn.Module:
-            return load_causal_lm(self.model_path, dtype=dtype, attn_implementation=attn)
-
-        model = load()
-        n_params = sum(p.numel() for p in model.parameters())
-        self.engine = build_role_engine(
-            "prm", lambda: model, cfg, trained_role_view(prm), device, self.model_path
-        )
+        source = ModelSource(self.model_path, dtype=dtype, attn_implementation=attn)
+        n_params = source.parameter_count()
+        self.engine = build_role_engine("prm", source, cfg, trained_role_view(prm), device)
         self.ref = build_training_engine(
             prm.engine,
             EngineBuildContext(
                 role="prm_reference",
-                load_model=load,
+                load_model=source.load_whole,
                 model_path=self.model_path,
                 device=device,
+                source=source,
                 options=getattr(prm, prm.engine, None),
                 cfg=cfg,
             ),

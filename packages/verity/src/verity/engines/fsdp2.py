@@ -47,7 +47,6 @@ from verity.engines.fsdp2_state import FSDP2StateMixin
 from verity.engines.hf_loading import (
     decoder_layers,
     enable_activation_checkpointing,
-    load_causal_lm,
     use_attention_kernel,
 )
 from verity.engines.logprobs import DEFAULT_CHUNK_TOKENS, response_logprobs
@@ -63,8 +62,10 @@ from verity.engines.micro_batches import (
     take_rows,
     validate_layout,
 )
+from verity.engines.model_source import ModelSource
 from verity.engines.optim import OptimConfig, build_lr_scheduler, build_optimizer, clip_gradients
 from verity.engines.replicate import SHARDING_MODES, all_reduce_gradients
+from verity.engines.streamed_loading import fill_from_checkpoint, materialize
 from verity.engines.train_rows import rows_to_run, step_totals
 from verity.engines.values import response_values
 from verity.hardware.cpu_peak import cpu_has_native_bf16
@@ -98,7 +99,11 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
     """Data-parallel training of a causal LM with FSDP2 (see the module docstring).
 
     Args:
-        model: an ``nn.Module`` (HF causal LM) or a local checkpoint directory.
+        model: an ``nn.Module`` (HF causal LM), a :class:`~verity.engines.model_source.ModelSource`
+            or a local checkpoint directory (a causal LM). A source is built empty and each
+            rank receives only its shard (:mod:`verity.engines.streamed_loading`) when the
+            engine shards (several ranks, ``sharding="full"``) and the folder streams;
+            otherwise it is loaded whole on every rank.
         optim_config: AdamW and LR-schedule settings; ``None`` makes an inference-only
             engine (e.g. the reference policy): :meth:`train_step` then raises.
         total_steps: optimizer steps of the whole run, the horizon of the LR schedule.
@@ -186,10 +191,22 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         self.rank = dist.get_rank() if self.distributed else 0
         self.world_size = dist.get_world_size() if self.distributed else 1
 
-        module = load_causal_lm(model) if isinstance(model, (str, Path)) else model
+        if isinstance(model, (str, Path)):
+            model = ModelSource(str(model))
+        # sharded over ranks: build empty, shard, then each rank receives only its shard
+        self.streamed = (
+            isinstance(model, ModelSource) and model.streams and self.distributed and sharding == "full"
+        )
+        if isinstance(model, ModelSource):
+            module = model.build_empty() if self.streamed else model.load_whole()
+        else:
+            module = model
         if not isinstance(module, nn.Module):
-            raise TypeError(f"model must be an nn.Module or a checkpoint path, got {type(model).__name__}")
-        module.to(self.device)
+            raise TypeError(
+                f"model must be an nn.Module, a ModelSource or a checkpoint path, got {type(model).__name__}"
+            )
+        if not self.streamed:
+            module.to(self.device)
         if attn_implementation is not None:
             use_attention_kernel(module, attn_implementation)
         if getattr(module, "config", None) is not None and hasattr(module.config, "use_cache"):
@@ -216,6 +233,10 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         self.fsdp_modules: list[nn.Module] = []
         if self.distributed and sharding == "full":
             self._shard(reshard_after_forward)
+        if self.streamed:
+            assert isinstance(model, ModelSource)
+            materialize(module, self.device)
+            fill_from_checkpoint(module, model, self.device)
 
         self.optim_config = optim_config
         self.optimizer: torch.optim.Optimizer | None = None

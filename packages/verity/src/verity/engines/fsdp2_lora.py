@@ -41,7 +41,8 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
 )
 
-from verity.engines.fsdp2 import FSDP2Engine, load_causal_lm
+from verity.engines.fsdp2 import FSDP2Engine
+from verity.engines.hf_loading import load_causal_lm
 from verity.engines.lora import ADAPTER_NAME, LoRAConfig, apply_lora
 from verity.engines.optim import OptimConfig
 from verity.resharding.lora_merge import iter_merged_weight_buckets, lora_sources

@@ -28,6 +28,7 @@ from torch import nn
 
 from verity.engines.base import TrainingEngine
 from verity.engines.lora import LoRAConfig
+from verity.engines.model_source import ModelSource
 from verity.engines.optim import OptimConfig
 from verity.registry import Registry
 
@@ -49,6 +50,9 @@ class EngineBuildContext:
         load_model: loads the role's HF module at float32 (or ``model.dtype``) on CPU,
             e.g. a causal LM for the actor, a value model for the critic. Call it once.
         model_path: the local HF folder it loads from.
+        source: the same model as a :class:`~verity.engines.model_source.ModelSource`, for
+            engines that build it empty and give each rank only its shard (FSDP2); ``None``
+            when the role's module is only available whole (``load_model``).
         device: where this rank computes.
         optim: the role's optimizer settings; ``None`` for an inference-only engine.
         total_steps: optimizer steps of the whole run (the LR schedule's horizon).
@@ -64,6 +68,7 @@ class EngineBuildContext:
     load_model: Callable[[], nn.Module]
     model_path: str
     device: torch.device
+    source: ModelSource | None = None
     optim: OptimConfig | None = None
     total_steps: int = 1
     gradient_checkpointing: bool = False
@@ -154,7 +159,7 @@ def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
             base_model_path=ctx.model_path,
             **kwargs,
         )
-    return FSDP2Engine(ctx.load_model(), ctx.optim, **kwargs)
+    return FSDP2Engine(ctx.source if ctx.source is not None else ctx.load_model(), ctx.optim, **kwargs)
 
 
 register_training_engine("fsdp2", _build_fsdp2, supports_adapters=True)
@@ -167,9 +172,8 @@ def _build_megatron(ctx: EngineBuildContext) -> TrainingEngine:
         raise ValueError(
             "the megatron engine does not implement activation recomputation (model.gradient_checkpointing)"
         )
-    return MegatronEngine(
-        ctx.load_model(), ctx.optim, ctx.options, total_steps=ctx.total_steps, device=ctx.device
-    )
+    model = ctx.source if ctx.source is not None else ctx.load_model()
+    return MegatronEngine(model, ctx.optim, ctx.options, total_steps=ctx.total_steps, device=ctx.device)
 
 
 register_training_engine("megatron", _build_megatron, trains_values=False, supports_adapters=False)

@@ -119,7 +119,7 @@ def evaluate_files(
     from verity.data.multimodal import load_image_processor
     from verity.data.prompt_loader import PromptDataLoader
     from verity.data.verl_dataset import PromptDataset
-    from verity.engines.fsdp2 import load_causal_lm
+    from verity.engines.hf_loading import load_causal_lm
     from verity.evaluation.validation import one_response_metrics, sampled_metrics, score_pass
     from verity.rewards.manager import RewardManager
     from verity.rollout import HFRollout, SamplingParams

@@ -32,7 +32,6 @@ mini-batch loss whatever the micro-batch size and number of workers.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from typing import Any
@@ -50,7 +49,7 @@ from verity.config.derived import skips_zero_advantage_rows
 from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines import EngineBuildContext, TrainingEngine, build_training_engine
-from verity.engines.fsdp2 import load_causal_lm
+from verity.engines.model_source import ModelSource
 from verity.engines.train_rows import rows_with_advantage
 from verity.hardware import get_backend
 from verity.resharding import iter_engine_weights, sync_weights
@@ -165,12 +164,12 @@ class ActorRolloutRefWorker(Worker):
         dtype = role_model_dtype(cfg)
         attn = cfg.model.attn_implementation
 
-        policy = load_causal_lm(self.model_path, dtype=dtype, attn_implementation=attn)
-        n_params = sum(p.numel() for p in policy.parameters())
+        source = ModelSource(self.model_path, dtype=dtype, attn_implementation=attn)
+        n_params = source.parameter_count()
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.pad_token_id = pad_id(tokenizer)
         self.scorer = RowScorer(cfg, tokenizer)  # reward.placement=workers
-        # the rollout takes its copy before the engine shards the policy in place
+        # the rollout's own whole copy (an in-process engine loads it; vLLM and SGLang read the folder)
         self.rollout = build_role_rollout(
             cfg,
             model_path=self.model_path,
@@ -179,9 +178,10 @@ class ActorRolloutRefWorker(Worker):
             dtype=rollout_dtype(cfg),
             rank=self.rank,
             world_size=self.world_size,
-            load_policy=lambda: copy.deepcopy(policy),
+            load_policy=source.load_whole,
         )
-        self.actor = build_role_engine("actor", lambda: policy, cfg, cfg.actor, device, self.model_path)
+        # a sharding engine builds the actor empty and receives only its shard of the checkpoint
+        self.actor = build_role_engine("actor", source, cfg, cfg.actor, device)
         # with tensor/pipeline parallelism several ranks share one data-parallel shard of every batch
         self.set_dp_layout(*self.actor.dp_layout)
         kl = cfg.algorithm.kl
@@ -198,9 +198,10 @@ class ActorRolloutRefWorker(Worker):
                 cfg.actor.engine,
                 EngineBuildContext(
                     role="reference",
-                    load_model=lambda: load_causal_lm(self.model_path, dtype=dtype, attn_implementation=attn),
+                    load_model=source.load_whole,
                     model_path=self.model_path,
                     device=device,
+                    source=source,
                     options=getattr(cfg.actor, cfg.actor.engine, None),
                     cfg=cfg,
                 ),

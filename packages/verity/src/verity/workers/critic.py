@@ -48,6 +48,7 @@ from verity.checkpoint.sharded import load_engine, save_engine
 from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines import TrainingEngine
+from verity.engines.model_source import ModelSource
 from verity.hardware import get_backend
 from verity.workers.report import TrainingFacts, WorkerReport
 from verity.workers.role_training import (
@@ -80,30 +81,14 @@ def load_value_model(
     Returns an HF ``*ForTokenClassification`` module (``num_labels=1``, no head
     dropout) whose forward gives ``logits [B, T, 1]``.
     """
-    from pathlib import Path
+    return value_model_source(model_path, dtype, attn_implementation).load_whole()
 
-    from transformers import AutoConfig, AutoModelForTokenClassification
 
-    from verity.engines.hf_loading import quiet_loading
-
-    if not Path(model_path).is_dir():
-        raise FileNotFoundError(f"critic model path {model_path!r} is not a directory with an HF checkpoint")
-    config = AutoConfig.from_pretrained(model_path, local_files_only=True)
-    config.num_labels = 1
-    config.classifier_dropout = 0.0
-    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    with quiet_loading():  # errors only: the new head is "missing" from a causal-LM checkpoint, as intended
-        model = AutoModelForTokenClassification.from_pretrained(
-            model_path, config=config, dtype=dtype, local_files_only=True, **extra
-        )
-    head = getattr(model, "score", None)
-    if not isinstance(head, torch.nn.Linear) or head.out_features != 1:
-        raise TypeError(f"{type(model).__name__} has no scalar 'score' head; cannot use it as a critic")
-    with torch.no_grad():
-        head.weight.zero_()
-        if head.bias is not None:
-            head.bias.zero_()
-    return model
+def value_model_source(
+    model_path: str, dtype: torch.dtype = torch.float32, attn_implementation: str | None = None
+) -> ModelSource:
+    """The critic's model: the checkpoint's backbone with a scalar ``score`` head that starts at zero."""
+    return ModelSource(model_path, "value_model", dtype, attn_implementation)
 
 
 def make_value_loss(config: ValueLossConfig) -> ValueLossFn:
@@ -163,11 +148,11 @@ class CriticWorker(Worker):
             "ignore", message=r"FSDP2-wrapped module .*ForTokenClassification\) returned a view"
         )
         device = role_device(backend, self.local_rank)  # the actor's rule: see role_device
-        model = load_value_model(
+        source = value_model_source(
             self.model_path, dtype=role_model_dtype(cfg), attn_implementation=cfg.model.attn_implementation
         )
-        n_params = sum(p.numel() for p in model.parameters())
-        self.engine = build_role_engine("critic", lambda: model, cfg, cfg.critic, device, self.model_path)
+        n_params = source.parameter_count()
+        self.engine = build_role_engine("critic", source, cfg, cfg.critic, device)
         c = cfg.critic
         self.loss_fn = make_value_loss(
             ValueLossConfig(cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode)

@@ -10,7 +10,7 @@ of one RL step: epochs, mini-batches, and in each the engine's micro-batch loop.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,6 +20,7 @@ from verity.batch import Batch
 from verity.config.schema import VerityConfig
 from verity.engines import EngineBuildContext, OptimConfig, TrainingEngine, build_training_engine
 from verity.engines.base import with_step_time
+from verity.engines.model_source import ModelSource
 
 
 class TrainedRole(Protocol):
@@ -59,14 +60,15 @@ def rollout_dtype(cfg: VerityConfig) -> torch.dtype:
 
 def build_role_engine(
     role_name: str,
-    load_model: Callable[[], torch.nn.Module],
+    source: ModelSource,
     cfg: VerityConfig,
     role: TrainedRole,
     device: torch.device,
-    model_path: str,
 ) -> TrainingEngine:
-    """The engine named ``role.engine`` training the module ``load_model()`` on ``device`` with ``role.optim``.
+    """The engine named ``role.engine`` training the model ``source`` names on ``device`` with ``role.optim``.
 
+    The engine builds the model from ``source``: whole (``load_whole``), or empty and
+    filled with this rank's shard when it shards it (:mod:`verity.engines.streamed_loading`).
     The LR schedule spans ``optimizer_steps_per_rl_step x trainer.total_steps``
     optimizer steps; ``model.gradient_checkpointing`` applies; the engine's own
     settings are the role section's field named after it (``actor.fsdp2``), if any;
@@ -75,9 +77,10 @@ def build_role_engine(
     total = optimizer_steps_per_rl_step(cfg, role) * max(1, cfg.trainer.total_steps)
     ctx = EngineBuildContext(
         role=role_name,
-        load_model=load_model,
-        model_path=model_path,
+        load_model=source.load_whole,
+        model_path=source.path,
         device=device,
+        source=source,
         optim=role.optim,
         total_steps=total,
         gradient_checkpointing=cfg.model.gradient_checkpointing,

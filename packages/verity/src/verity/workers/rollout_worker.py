@@ -18,7 +18,7 @@ import torch
 from verity.batch import Batch
 from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
-from verity.engines.fsdp2 import load_causal_lm
+from verity.engines.hf_loading import load_causal_lm
 from verity.hardware import get_backend
 from verity.resharding.object_store import load_weight_buckets
 from verity.rollout import RolloutEngine
