@@ -165,3 +165,31 @@ def test_bad_configs_are_refused_before_compute(group):
 
     with pytest.raises(ValueError, match="model_type"):
         qwen2_shape(LlamaConfig())
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_checkpoint_folder_is_read_tensor_by_tensor_into_the_stage(group, tied, tmp_path):
+    from verity.engines.model_source import ModelSource
+
+    hf = tiny_qwen2(tie_word_embeddings=tied)
+    hf.save_pretrained(tmp_path, max_shard_size="40KB")
+    engine = MegatronEngine(ModelSource(str(tmp_path)), None)
+    assert engine.streamed
+    got, want = full_weights(engine), hf_state_dict(hf)
+    assert set(got) == set(want)
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
+def test_a_checkpoint_of_another_size_is_refused_naming_the_tensor(group, tmp_path):
+    import json
+
+    from verity.engines.model_source import ModelSource
+    from verity.engines.safetensors_files import CheckpointError
+
+    tiny_qwen2().save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["intermediate_size"] = 96
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"'model.layers.0.mlp.gate_proj.weight' has shape \[128, 64\]"):
+        MegatronEngine(ModelSource(str(tmp_path)), None)

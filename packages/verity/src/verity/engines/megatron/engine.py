@@ -67,7 +67,10 @@ from verity.engines.micro_batches import (
     take_rows,
     validate_layout,
 )
+from verity.engines.model_source import ModelSource
 from verity.engines.optim import OptimConfig, build_lr_scheduler, build_optimizer, scale_gradients
+from verity.engines.safetensors_files import CheckpointError, CheckpointFiles
+from verity.engines.streamed_loading import TensorsOnDemand
 from verity.engines.train_rows import rows_to_run, step_totals
 from verity.resharding.gather import DEFAULT_BUCKET_BYTES
 
@@ -101,20 +104,33 @@ class MegatronEngine(TrainingEngine):
         device: torch.device | str | None = None,
     ) -> None:
         from verity.engines.device import resolve_device
-        from verity.engines.fsdp2 import load_causal_lm
 
         self.options = options or MegatronOptions()
         self.options.validate()
         self.device = resolve_device(device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        hf = load_causal_lm(model) if isinstance(model, (str, Path)) else model
-        if not isinstance(hf, nn.Module) or getattr(hf, "config", None) is None:
-            raise TypeError(f"model must be an HF causal LM or a checkpoint path, got {type(model).__name__}")
-        self.shape = qwen2_shape(hf.config)
-        self.hf_config = hf.config
+        if isinstance(model, (str, Path)):
+            model = ModelSource(str(model))
+        # a streaming folder: each rank reads only its stage's tensors, one at a time, keeping its TP slice
+        self.streamed = isinstance(model, ModelSource) and model.streams
+        if isinstance(model, ModelSource) and not self.streamed:
+            model = model.load_whole()
+        if isinstance(model, ModelSource):
+            hf_config, dtype = model.config(), model.dtype
+        elif isinstance(model, nn.Module) and getattr(model, "config", None) is not None:
+            hf_config, dtype = model.config, next(model.parameters()).dtype
+        else:
+            raise TypeError(
+                f"model must be an HF causal LM, a ModelSource or a checkpoint path, got {type(model).__name__}"
+            )
+        self.shape = qwen2_shape(hf_config)
+        self.hf_config = hf_config
+        if isinstance(model, ModelSource):
+            weights: Mapping[str, torch.Tensor] = stage_tensors(model, self.shape, dtype)
+        else:
+            weights = convert.hf_state_dict(model)
         tp, pp = self.options.tensor_parallel_size, self.options.pipeline_parallel_size
-        dtype = next(hf.parameters()).dtype
         with quiet_megatron_import():
             import torch.distributed as dist
 
@@ -128,9 +144,8 @@ class MegatronEngine(TrainingEngine):
                 model_parallel_cuda_manual_seed(self.options.seed)
             self._module = build_gpt_model(self.shape, tp, pp, self.device, dtype)
         self.layouts = convert.param_layouts(self._module, self.shape)
-        convert.load_hf_into_stage(
-            self._module, self.layouts, convert.hf_state_dict(hf), self.shape, tp, self.layout.tp_rank
-        )
+        convert.load_hf_into_stage(self._module, self.layouts, weights, self.shape, tp, self.layout.tp_rank)
+        del weights
         self.hf_shapes = convert.hf_shapes(self.shape)
         self.dtype = dtype
         self.inv_freq = rotary_inv_freq(self.shape, self.device)
@@ -417,6 +432,28 @@ class MegatronEngine(TrainingEngine):
         if self.lr_scheduler is not None and state.get("lr_scheduler"):
             self.lr_scheduler.load_state_dict(dict(state["lr_scheduler"]))
         self.global_step = int(state.get("global_step", 0))
+
+
+def stage_tensors(source: ModelSource, shape: Any, dtype: torch.dtype) -> TensorsOnDemand:
+    """``source``'s tensors, read on demand in ``dtype``, after checking every shape against ``shape``.
+
+    Raises :class:`~verity.engines.safetensors_files.CheckpointError` naming the first HF
+    tensor the files lack or hold at another shape than the config gives.
+    """
+    files = CheckpointFiles(source.path)
+    for name, expected in convert.hf_shapes(shape).items():
+        if name not in files:
+            raise CheckpointError(
+                f"{source.path}: the checkpoint has no tensor {name!r}; a shard is missing or the files "
+                "belong to another architecture"
+            )
+        found = files.entries[name].shape
+        if found != tuple(expected):
+            raise CheckpointError(
+                f"{source.path}: tensor {name!r} has shape {list(found)} in {files.entries[name].file.name}, "
+                f"but the folder's config.json makes it {list(expected)}"
+            )
+    return TensorsOnDemand(files, dtype)
 
 
 def _refuse_images(batch: Any) -> None:
