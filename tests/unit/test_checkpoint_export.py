@@ -139,6 +139,26 @@ def test_export_gives_an_hf_folder_that_generates_like_the_engine(model_dir, tmp
     assert AutoModelForCausalLM.from_pretrained(bf16).dtype == torch.bfloat16
 
 
+def test_export_streams_bounded_shards_that_load_as_one_model(model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+    from verity.checkpoint.export_stream import plan_buckets, saved_model_tensors
+
+    engine = new_engine(model_dir)
+    CheckpointManager(tmp_path / "ckpt", 1, {"actor": OneRankGroup(engine)}, str(model_dir)).save(1, state_at(1))
+    limit = 64 * 1024
+    out = export_hf(tmp_path / "ckpt", tmp_path / "hf", max_shard_bytes=limit)
+    files = sorted(out.glob("model-*.safetensors"))
+    assert len(files) > 2 and (out / "model.safetensors.index.json").is_file()
+    saved = saved_model_tensors(tmp_path / "ckpt" / "step_1" / "actor" / "dcp", "model.")
+    for bucket in plan_buckets(saved, list(saved), None, limit):
+        sizes = [torch.Size(saved[n][0]).numel() * 4 for n in bucket]
+        assert sum(sizes) <= limit or len(bucket) == 1  # one bucket in memory at a time
+    exported = AutoModelForCausalLM.from_pretrained(out)
+    assert exported.config.architectures == ["Qwen2ForCausalLM"]
+    for name, tensor in engine.model.state_dict().items():
+        assert torch.equal(exported.state_dict()[name], tensor), name
+
+
 def test_export_names_what_is_missing(model_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         find_checkpoint(tmp_path)

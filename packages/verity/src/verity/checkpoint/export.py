@@ -3,9 +3,11 @@
     export_hf("outputs/run/checkpoints/step_60", "outputs/run/hf")
     AutoModelForCausalLM.from_pretrained("outputs/run/hf")     # loads as any HF model
 
-The role's DCP metadata says the full shape and dtype of every model tensor; each is
-allocated whole and DCP fills it from however many shard files the training workers
-wrote (``no_dist``: no process group, so any number of saving workers works). The
+The role's DCP metadata says the full shape and dtype of every model tensor; they are
+read in buckets of at most ``max_shard_bytes`` and each bucket written as one safetensors
+file (:mod:`verity.checkpoint.export_stream`), so exporting never holds the whole model.
+DCP fills each bucket from however many shard files the training workers wrote
+(``no_dist``: no process group, so any number of saving workers works). The
 optimizer state in the same files is never read. The model class comes from the
 ``hf/`` config copied into every checkpoint; the tokenizer from the same folder.
 A LoRA checkpoint holds only the adapters: it exports merged onto its base model, or as
@@ -22,6 +24,7 @@ from typing import Any
 
 import torch
 
+from verity.checkpoint.export_stream import DEFAULT_SHARD_BYTES, saved_model_tensors, write_safetensors_shards
 from verity.checkpoint.layout import find_latest, is_complete
 from verity.checkpoint.manager import HF_DIR, PREPROCESSOR_CONFIG
 from verity.checkpoint.sharded import DCP_DIR
@@ -123,6 +126,7 @@ def export_hf(
     dtype: str | None = None,
     adapter: bool = False,
     base_model: str | Path | None = None,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
 ) -> Path:
     """Write an HF model folder (safetensors weights, config, generation config, tokenizer).
 
@@ -136,6 +140,9 @@ def export_hf(
         adapter: a LoRA checkpoint only: write the adapter as a ``peft`` folder instead of
             the merged model (:mod:`verity.checkpoint.export_lora`).
         base_model: a LoRA checkpoint's base model folder; default: the one the run trained on.
+        max_shard_bytes: bytes per safetensors file written, and the host memory the export
+            holds at once (:mod:`verity.checkpoint.export_stream`); a LoRA merge holds the
+            base model whole.
 
     Returns the output folder. Raises ValueError when the saved tensors do not match the
     model class named by the checkpoint's config (missing or unexpected names), or when
@@ -162,13 +169,13 @@ def export_hf(
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
 
-    weights = read_model_state(role_dir)
     lora = adapter_meta(role_dir)
     if adapter and lora is None:
         raise ValueError(
             f"{role_dir}: this checkpoint trained every weight; it has no LoRA adapter to export"
         )
     if lora is not None:
+        weights = read_model_state(role_dir)
         base = base_model_folder(lora, base_model)
         if adapter:
             export_adapter(weights, lora, base, out)
@@ -176,12 +183,32 @@ def export_hf(
             logger.info("exported the LoRA adapter of %s (%s) to %s", ckpt, role, out)
             return out
         model = merged_model(weights, lora, base)
+        if dtype is not None:
+            model = model.to(DTYPES[dtype])
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(str(out))
     else:
-        model = _full_model(role_dir, weights, AutoConfig.from_pretrained(str(hf_dir), local_files_only=True))
-    if dtype is not None:
-        model = model.to(DTYPES[dtype])
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
+        # shard by shard: host memory holds one output file's tensors, never the whole model
+        config = AutoConfig.from_pretrained(str(hf_dir), local_files_only=True)
+        saved = saved_model_tensors(role_dir / DCP_DIR, MODEL_PREFIX)
+        if not saved:
+            raise ValueError(
+                f"{role_dir / DCP_DIR}: the checkpoint holds no model tensors (keys starting with {MODEL_PREFIX!r})"
+            )
+        model = _empty_model(role_dir, {n: shape for n, (shape, _) in saved.items()}, config)
+        out.mkdir(parents=True, exist_ok=True)
+        names = [n for n in model.state_dict() if n in saved]
+        write_safetensors_shards(
+            role_dir / DCP_DIR,
+            MODEL_PREFIX,
+            names,
+            out,
+            dtype=DTYPES[dtype] if dtype else None,
+            max_shard_bytes=max_shard_bytes,
+        )
+        model.config.architectures = [type(model).__name__]
+        model.config.dtype = dtype or str(saved[names[0]][1]).removeprefix("torch.")
+        model.config.save_pretrained(str(out))
     AutoTokenizer.from_pretrained(str(hf_dir), local_files_only=True).save_pretrained(str(out))
     if (hf_dir / "generation_config.json").is_file():
         GenerationConfig.from_pretrained(str(hf_dir)).save_pretrained(str(out))
@@ -202,12 +229,13 @@ def _readable_files(folder: Path) -> None:
             path.chmod(mode)
 
 
-def _full_model(role_dir: Path, weights: dict[str, torch.Tensor], config: Any) -> Any:
-    """An HF model of ``config`` holding ``weights`` (every tensor of the model, tied ones once).
+def _empty_model(role_dir: Path, shapes: dict[str, tuple[int, ...]], config: Any) -> Any:
+    """The HF model of ``config`` on the ``meta`` device, after checking ``shapes`` (saved name -> shape) fit it.
 
     A causal LM, a Qwen2-VL-family vision-language model, or — for a critic, whose weights
     end in a scalar ``score`` head — the ``*ForTokenClassification`` value model
-    (``num_labels=1``) it trained as (:mod:`verity.workers.critic`).
+    (``num_labels=1``) it trained as (:mod:`verity.workers.critic`). ValueError names the
+    missing, unexpected or misshapen tensors.
     """
     from transformers import (
         AutoModelForCausalLM,
@@ -218,21 +246,28 @@ def _full_model(role_dir: Path, weights: dict[str, torch.Tensor], config: Any) -
     from verity.data.multimodal import VISION_LANGUAGE_MODEL_TYPES
 
     vision = getattr(config, "model_type", None) in VISION_LANGUAGE_MODEL_TYPES
-    if "score.weight" in weights and weights["score.weight"].shape[0] == 1:
-        config.num_labels, config.classifier_dropout = 1, 0.0  # as verity.workers.critic builds it
-        model = AutoModelForTokenClassification.from_config(config)
-    else:
-        model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(config)
-    expected = set(model.state_dict())
-    tied = {name for name in expected - set(weights) if _is_tied(model, name)}
-    missing = sorted(expected - set(weights) - tied)
-    unexpected = sorted(set(weights) - expected)
+    with torch.device("meta"):
+        if "score.weight" in shapes and shapes["score.weight"][0] == 1:
+            config.num_labels, config.classifier_dropout = 1, 0.0  # as verity.workers.critic builds it
+            model = AutoModelForTokenClassification.from_config(config)
+        else:
+            model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_config(config)
+    state = model.state_dict()
+    expected = set(state)
+    tied = {name for name in expected - set(shapes) if _is_tied(model, name)}
+    missing = sorted(expected - set(shapes) - tied)
+    unexpected = sorted(set(shapes) - expected)
     if missing or unexpected:
         raise ValueError(
             f"{role_dir}: saved tensors do not match {type(model).__name__}: "
             f"missing {missing[:10]}, unexpected {unexpected[:10]}"
         )
-    model.load_state_dict(weights, strict=False)
+    wrong = [n for n in shapes if tuple(state[n].shape) != tuple(shapes[n])]
+    if wrong:
+        raise ValueError(
+            f"{role_dir}: saved tensor {wrong[0]!r} has shape {list(shapes[wrong[0]])}, "
+            f"but the checkpoint's config makes it {list(state[wrong[0]].shape)}"
+        )
     return model
 
 
