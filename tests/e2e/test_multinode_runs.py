@@ -93,6 +93,8 @@ def test_separate_critic_lands_on_the_other_node(two_nodes, tiny_grpo_overrides,
     assert len(actor_nodes) == 1 and len(critic_nodes) == 1  # 2 workers fit one node each
     assert actor_nodes != critic_nodes
     assert summary["ran"]["nodes"] == "2"
+    # two ranks each: the actor and the critic were built empty and given their shards by rank 0
+    assert summary["ran"]["actor_weights_loaded"] == summary["ran"]["critic_weights_loaded"] == "streamed"
     rows = _rows(tmp_path / "ppo")
     assert len(rows) == 2 and all("critic/value_loss" in row for row in rows)
 
@@ -187,6 +189,7 @@ def test_megatron_tensor_parallel_groups_stay_inside_a_node(two_nodes, tiny_grpo
     assert len({span.rsplit(":", 1)[0] for span in spans}) == 2
     # each rank all-gathered its TP group's NODE_RANKs: one node per group (rank 0's answer)
     assert ran["actor"] == "megatron" and ran["actor_model_parallel_nodes"] == "1"
+    assert ran["actor_weights_loaded"] == "streamed"  # each rank read its stage's tensors itself
     assert len(_rows(tmp_path / "megatron")) == 2
 
 

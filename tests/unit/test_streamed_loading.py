@@ -190,3 +190,55 @@ def test_two_ranks_each_receive_their_shard_and_match_whole_loading(tmp_path):
 
     single = FSDP2Engine(whole, None).compute_logprobs(make_padded_batch(), micro_batch_size=4)[0]
     torch.testing.assert_close(ranks[0]["logprobs"], single, rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------------------------ refused before any worker starts
+def _broken(folder, how: str) -> None:
+    from transformers import AutoTokenizer  # noqa: F401  (the folder needs no tokenizer for the check)
+
+    _save(folder, shard="40KB")
+    index_path = folder / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    if how == "missing shard":
+        (folder / sorted(set(index["weight_map"].values()))[0]).unlink()
+    elif how == "broken index":
+        index_path.write_text("{not json")
+    elif how == "shape":
+        config = json.loads((folder / "config.json").read_text())
+        config["hidden_size"], config["num_attention_heads"] = 32, 2
+        (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize(
+    ("how", "sentence"),
+    [
+        ("missing shard", "names shard file\\(s\\) the folder does not have"),
+        ("broken index", "is not a safetensors index"),
+        ("shape", "has shape \\[100, 64\\].*config.json makes it \\[100, 32\\]"),
+    ],
+)
+def test_a_broken_checkpoint_stops_verity_train_in_one_sentence(tmp_path, how, sentence):
+    import subprocess
+    import sys
+
+    _broken(tmp_path / "model", how)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "verity.cli.main",
+            "train",
+            f"model.path={tmp_path / 'model'}",
+            "trainer.total_steps=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2, run.stderr[-2000:]
+    message = run.stderr.strip().splitlines()[-1]
+    assert message.startswith("verity: ") or "model.path" in message, run.stderr[-2000:]
+    assert "model.path" in message and "Traceback" not in run.stderr
+    import re
+
+    assert re.search(sentence, message), message

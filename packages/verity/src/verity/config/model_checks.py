@@ -67,13 +67,42 @@ def check_model_folder(key: str, path: str) -> dict[str, Any]:
     return config
 
 
+def check_checkpoint_files(key: str, path: str, kind: str = "causal_lm") -> None:
+    """Check the weights of the checkpoint folder ``path`` against its ``config.json``, reading headers only.
+
+    In safetensors form: the index parses and names only shards that exist, every header
+    parses and fits its file, and (for a folder the engines stream,
+    :attr:`~verity.engines.model_source.ModelSource.streams`) every parameter of the model
+    the config builds has a tensor of its shape. ConfigError names ``key`` and the first
+    problem. A folder of ``.bin`` weights is left to ``from_pretrained``.
+    """
+    from verity.engines.model_source import ModelSource
+    from verity.engines.safetensors_files import CheckpointError, CheckpointFiles, has_safetensors
+    from verity.engines.streamed_loading import check_checkpoint
+
+    folder = str(Path(path).expanduser())
+    if not has_safetensors(folder):
+        return
+    source = ModelSource(folder, kind)
+    try:
+        files = CheckpointFiles(folder)
+        if source.streams:
+            check_checkpoint(source.build_empty(), files, source)
+    except CheckpointError as err:
+        raise _config_error(f"{key}: {err}") from None
+
+
 def check_model_folders(cfg: Any) -> None:
-    """Check ``model.path`` (unless ``embedded``) and ``critic.model_path`` (when set)."""
+    """Check ``model.path`` (unless ``embedded``) and ``critic.model_path`` (when set): config and weights."""
     if cfg.model.path != "embedded":
         check_model_folder("model.path", cfg.model.path)
-    critic_path = getattr(getattr(cfg, "critic", None), "model_path", None)
+        check_checkpoint_files("model.path", cfg.model.path)
+    critic = getattr(cfg, "critic", None)
+    critic_path = getattr(critic, "model_path", None)
     if critic_path:
         check_model_folder("critic.model_path", critic_path)
+    if critic_path and getattr(critic, "enabled", False):
+        check_checkpoint_files("critic.model_path", critic_path, "value_model")
 
 
 PLACEHOLDER = "/path/to/"  # how the GPU recipe configs mark the paths a user must give

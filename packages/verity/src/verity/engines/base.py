@@ -86,6 +86,9 @@ class TrainingEngine(abc.ABC):
     compiled_head: bool = False
     #: whether the compiled layers' training passes replay as CUDA graphs
     cuda_graphs: bool = False
+    #: whether the model was built empty and each rank given only its shard (or slice) of the
+    #: checkpoint by one reader (:mod:`verity.engines.streamed_loading`); False: loaded whole
+    streamed: bool = False
     #: rank and size of the data-parallel group (0 and 1 in a single process)
     rank: int
     world_size: int

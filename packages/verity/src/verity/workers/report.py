@@ -31,6 +31,8 @@ class TrainingFacts:
     compiled_layers: int = 0
     compiled_head: bool = False
     cuda_graphs: bool = False
+    # streamed: built empty, each rank given its shard of the checkpoint by one reader | whole
+    weights_loaded: str = "whole"
 
     @classmethod
     def of(cls, engine: TrainingEngine) -> TrainingFacts:
@@ -44,6 +46,7 @@ class TrainingFacts:
             compiled_layers=int(engine.compiled_layers),
             compiled_head=bool(engine.compiled_head),
             cuda_graphs=bool(engine.cuda_graphs),
+            weights_loaded="streamed" if getattr(engine, "streamed", False) else "whole",
         )
 
 
@@ -126,6 +129,8 @@ class WorkerReport:
                 out[f"{role}_compiled_head"] = "true"
             if t.cuda_graphs:
                 out[f"{role}_cuda_graphs"] = "true"
+            if t.weights_loaded == "streamed":
+                out[f"{role}_weights_loaded"] = "streamed"
         r = self.rollout
         if r is not None:
             out["rollout"] = r.engine
