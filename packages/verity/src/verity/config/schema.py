@@ -327,6 +327,10 @@ class TrainerConfig:
     # seconds to wait for the cluster to hold the run's pools (nodes still joining) before stopping with
     # what was asked and what the cluster has
     placement_timeout_s: Annotated[float, Above(0)] = 60.0
+    # memory of one worker in GiB, for the memory plan checked before any worker starts (docs/hardware.md,
+    # "Memory plan"): an accelerator's memory (80 for an 80 GB GPU), on CPU each worker's share of the host;
+    # null: detected on this machine (a device's total memory; the host's memory / workers on a node)
+    device_memory_gb: Annotated[float, Above(0, "GiB of memory per worker; null: detected")] | None = None
     # CPUs reserved per worker (Ray) and torch threads per worker
     cpus_per_worker: Annotated[float, Above(0, "CPUs Ray reserves for each worker, also its torch threads")] = 1.0
     progress: bool = True  # print a progress line
