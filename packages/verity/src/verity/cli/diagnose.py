@@ -13,8 +13,10 @@ devices, the torch.distributed backends compiled in, and Ray's status.
 A run config (``--config`` and/or Hydra overrides, as ``verity train`` takes them) is
 checked against the cluster it would join (``trainer.ray_address``, else RAY_ADDRESS): its
 pool requests are planned on the cluster's nodes as they are now, and the plan (role ->
-node -> ranks) or the one sentence saying why it does not fit is printed. Exit code 0 when
-it fits, 2 when it does not or cannot be checked (a bad config, no cluster to join).
+node -> ranks) or the one sentence saying why it does not fit is printed, and beside it the
+memory plan (each worker's estimated peak for its roles, :mod:`verity.launch.memory_plan`). Exit
+code 0 when both fit, 2 when either does not or the layout cannot be checked (a bad config, no
+cluster to join).
 ``trainer.device=cuda`` (or rocm, npu) is honoured on a machine without that device: each
 worker asks the cluster for one GPU (NPU) as the run would.
 
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import verity
 from verity.cli.diagnose_ray import (  # re-exported: the command's whole report is built here
     LayoutQuestion,
+    collect_memory,
     collect_placement,
     collect_ray,
     layout_question,
@@ -214,6 +217,7 @@ def collect(start_ray: bool = False, layout: LayoutQuestion | None = None) -> di
     }
     if layout is not None:
         report["placement"] = collect_placement(layout, report["ray"])
+        report["memory_plan"] = collect_memory(layout)
     return report
 
 
@@ -297,6 +301,17 @@ def render_text(report: dict[str, Any]) -> str:
             lines.pop()  # the section's blank line: the plan's lines belong to it
             lines.extend(f"    {line}" for line in plan_lines)
             lines.append("")
+    if "memory_plan" in report:
+        memory = dict(report["memory_plan"])
+        memory.pop("record", None)  # the plan/<pool>/<term>_gb figures a run records: JSON only
+        plan_lines = memory.pop("plan", None) or []
+        section(
+            "memory plan", {key: value for key, value in memory.items() if value is not None or key == "fits"}
+        )
+        if plan_lines:
+            lines.pop()
+            lines.extend(f"    {line}" for line in plan_lines)
+            lines.append("")
     section("environment", report["env"] or {"(none of the variables verity reads are set)": ""})
     return "\n".join(lines).rstrip() + "\n"
 
@@ -335,6 +350,6 @@ def main(argv: list[str]) -> int:
         print(json.dumps(report, indent=2, sort_keys=False, default=str))
     else:
         print(render_text(report), end="")
-    if layout is not None and not report["placement"]["fits"]:
+    if layout is not None and (not report["placement"]["fits"] or report["memory_plan"]["fits"] is False):
         return 2
     return 0

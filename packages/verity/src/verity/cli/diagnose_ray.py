@@ -3,7 +3,8 @@
 Split from :mod:`verity.cli.diagnose` (versions, hardware, the report's rendering): this module
 starts or joins Ray, lists the nodes (:func:`verity.controller.placement.cluster_nodes`) and,
 given a run config, plans its pools on them (:func:`verity.launch.pools.pool_requests`,
-:func:`verity.controller.placement.plan_placement`) without starting anything.
+:func:`verity.controller.placement.plan_placement`) and estimates each worker's memory
+(:mod:`verity.launch.memory_plan`) without starting anything.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from verity.controller.placement import PoolRequest
     from verity.hardware import HardwareBackend
+    from verity.launch.memory_plan import MemoryPlan
 
 
 def _ray_address_host_port(address: str) -> tuple[str, int] | None:
@@ -153,6 +155,8 @@ class LayoutQuestion:
     backend: str | None = None
     note: str | None = None
     error: str | None = None
+    memory: MemoryPlan | None = None
+    memory_error: str | None = None
 
 
 def layout_backend(device: str) -> tuple[HardwareBackend, str | None]:
@@ -212,7 +216,27 @@ def layout_question(config: str | None, overrides: Sequence[str]) -> LayoutQuest
         question.requests = pool_requests(cfg, backend)
     except (ConfigError, UnknownBackendError, ValueError) as error:
         question.error = str(error)
+        return question
+    try:
+        from verity.launch.memory_plan import plan_for_run, policy_model
+
+        question.memory = plan_for_run(cfg, policy_model(cfg), backend)
+    except (ConfigError, OSError, ValueError) as error:
+        question.memory_error = f"{type(error).__name__}: {error}"
     return question
+
+
+def collect_memory(question: LayoutQuestion) -> dict[str, Any]:
+    """The ``memory_plan`` section: each worker's estimated peak and terms, and whether it fits
+    (``fits``: None when the memory per worker is unknown; ``error``: the refusal's sentence)."""
+    if question.memory is None:
+        return {"fits": None if question.error else False, "error": question.memory_error or question.error}
+    plan = question.memory
+    out: dict[str, Any] = {"fits": plan.fits(), "plan": plan.describe().splitlines(), "record": plan.record()}
+    refusal = plan.refusal()
+    if refusal is not None:
+        out["error"] = refusal
+    return out
 
 
 def check_placement(

@@ -5,10 +5,12 @@
 Order of work:
 
 1. resolve the inputs (model folder, data files) and claim the output folder;
-2. read the checkpoint to resume from, if any; load the prompt data; open the tracker;
+2. read the checkpoint to resume from, if any; load the prompt data; estimate each worker's memory
+   (:mod:`verity.launch.memory_plan`: a plan that cannot fit stops here, in one sentence); open the tracker;
 3. plan the stages once (built-in + plug-in planners; printed and logged);
 4. start Ray (a private local cluster unless ``trainer.ray_address`` or ``$RAY_ADDRESS``
-   names one to join) and plan the pools node by node (:mod:`verity.launch.pools`; printed);
+   names one to join) and plan the pools node by node (:mod:`verity.launch.pools`; printed, with
+   the memory plan beside it);
    a plan over other nodes first checks that they see the output folder;
 5. start every enabled role's worker group (:mod:`verity.launch.roles`);
 6. restore the checkpoint and build the loop's hooks (:mod:`verity.launch.recovery`);
@@ -151,6 +153,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
     from verity.data.verl_dataset import PromptDataset
     from verity.hardware import get_backend
     from verity.hardware.detect import BackendUnavailableError, UnknownBackendError
+    from verity.launch.memory_plan import plan_for_run
     from verity.launch.outputs import write_run_outputs
     from verity.launch.pools import plan_run
     from verity.launch.recovery import open_tracker, plan_resume, prepare_recovery
@@ -203,6 +206,12 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
         backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
     except (BackendUnavailableError, UnknownBackendError) as err:
         raise ConfigError(f"trainer.device={cfg.trainer.device}: {err}") from None
+    memory = plan_for_run(
+        cfg, inputs.model_path, backend
+    )  # before Ray starts: a plan that cannot fit stops here
+    if memory.fits() is False:
+        print(f"verity: memory plan per worker:\n{textwrap.indent(memory.describe(), '  ')}", flush=True)
+        memory.check()
     try:
         tracker = open_tracker(
             cfg,
@@ -237,10 +246,18 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
     if layer is not None:  # the model's preset: which keys it set (verity.config.model_presets)
         print(f"verity: {layer.describe()}", flush=True)
         tracker.log_params({"config.preset": layer.name})
+    tracker.log_params(
+        memory.record()
+    )  # plan/<pool>/<term>_gb: beside the measured memory/<role>/<method>_gb
     address = cluster_address(cfg)
     if address is not None and cfg.trainer.ray_address is None:
-        print(f"verity: joining the Ray cluster at RAY_ADDRESS={address} (trainer.ray_address is unset)", flush=True)
-    init_ray(address, **({"num_cpus": max(2, os.cpu_count() or 2, cpus_needed(cfg))} if address is None else {}))
+        print(
+            f"verity: joining the Ray cluster at RAY_ADDRESS={address} (trainer.ray_address is unset)",
+            flush=True,
+        )
+    init_ray(
+        address, **({"num_cpus": max(2, os.cpu_count() or 2, cpus_needed(cfg))} if address is None else {})
+    )
     groups: RoleGroups | None = None
     status = "FAILED"
     stop = GracefulStop().install()  # after init_ray, which installs its own SIGTERM handler
@@ -248,6 +265,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
         placement = plan_run(cfg, backend)
         print(f"verity: placement on {len(placement.nodes)} node(s):", flush=True)
         print(textwrap.indent(placement.describe(), "  "), flush=True)
+        print(f"verity: memory plan per worker:\n{textwrap.indent(memory.describe(), '  ')}", flush=True)
         away = [node for node in placement.nodes if not node.is_driver]
         if away:  # workers on other nodes write checkpoints: they must see this run's folder
             check_shared_output_dir(out_dir, away, timeout_s=cfg.trainer.placement_timeout_s)
@@ -318,6 +336,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
                 "stage_plan": plan_text.split(" -> "),
                 "resumed_from_step": resume.state.step if resume.state is not None else None,
                 "preset": {"name": layer.name, "set": layer.applied} if layer is not None else None,
+                "memory_plan": memory.record(),
             },
         )
         status = "FINISHED"
