@@ -143,6 +143,12 @@ class TrainingEngine(abc.ABC):
         (1.0 when a non-finite norm skipped the update).
         """
 
+    def update_finished(self) -> None:
+        """Called once after the last optimizer step of an update phase (one RL step's epochs,
+        :func:`verity.workers.role_training.update_epochs`): an engine may give device memory back
+        until the next :meth:`optimizer_step` (FSDP2's ``offload_optimizer``). Default: nothing."""
+        return None
+
     def train_step(
         self,
         batch: Any,

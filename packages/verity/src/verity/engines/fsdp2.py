@@ -18,6 +18,11 @@ which is faster for small models, where FSDP's per-layer collectives outweigh th
 Mixed precision (CUDA only, on by default there): parameters are all-gathered and
 computed in bfloat16, gradients reduced in float32, and the sharded master weights
 and optimizer state stay float32. On CPU everything is float32.
+
+Offload (an accelerator only, :mod:`verity.engines.offload`): ``offload_params`` keeps the
+parameter and gradient shards in host memory through FSDP2's ``CPUOffloadPolicy`` (AdamW
+then steps on the CPU); ``offload_optimizer`` moves the AdamW state to host memory when an
+update phase ends (:meth:`FSDP2Engine.update_finished`) and back before the next step.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from verity.engines.micro_batches import (
     validate_layout,
 )
 from verity.engines.model_source import ModelSource
+from verity.engines.offload import OptimizerStateOffload, check_offload, offload_policy
 from verity.engines.optim import OptimConfig, build_lr_scheduler, build_optimizer, clip_gradients
 from verity.engines.replicate import SHARDING_MODES, all_reduce_gradients
 from verity.engines.streamed_loading import fill_from_checkpoint, materialize
@@ -136,6 +142,11 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             are zeroed after each optimizer step instead of freed. Needs unsharded layers
             (one process, or ``sharding="replicate"``) and no gradient checkpointing;
             ``ValueError`` otherwise.
+        offload_params: keep this rank's parameter and gradient shards in pinned host memory
+            (FSDP2's ``CPUOffloadPolicy``); AdamW steps on the CPU. Needs an accelerator, a
+            process group and ``sharding="full"`` (:mod:`verity.engines.offload`).
+        offload_optimizer: move the optimizer state to host memory at :meth:`update_finished`
+            and back before the next optimizer step. Needs an accelerator and ``optim_config``.
     """
 
     name = "fsdp2"  # what a run records as the engine that trained
@@ -158,6 +169,8 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         compile_layers: bool = False,
         compile_head: bool | None = None,
         cuda_graphs: bool = False,
+        offload_params: bool = False,
+        offload_optimizer: bool = False,
     ) -> None:
         if sharding not in SHARDING_MODES:
             raise ValueError(f"sharding must be one of {list(SHARDING_MODES)}, got {sharding!r}")
@@ -175,6 +188,15 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         self.cuda_graphs = bool(cuda_graphs)
         if self.cuda_graphs:
             check_cuda_graphs(self.device, compile_layers, gradient_checkpointing, sharding)
+        check_offload(
+            self.device,
+            offload_params=offload_params,
+            offload_optimizer=offload_optimizer,
+            sharding=sharding,
+            has_optimizer=optim_config is not None,
+            cuda_graphs=self.cuda_graphs,
+        )
+        self.offload_params = offload_params
         if mixed_precision is None:
             mixed_precision = self.device.type == "cuda"
         self.mixed_precision = bool(mixed_precision)
@@ -235,7 +257,8 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             self._shard(reshard_after_forward)
         if self.streamed:
             assert isinstance(model, ModelSource)
-            materialize(module, self.device)
+            # offloaded shards live in host memory (FSDP2's CPU offload policy expects them there)
+            materialize(module, torch.device("cpu") if self.offload_params else self.device)
             fill_from_checkpoint(module, model, self.device)
 
         self.optim_config = optim_config
@@ -250,6 +273,12 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
                         param.grad = torch.zeros_like(param)
         else:
             self._module.requires_grad_(False)
+        # offload_optimizer: the state goes to the host at update_finished(), back before the next step
+        self.optimizer_offload = (
+            OptimizerStateOffload(self.optimizer)
+            if offload_optimizer and self.optimizer is not None
+            else None
+        )
         self.global_step = 0
 
     # ------------------------------------------------------------------ setup
@@ -260,9 +289,23 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             if self.mixed_precision
             else MixedPrecisionPolicy()
         )
+        # offload_params: each shard (and its gradient) in pinned host memory, copied in per use
+        offload = offload_policy(self.offload_params)
         for layer in decoder_layers(self._module):
-            fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-        fully_shard(self._module, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+            fully_shard(
+                layer,
+                mesh=mesh,
+                mp_policy=policy,
+                reshard_after_forward=reshard_after_forward,
+                offload_policy=offload,
+            )
+        fully_shard(
+            self._module,
+            mesh=mesh,
+            mp_policy=policy,
+            reshard_after_forward=reshard_after_forward,
+            offload_policy=offload,
+        )
         self.fsdp_modules = [m for m in self._module.modules() if hasattr(m, "set_gradient_divide_factor")]
         sum_api = all(hasattr(m, "set_force_sum_reduction_for_comms") for m in self.fsdp_modules)
         if sum_api:
@@ -292,7 +335,8 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
     def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
         if not self.distributed or self.world_size == 1:
             return list(values)
-        comm_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        # "nccl", or "cpu:gloo,cuda:nccl" when offloaded shards need collectives on host tensors
+        comm_device = self.device if "nccl" in str(dist.get_backend()) else torch.device("cpu")
         t = torch.tensor(values, dtype=torch.float64, device=comm_device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         return t.tolist()
@@ -498,6 +542,8 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         """
         optimizer = self._require_optimizer()
         assert self.optim_config is not None and self.lr_scheduler is not None
+        if self.optimizer_offload is not None:  # the state comes back from the host for the step
+            self.optimizer_offload.to_device()
         grad_norm = clip_gradients(self._module.parameters(), self.optim_config.grad_clip)
         lr = float(optimizer.param_groups[0]["lr"])
         finite = math.isfinite(grad_norm)
@@ -507,3 +553,8 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         optimizer.zero_grad(set_to_none=not self.cuda_graphs)
         self.global_step += 1
         return {"grad_norm": grad_norm, "lr": lr, "step_skipped": 0.0 if finite else 1.0}
+
+    def update_finished(self) -> None:
+        """After an update phase: with ``offload_optimizer``, the optimizer state moves to host memory."""
+        if self.optimizer_offload is not None:
+            self.optimizer_offload.to_host()

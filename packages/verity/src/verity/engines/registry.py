@@ -146,6 +146,8 @@ def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
         "attn_implementation": getattr(options, "attn_implementation", None),
         "compile_layers": bool(getattr(options, "compile", False)),
         "cuda_graphs": bool(getattr(options, "cuda_graphs", False)),
+        "offload_params": bool(getattr(options, "offload_params", False)),
+        "offload_optimizer": bool(getattr(options, "offload_optimizer", False)),
     }
     if ctx.adapters:
         from verity.engines.fsdp2_lora import FSDP2LoRAEngine

@@ -160,6 +160,7 @@ def update_epochs(
                 engine.forward_backward(mini, loss_fn, micro_batch_size)   micro-batches: forward,
                                                                            loss, backward
                 engine.optimizer_step()                                    clip, AdamW, LR schedule
+        engine.update_finished()                                           the phase is over (offload)
 
     ``loss_fn`` follows the engine's gradient contract (:mod:`verity.engines.base`): a policy's
     ``(micro, logprobs, entropy, agg)``, or with ``values`` a value model's ``(micro, values, agg)``
@@ -182,4 +183,5 @@ def update_epochs(
                 )
             metrics.update(engine.optimizer_step())
             steps.add(with_step_time(metrics, time.perf_counter() - started))
+    engine.update_finished()  # e.g. the optimizer state to host memory until the next update
     return steps
