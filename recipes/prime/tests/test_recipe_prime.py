@@ -59,6 +59,7 @@ def test_expected_files() -> None:
         (["prm.n_workers=2"], "prm: n_workers = 2 applies only to placement=separate"),
         (["prm.engine=nope"], "prm: engine: unknown training engine 'nope'"),
         (["prm.optim.lr=-1"], "prm: optim.lr must be >= 0"),
+        (["prm.fsdp2.offload_optimizer=true"], "prm: fsdp2.offload_optimizer=true: the PRM's engines do not offload"),
         (["prime.filter.accuracy_lower=0.9"], r"prime: filter.need 0 <= accuracy_lower <= accuracy_upper <= 1"),
         (["prime.outcome_weight=0", "prime.process_weight=0"], "both 0"),
         (["prime.process_reward_norm=batch"], "prime: process_reward_norm must be one of none|max_abs_return"),

@@ -88,6 +88,12 @@ class PRMConfig:
             self.optim.validate()
         except ValueError as err:
             raise ValueError(f"optim.{err}") from None
+        for key in ("offload_params", "offload_optimizer"):
+            if getattr(self.fsdp2, key):
+                raise ValueError(
+                    f"fsdp2.{key}=true: the PRM's engines do not offload yet (its frozen reference shares "
+                    "prm.fsdp2, and its workers form no process group for host tensors); set it to false"
+                )
         if self.model_path is not None and not (Path(self.model_path).expanduser() / "config.json").is_file():
             raise ValueError(f"model_path {self.model_path!r} is not a local HF checkpoint folder")
         from verity.engines.registry import TRAINING_ENGINES

@@ -37,6 +37,7 @@ __all__ = [
     "engine_option_parts",
     "estimators_fix",
     "idle_parts",
+    "reference_parts",
     "replicated_parts",
 ]
 
@@ -113,6 +114,26 @@ def replicated_parts(role: Any, section: str) -> list[IdlePart]:
             f"it applies to {section}.fsdp2.sharding=full",
         )
     ]
+
+
+def reference_parts(role: Any, cfg: Any) -> list[IdlePart]:
+    """``actor.reference`` when the run builds no reference engine of the fsdp2 kind.
+
+    No KL term: no reference at all; LoRA adapters: the reference is the actor's own model with
+    its adapters off; another engine than fsdp2: its reference has no such settings.
+    """
+    from verity.config.derived import needs_reference
+
+    if not needs_reference(cfg):
+        why = "no KL term (algorithm.kl.use_kl_loss and use_kl_in_reward are false): no reference is built"
+        return [IdlePart("actor.reference", why, "turn a KL term on")]
+    if role.lora.enabled:
+        why = f"actor.lora.rank={role.lora.rank}: the reference is the actor's model with its adapters off"
+        return [IdlePart("actor.reference", why, "it applies to a separate reference (actor.lora.rank=0)")]
+    if role.engine != "fsdp2":
+        why, fix = f"actor.engine={role.engine}", "it applies to actor.engine=fsdp2"
+        return [IdlePart("actor.reference", why, fix)]
+    return []
 
 
 def estimators_fix(key: str) -> str:

@@ -43,6 +43,9 @@ KEYS: dict[str, str | tuple[str, ...]] = {
     "actor_rollout_ref.ref": "actor",
     "actor_rollout_ref.model": "model",
     "custom_reward_function": ("reward.custom_path", "reward.custom_name"),
+    # the reference's own offload (before the prefix rewrite, which would make it the actor's)
+    "actor_rollout_ref.ref.fsdp_config.param_offload": "actor.reference.offload_params",
+    "actor_rollout_ref.ref.fsdp_config.offload_policy": "actor.reference.offload_params",
     # model
     "model.enable_gradient_checkpointing": "model.gradient_checkpointing",
     "model.lora_rank": "actor.lora.rank",
@@ -74,6 +77,9 @@ KEYS: dict[str, str | tuple[str, ...]] = {
     "actor.optim.warmup_style": "actor.optim.scheduler",
     "actor.optim.lr_scheduler_type": "actor.optim.scheduler",
     "actor.fsdp_config": "actor.fsdp2",
+    "actor.fsdp_config.param_offload": "actor.fsdp2.offload_params",
+    "actor.fsdp_config.offload_policy": "actor.fsdp2.offload_params",
+    "actor.fsdp_config.optimizer_offload": "actor.fsdp2.offload_optimizer",
     "actor.strategy": "actor.engine",
     # rollout
     "rollout.name": "rollout.engine",
@@ -99,6 +105,10 @@ KEYS: dict[str, str | tuple[str, ...]] = {
     "critic.optim.lr_warmup_steps_ratio": "critic.optim.warmup_ratio",
     "critic.optim.warmup_style": "critic.optim.scheduler",
     "critic.fsdp_config": "critic.fsdp2",
+    "critic.model.fsdp_config": "critic.fsdp2",
+    "critic.model.fsdp_config.param_offload": "critic.fsdp2.offload_params",
+    "critic.model.fsdp_config.offload_policy": "critic.fsdp2.offload_params",
+    "critic.model.fsdp_config.optimizer_offload": "critic.fsdp2.offload_optimizer",
     "critic.strategy": "critic.engine",
     # algorithm
     "algorithm.adv_estimator": "algorithm.advantage.estimator",
@@ -141,6 +151,21 @@ NOTES: dict[str, str] = {
     "trainer.epochs": "verity counts RL steps: epochs x training rows / data.train_batch_size",
     "data.filter_overlong_prompts": "data.truncation=filter drops prompts over data.max_prompt_length",
 }
+# verl's FSDP param_offload and verity's offload_params do not move the same thing at the same time
+_PARAM_OFFLOAD_NOTE = (
+    "verl's param_offload moves the parameter shards to host memory between phases; offload_params keeps "
+    "them there and copies each layer to the device per use (verl's FSDP2 offload_policy); docs/engines.md"
+)
+NOTES.update(
+    {
+        key: _PARAM_OFFLOAD_NOTE
+        for key in (
+            "actor_rollout_ref.ref.fsdp_config.param_offload",
+            "actor.fsdp_config.param_offload",
+            "critic.model.fsdp_config.param_offload",
+        )
+    }
+)
 
 # the last part of a key renamed within its section: actor.optim.learning_rate -> actor.optim.lr
 LEAF_SYNONYMS: dict[str, str] = {

@@ -28,6 +28,7 @@ from verity.config.idle_settings import (
     IdlePart,
     engine_option_parts,
     estimators_fix,
+    reference_parts,
     replicated_parts,
 )
 from verity.engines.lora import LoRAConfig
@@ -132,6 +133,14 @@ class OffPolicyConfig:
 
 
 @dataclass
+class ReferenceConfig:
+    # the frozen reference policy (built when a KL term needs it) runs the actor's engine with the actor's
+    # actor.fsdp2 settings, except this: its parameter shards in host memory, copied to the device per layer
+    # in use (FSDP2's CPUOffloadPolicy; an accelerator only; docs/engines.md, "Offload")
+    offload_params: bool = False
+
+
+@dataclass
 class ActorConfig:
     engine: str = "fsdp2"  # training backend, from the training-engine registry (verity.engines.registry)
     fsdp2: FSDP2Options = field(default_factory=FSDP2Options)  # settings of the fsdp2 engine
@@ -152,13 +161,17 @@ class ActorConfig:
     skip_zero_advantage: Annotated[str, OneOf("auto", "on", "off")] = "auto"
     # off-policy correction of the PPO ratio against the sampler's own log-probs (docs/algorithms.md)
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    # the reference policy's own settings (the KL terms' log-probs)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
 
     def idle_parts(self, cfg: Any) -> list[IdlePart]:
-        """Other engines' options, FSDP2 resharding under replication, other policy losses' parameters."""
+        """Other engines' options, FSDP2 resharding under replication, other policy losses' parameters,
+        the reference's settings when no reference engine is built."""
         from verity.algorithms.registry import POLICY_LOSSES
         from verity.engines.registry import TRAINING_ENGINES
 
         parts = engine_option_parts(self, "actor", TRAINING_ENGINES) + replicated_parts(self, "actor")
+        parts += reference_parts(self, cfg)
         name = self.policy_loss.name
         if name not in POLICY_LOSSES:
             return parts

@@ -6,7 +6,8 @@ constraints, declared in its type in the schema (choices and ranges: :mod:`verit
 then what involves several keys: batch arithmetic, registry names (engines, estimators,
 losses), the critic and reward-model sections, plug-in sections (their own ``validate()``),
 the optional packages the settings need (:mod:`verity.config.optional_packages`), files and
-folders that must exist, the trainer's settings (:mod:`verity.config.trainer_checks`), and
+folders that must exist, the trainer's settings (:mod:`verity.config.trainer_checks`), the
+offload settings against the device (:mod:`verity.config.offload_checks`), and
 last, keys set where this run would not read them (:mod:`verity.config.idle_settings`).
 """
 
@@ -19,6 +20,7 @@ from verity.config.errors import ConfigError
 from verity.config.fields import check_fields
 from verity.config.idle_settings import check_idle_settings
 from verity.config.model_checks import check_model_folders, reject_placeholders
+from verity.config.offload_checks import check_offload
 from verity.config.optional_packages import check_optional_packages
 from verity.config.schema import VerityConfig
 from verity.config.trainer_checks import check_trainer
@@ -113,6 +115,7 @@ def validate_config(cfg: VerityConfig, user_keys: set[str] | None = None, source
         raise ConfigError(f"model.tokenizer_path {cfg.model.tokenizer_path!r} is not a local folder")
     check_model_folders(cfg)  # config.json readable, model_type known to transformers
     check_trainer(cfg)
+    check_offload(cfg)  # after the device name is known to be valid
     from verity.data.verl_dataset import data_file_problem
 
     for key in ("train_files", "val_files"):

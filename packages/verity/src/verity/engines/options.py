@@ -41,16 +41,38 @@ class FSDP2Options:
     # as CUDA graphs (one launch per layer, not per kernel). Unsharded layers only (one worker or
     # sharding=replicate), no gradient checkpointing; a graph is recorded per micro-batch shape
     cuda_graphs: bool = False
+    # keep this rank's shard of the fp32 parameters and gradients in pinned host memory (FSDP2's
+    # CPUOffloadPolicy), copied to the device per layer in use; AdamW then steps on the CPU. Saves
+    # 16 B per parameter / ranks of device memory; an accelerator and sharding=full only (docs/engines.md, "Offload")
+    offload_params: bool = False
+    # move AdamW's state (8 B per parameter / ranks) to host memory after each update phase and back
+    # before the next optimizer step; an accelerator only, and not with offload_params (docs/engines.md, "Offload")
+    offload_optimizer: bool = False
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that is out of range."""
-        for key in ("compile", "cuda_graphs"):
+        for key in ("compile", "cuda_graphs", "offload_params", "offload_optimizer"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"fsdp2.{key} must be true or false, got {getattr(self, key)!r}")
         if self.cuda_graphs and not self.compile:
             raise ValueError("fsdp2.cuda_graphs=true replays the compiled layers: set fsdp2.compile=true as well")
         if self.sharding not in ("full", "replicate"):
             raise ValueError(f"fsdp2.sharding must be 'full' or 'replicate', got {self.sharding!r}")
+        if self.offload_params and self.offload_optimizer:
+            raise ValueError(
+                "fsdp2.offload_params=true already keeps the AdamW state in host memory (the optimizer steps "
+                "on the CPU); set fsdp2.offload_optimizer=false"
+            )
+        if self.offload_params and self.sharding != "full":
+            raise ValueError(
+                f"fsdp2.offload_params=true is FSDP2's offload policy for sharded layers, and "
+                f"fsdp2.sharding={self.sharding} keeps a whole copy on every device; set fsdp2.sharding=full"
+            )
+        if self.offload_params and self.cuda_graphs:
+            raise ValueError(
+                "fsdp2.offload_params=true with fsdp2.cuda_graphs=true: the graphs replay fixed device "
+                "addresses of weights that offload keeps in host memory; switch one off"
+            )
         if self.attn_implementation is not None and self.attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise ValueError(
                 f"fsdp2.attn_implementation must be null or one of {'|'.join(ATTN_IMPLEMENTATIONS)}, "

@@ -32,6 +32,7 @@ mini-batch loss whatever the micro-batch size and number of workers.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -50,6 +51,7 @@ from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines import EngineBuildContext, TrainingEngine, build_training_engine
 from verity.engines.model_source import ModelSource
+from verity.engines.options import FSDP2Options
 from verity.engines.train_rows import rows_with_advantage
 from verity.hardware import get_backend
 from verity.resharding import iter_engine_weights, sync_weights
@@ -60,6 +62,7 @@ from verity.workers.report import RolloutFacts, TrainingFacts, WorkerReport
 from verity.workers.role_training import (
     UpdateSchedule,
     build_role_engine,
+    process_group_backend,
     role_device,
     role_model_dtype,
     rollout_dtype,
@@ -131,6 +134,21 @@ def make_actor_loss(
     return loss_fn
 
 
+def reference_options(cfg: VerityConfig) -> Any:
+    """The frozen reference engine's settings: the actor engine's, with the reference's own offload.
+
+    Under ``actor.engine=fsdp2`` the reference keeps ``actor.fsdp2``'s layout and kernels, but offloads
+    its parameters as ``actor.reference.offload_params`` says (not as the actor does) and has no
+    optimizer state to offload.
+    """
+    options = getattr(cfg.actor, cfg.actor.engine, None)
+    if not isinstance(options, FSDP2Options):
+        return options
+    return dataclasses.replace(
+        options, offload_params=cfg.actor.reference.offload_params, offload_optimizer=False
+    )
+
+
 class ActorRolloutRefWorker(Worker):
     """One data-parallel rank of the actor, its rollout and (optionally) the reference."""
 
@@ -158,7 +176,7 @@ class ActorRolloutRefWorker(Worker):
         cfg = self.cfg
         backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
         torch.set_num_threads(max(1, int(cfg.trainer.cpus_per_worker)))
-        self.init_process_group(backend=backend.dist_backend)
+        self.init_process_group(backend=process_group_backend(cfg, backend))
         device = role_device(backend, self.local_rank)
         torch.manual_seed(cfg.trainer.seed)
         dtype = role_model_dtype(cfg)
@@ -202,7 +220,7 @@ class ActorRolloutRefWorker(Worker):
                     model_path=self.model_path,
                     device=device,
                     source=source,
-                    options=getattr(cfg.actor, cfg.actor.engine, None),
+                    options=reference_options(cfg),
                     cfg=cfg,
                 ),
             )

@@ -54,6 +54,7 @@ from verity.workers.report import TrainingFacts, WorkerReport
 from verity.workers.role_training import (
     UpdateSchedule,
     build_role_engine,
+    process_group_backend,
     role_device,
     role_model_dtype,
     update_epochs,
@@ -141,7 +142,8 @@ class CriticWorker(Worker):
         """Join (or reuse) the process group and build the sharded value model; returns this rank's report."""
         cfg = self.cfg
         backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
-        self.init_process_group(backend=backend.dist_backend)  # no-op when colocated with the actor
+        # no-op when colocated with the actor
+        self.init_process_group(backend=process_group_backend(cfg, backend))
         # The head's Linear on [B, T, H] returns a view; FSDP2 warns in case the caller edits it in
         # place. verity.engines.values only slices and converts it (out of place), so this is noise.
         warnings.filterwarnings(

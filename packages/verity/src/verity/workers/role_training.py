@@ -42,6 +42,25 @@ def role_device(backend: Any, local_rank: int) -> torch.device:
     return backend.device(0 if backend.device_count() <= 1 else local_rank)
 
 
+def process_group_backend(cfg: VerityConfig, backend: Any) -> str:
+    """The ``torch.distributed`` backend a role's workers form their group with.
+
+    ``backend.dist_backend`` (``nccl`` on CUDA), plus gloo for host tensors
+    (``cpu:gloo,cuda:nccl``) when an FSDP2 role of the run offloads its parameters: their
+    shards are then host tensors, and the gradient norm, weight gathers and checkpoint
+    reads issue collectives on them (:func:`verity.engines.offload.host_collectives_backend`).
+    ``backend`` is a :mod:`verity.hardware` backend.
+    """
+    from verity.engines.offload import host_collectives_backend
+
+    offloads = (
+        cfg.actor.fsdp2.offload_params or cfg.actor.reference.offload_params or cfg.critic.fsdp2.offload_params
+    )
+    if not offloads:
+        return backend.dist_backend
+    return host_collectives_backend(backend.dist_backend, backend.device_type)
+
+
 def optimizer_steps_per_rl_step(cfg: VerityConfig, role: TrainedRole) -> int:
     """Optimizer steps ``role`` takes per RL step: mini-batches (prompts) x epochs."""
     return (cfg.data.train_batch_size // role.ppo_mini_batch_size) * role.ppo_epochs
