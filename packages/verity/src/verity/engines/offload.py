@@ -30,8 +30,9 @@ What moves, per trained parameter (``W`` data-parallel ranks, float32 master wei
 What it costs: ``offload_params`` copies each parameter shard host -> device once per
 forward pass and once more per backward pass with ``reshard_after_forward`` (4 B / W per
 parameter each, at the host link's bandwidth ``B``), the gradient shard device -> host once
-per micro-batch (4 B / W), and runs AdamW on the CPU (about 16 B / W of host-memory traffic
-per parameter and step). ``offload_optimizer`` copies ``8 B x N / W`` each way once per
+per micro-batch (4 B / W), and runs AdamW on the CPU (the fused kernel reads parameter,
+gradient and both moments and writes three back: 28 B / W of host-memory traffic per
+parameter and step). ``offload_optimizer`` copies ``8 B x N / W`` each way once per
 update phase: ``2 x 8 x N / W / B`` seconds per RL step. ``docs/engines.md`` ("Offload")
 states the same with the numbers not yet measured on a GPU in this project.
 """
