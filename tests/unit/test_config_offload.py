@@ -157,20 +157,21 @@ def test_the_process_group_gets_gloo_for_host_tensors_only_when_parameters_are_o
 
 
 def test_the_offload_settings_reach_the_engine():
+    import torch
     from helpers.tiny_models import tiny_qwen2
     from verity.engines import OptimConfig
-    from verity.engines.registry import _build_fsdp2
+    from verity.engines.registry import EngineBuildContext, _build_fsdp2
 
     cfg = load_config([*CUDA, "actor.fsdp2.offload_optimizer=true"])
+    ctx = EngineBuildContext(
+        role="actor",
+        load_model=tiny_qwen2,
+        model_path="unused",
+        device=torch.device("cpu"),
+        optim=OptimConfig(lr=1e-3),
+        options=cfg.actor.fsdp2,
+    )
     seen = {}
-
-    class Ctx:
-        options, adapters, total_steps, device, gradient_checkpointing = cfg.actor.fsdp2, False, 1, "cpu", False
-        optim = OptimConfig(lr=1e-3)
-
-        @staticmethod
-        def load_model():
-            return tiny_qwen2()
 
     import verity.engines.fsdp2 as fsdp2
 
@@ -179,5 +180,5 @@ def test_the_offload_settings_reach_the_engine():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fsdp2.FSDP2Engine, "__init__", record)
-        _build_fsdp2(Ctx())
+        _build_fsdp2(ctx)
     assert seen["offload_optimizer"] is True and seen["offload_params"] is False

@@ -85,6 +85,9 @@ class _RecordingEngine:
         self.calls.append(("optimizer_step",))
         return {"grad_norm": 0.5}
 
+    def update_finished(self):
+        self.calls.append(("update_finished",))
+
 
 def test_the_update_loop_takes_one_optimizer_step_per_mini_batch_of_every_epoch():
     engine, batch = _RecordingEngine(), Batch.from_dict({"x": torch.arange(5)})
@@ -93,7 +96,7 @@ def test_the_update_loop_takes_one_optimizer_step_per_mini_batch_of_every_epoch(
     passes = [c for c in engine.calls if c[0] == "forward_backward"]
     assert [c[1] for c in passes] == [[0, 1], [2, 3], [4]] * 2
     assert all(c[2] == 1 and c[3] == {"temperature": 0.7} for c in passes)
-    assert [c[0] for c in engine.calls] == ["forward_backward", "optimizer_step"] * 6
+    assert [c[0] for c in engine.calls] == ["forward_backward", "optimizer_step"] * 6 + ["update_finished"]
     assert steps.steps == 6 and steps.sums["tokens"] == 10.0 and steps.sums["grad_norm"] == 3.0
     assert all(type(v) is float for v in steps.sums.values()) and "step_seconds" in steps.sums
     means = steps.means("actor", renamed={"grad_norm": "norm"})
@@ -108,7 +111,7 @@ def test_the_update_loop_hands_each_mini_batch_its_share_of_the_rows_to_run():
     shares = [c[3]["train_rows"].tolist() for c in engine.calls if c[0] == "forward_backward"]
     assert shares == [[True, False], [False, True], [True]]
     update_epochs(engine, batch, None, UpdateSchedule(1, 5, 5), values=True)
-    assert engine.calls[-2][:2] == ("forward_backward_values", [0, 1, 2, 3, 4])
+    assert engine.calls[-3][:2] == ("forward_backward_values", [0, 1, 2, 3, 4])
 
 
 def test_mini_batches_keep_the_padding_rows_of_a_dp_split_marked():
