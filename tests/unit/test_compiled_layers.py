@@ -118,6 +118,7 @@ def test_cuda_graphs_config_reaches_the_engine():
 
     class Ctx:
         options, adapters, total_steps, device, gradient_checkpointing = cfg.actor.fsdp2, False, 1, "cpu", False
+        source = None
         optim = OptimConfig(lr=1e-3)
 
         @staticmethod
