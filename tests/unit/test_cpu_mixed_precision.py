@@ -96,11 +96,14 @@ def test_native_bf16_and_matmul_isa_are_read_from_the_cpu_flags(tmp_path, flags,
     assert cpu_matmul_isa(tmp_path / "missing") is None
 
 
-def test_rollout_dtype_follows_the_model_unless_given_and_is_checked():
-    assert rollout_dtype(load_config()) == torch.float32
-    assert rollout_dtype(load_config(["rollout.dtype=bfloat16"])) == torch.bfloat16
-    assert rollout_dtype(load_config(["model.dtype=bfloat16"])) == torch.bfloat16
-    assert rollout_dtype(load_config(["model.dtype=bfloat16", "rollout.dtype=float32"])) == torch.float32
+def test_rollout_dtype_follows_the_model_on_cpu_is_bf16_on_accelerators_unless_given():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)  # a device only names where: nothing is allocated
+    assert rollout_dtype(load_config(), cpu) == torch.float32
+    assert rollout_dtype(load_config(), gpu) == torch.bfloat16  # what a GPU user expects by default
+    assert rollout_dtype(load_config(["rollout.dtype=bfloat16"]), cpu) == torch.bfloat16
+    assert rollout_dtype(load_config(["model.dtype=bfloat16"]), cpu) == torch.bfloat16
+    assert rollout_dtype(load_config(["model.dtype=bfloat16", "rollout.dtype=float32"]), cpu) == torch.float32
+    assert rollout_dtype(load_config(["rollout.dtype=float32"]), gpu) == torch.float32
     with pytest.raises(ConfigError, match=r"rollout.dtype must be one of float32\|bfloat16 or null, got 'float16'"):
         load_config(["rollout.dtype=float16"])
 

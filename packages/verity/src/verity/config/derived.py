@@ -14,6 +14,7 @@ __all__ = [
     "needs_reference",
     "old_logprobs_source",
     "on_policy",
+    "rollout_dtype_name",
     "scores_on_workers",
     "skips_zero_advantage_rows",
     "zero_advantage_rows_matter",
@@ -23,6 +24,14 @@ VANISHING_POLICY_LOSSES = frozenset({"ppo", "vanilla", "gspo", "gpg", "cispo"})
 """Built-in policy losses whose every token term is ``A_t`` times a finite factor: exactly 0, with
 gradient exactly 0, where the advantage is 0 (clip-cov / kl-cov pick tokens by statistics of
 the whole batch, so leaving rows out changes them)."""
+
+
+def rollout_dtype_name(cfg: Any, on_accelerator: bool) -> str:
+    """The dtype the rollout serves the policy in: ``rollout.dtype``; when null, ``bfloat16`` on an
+    accelerator (GPU, NPU: what their kernels are fast in, and half the memory) and ``model.dtype`` on a CPU."""
+    if cfg.rollout.dtype:
+        return str(cfg.rollout.dtype)
+    return "bfloat16" if on_accelerator else str(cfg.model.dtype)
 
 
 def needs_reference(cfg: Any) -> bool:

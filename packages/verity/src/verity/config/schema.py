@@ -96,8 +96,9 @@ class RolloutConfig:
     # nucleus sampling of held-out answers (val_temperature > 0); None: top_p
     val_top_p: Annotated[float, Above(0), AtMost(1)] | None = None
     micro_batch_size: Annotated[int, AtLeast(1)] = 256  # rows per generate call inside a worker
-    # the dtype the rollout serves the policy in: float32 | bfloat16; null: model.dtype. A bf16 rollout of
-    # float32 training weights gets each weight sync rounded to bf16 (docs/rollout-engines.md, "Serving dtype")
+    # the dtype the rollout serves the policy in: float32 | bfloat16; null: bfloat16 on a GPU or NPU, model.dtype
+    # on a CPU. A bf16 rollout of float32 training weights gets each weight sync rounded to bf16
+    # (docs/rollout-engines.md, "Serving dtype")
     dtype: Annotated[str, OneOf("float32", "bfloat16")] | None = None
     # trainer.mode=async: Ray workers of the rollout's own worker group
     n_workers: Annotated[int, AtLeast(1, "the async rollout group")] = 1

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from verity.config.derived import rollout_dtype_name
 from verity.config.errors import ConfigError
 from verity.launch.memory_terms import (
     GIB,
@@ -187,7 +188,7 @@ class _Run:
 def _run(cfg: Any, backend_name: str) -> _Run:
     return _Run(
         master_bytes=_bytes_of(cfg.model.dtype),
-        rollout_bytes=_bytes_of(cfg.rollout.dtype or cfg.model.dtype),
+        rollout_bytes=_bytes_of(rollout_dtype_name(cfg, on_accelerator=backend_name != "cpu")),
         accelerator=backend_name != "cpu",
         prompt=int(cfg.data.max_prompt_length),
         response=int(cfg.data.max_response_length),
@@ -426,7 +427,7 @@ def _remedy(term: str, cfg: Any) -> str:
 
     role, _, what = term.partition(".")
     if role == "rollout" and what in ("weights", "prefill"):
-        tries = [] if (cfg.rollout.dtype or cfg.model.dtype) == "bfloat16" else ["rollout.dtype=bfloat16"]
+        tries = [] if rollout_dtype_name(cfg, cfg.trainer.device != "cpu") == "bfloat16" else ["rollout.dtype=bfloat16"]
         tries.append("trainer.mode=async (the rollout on devices of its own, rollout.n_workers)")
         return (
             f"the rollout holds a full copy of the policy on every device and no setting shards it yet: try "

@@ -193,7 +193,7 @@ class ActorRolloutRefWorker(Worker):
             model_path=self.model_path,
             tokenizer=tokenizer,
             device=device,
-            dtype=rollout_dtype(cfg),
+            dtype=rollout_dtype(cfg, device),
             rank=self.rank,
             world_size=self.world_size,
             load_policy=source.load_whole,

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from verity.batch import Batch
+from verity.config.derived import rollout_dtype_name
 from verity.config.schema import VerityConfig
 from verity.engines import EngineBuildContext, OptimConfig, TrainingEngine, build_training_engine
 from verity.engines.base import with_step_time
@@ -71,9 +72,10 @@ def role_model_dtype(cfg: VerityConfig) -> torch.dtype:
     return torch.bfloat16 if cfg.model.dtype == "bfloat16" else torch.float32
 
 
-def rollout_dtype(cfg: VerityConfig) -> torch.dtype:
-    """The dtype the rollout serves the policy in: ``rollout.dtype``, or ``model.dtype`` when null."""
-    name = cfg.rollout.dtype or cfg.model.dtype
+def rollout_dtype(cfg: VerityConfig, device: torch.device) -> torch.dtype:
+    """The dtype the rollout serves the policy in on ``device``: ``rollout.dtype``; when null, bfloat16
+    on an accelerator and ``model.dtype`` on a CPU (:func:`verity.config.derived.rollout_dtype_name`)."""
+    name = rollout_dtype_name(cfg, on_accelerator=device.type != "cpu")
     return torch.bfloat16 if name == "bfloat16" else torch.float32
 
 

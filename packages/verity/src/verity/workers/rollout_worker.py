@@ -48,7 +48,7 @@ class RolloutWorker(Worker):
         backend = get_backend(None if cfg.trainer.device == "auto" else cfg.trainer.device)
         torch.set_num_threads(max(1, int(cfg.trainer.cpus_per_worker)))
         device = role_device(backend, self.local_rank)
-        dtype = rollout_dtype(cfg)
+        dtype = rollout_dtype(cfg, device)
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.pad_token_id = pad_id(tokenizer)
         self.rollout = build_role_rollout(
