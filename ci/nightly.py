@@ -38,9 +38,12 @@ Steps:
      when tonight's ``accuracy_before`` equals the accepted one (the same warm-start build) and
      the expected file records the metric's ``seed_spread``, else by the expected file's tolerance;
 
-   plus every recipe's own expected-file checks. A machine class with no baseline compares
-   nothing: the report says so and ``<out>/proposed-baseline.json`` holds tonight's figures
-   as that class's baseline (``--accept-report <out>/report.json`` accepts it);
+   plus every recipe's own expected-file checks. A machine class with no baseline is judged
+   against the nearest accepted CPU class (``ci/nightly_cross_class.py``: the same
+   instruction-set family first), each figure's floor raised by how far it was measured to move
+   between classes (``ci/cross_class.json``); the report names the class it compared with, and
+   says so when there is none to compare with. Either way ``<out>/proposed-baseline.json`` holds
+   tonight's figures as that class's own baseline (``--accept-report <out>/report.json`` accepts it);
 4. ``report.md`` and ``report.json`` in ``--out``; the leaderboard pages rebuilt. Both
    name the machine the night ran on and the accepted night's; on another machine the
    report says so above the table and beside each speed figure (``ci/nightly_machine.py``);
@@ -85,6 +88,7 @@ from ci.nightly_baselines import (
     night_commit,
     with_accepted_night,
 )
+from ci.nightly_cross_class import DEFAULT_CROSS_CLASS, load_moves, nearest_class
 from ci.nightly_gates import RULE, Figure, Finding, judge, tonight_figures
 from ci.nightly_history import HistoryError, store_uri
 from ci.nightly_machine import machine_lines, note_other_machine, this_machine
@@ -229,12 +233,16 @@ def compare_with_baseline(
     bench: Mapping[str, Any],
     accepted: Mapping[str, Any] | None,
     machine_class: str | None = None,
+    compared_with: str | None = None,
+    moves: Mapping[str, float] | None = None,
 ) -> list[Finding]:
     """Every finding of the night: harness exit codes and checks, then each figure through its gate.
 
     ``accepted``: the machine class's baseline entry (``{"figures": {...}}``,
-    :func:`nightly_baselines.class_baseline`), None when the class has none (each figure then
-    passes with a note saying so).
+    :func:`nightly_baselines.class_baseline`), or the entry of ``compared_with`` (the nearest
+    accepted class) when the class has none; None when there is neither (each figure then passes
+    with a note saying so). ``moves``: each figure's measured cross-class move
+    (:func:`nightly_cross_class.load_moves`), used across classes and for a gain on another build.
     """
     findings: list[Finding] = []
     for name, result in recipes.items():
@@ -272,8 +280,11 @@ def compare_with_baseline(
             run = "bench_trl.run" if key == "trl" else f"bench_{key}.run"
             findings.append(Finding(run, None, None, None, "-", False, f"ci/bench_trl.py exited {trl_code}"))
     specs = (accepted or {}).get("figures") or {}
+    moves = moves or {}
     for metric, figure in tonight_figures(recipes, bench).items():
-        findings.append(judge(metric, figure, specs.get(metric), machine_class))
+        findings.append(
+            judge(metric, figure, specs.get(metric), machine_class, compared_with, moves.get(metric))
+        )
     return findings
 
 
@@ -306,13 +317,16 @@ def write_report(
     figures: Mapping[str, Figure] | None = None,
     planted_slowdown: Sequence[str] = (),
     has_baseline: bool = True,
+    compared_with: tuple[str | None, str] = (None, ""),
 ) -> Path:
     """``report.md`` (a table a person reads) and ``report.json`` (everything) in ``out``.
 
     ``machine``: tonight's (:func:`nightly_machine.this_machine`); ``accepted_machine``: the
     baseline's of the same machine class, compared with it in the report's header; ``figures``:
     tonight's (:func:`nightly_gates.tonight_figures`), kept with their rounds for ``--accept-report``;
-    ``has_baseline``: False when the machine class has no accepted baseline (the report says so).
+    ``has_baseline``: False when the machine class has no accepted baseline (the report says so);
+    ``compared_with``: then the class its figures were judged against and why that one
+    (:func:`nightly_cross_class.nearest_class`), ``(None, why)`` when none was.
     """
     failed = [f for f in findings if not f.ok]
     klass = machine_class(machine)
@@ -326,16 +340,7 @@ def write_report(
         f"machine class: `{klass}`; gate: {RULE}",
         "",
         *(machine_lines(machine, accepted_machine) + [""] if machine is not None and has_baseline else []),
-        *(
-            [
-                f"**No baseline for machine class `{klass}`**: nothing was compared with another class's "
-                f"figures. Proposed baseline: `{out / PROPOSED_BASELINE}`; accept it with "
-                f"`python -m ci.nightly --accept-report {out / 'report.json'}`.",
-                "",
-            ]
-            if not has_baseline
-            else []
-        ),
+        *([no_baseline_line(klass, compared_with, out), ""] if not has_baseline else []),
         "| metric | tonight (median) | rounds | MAD | accepted | ratio | allowed drop | threshold | status | note |",
         "|---|---|---|---|---|---|---|---|---|---|",
         *(_figure_row(f) for f in findings),
@@ -355,6 +360,8 @@ def write_report(
             {
                 "machine_class": klass,
                 "has_baseline": has_baseline,
+                "compared_with": compared_with[0],
+                "compared_with_why": compared_with[1],
                 "rule": RULE,
                 "findings": [asdict(f) for f in findings],
                 "figures": {m: {**asdict(f), "spread": f.spread} for m, f in (figures or {}).items()},
@@ -375,6 +382,22 @@ def write_report(
     return path
 
 
+def no_baseline_line(klass: str, compared_with: tuple[str | None, str], out: Path) -> str:
+    """The report's sentence for a machine class with no baseline: which class judged it, or that none did."""
+    other, why = compared_with
+    if other is None:
+        judged = f"no class was compared with ({why}), so its figures were not judged"
+    else:
+        judged = (
+            f"its figures were judged against `{other}`, the nearest accepted class ({why}), each floor "
+            f"raised by the figure's measured cross-class move (`ci/cross_class.json`)"
+        )
+    return (
+        f"**No baseline for machine class `{klass}`**: {judged}. Proposed baseline: "
+        f"`{out / PROPOSED_BASELINE}`; accept it with `python -m ci.nightly --accept-report {out / 'report.json'}`."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--recipes", help="comma-separated recipe names (default: every folder in recipes/)")
@@ -384,6 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--override", action="append", default=[], help="Hydra override for every recipe run")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "nightly")
     parser.add_argument("--baseline", type=Path, default=DEFAULT_BASELINE)
+    parser.add_argument(
+        "--cross-class",
+        type=Path,
+        default=DEFAULT_CROSS_CLASS,
+        help="the figures' measured moves between machine classes (python -m ci.nightly_cross_class --write)",
+    )
     parser.add_argument(
         "--results-dir", type=Path, help="default: leaderboards/results (<out>/results with --override)"
     )
@@ -435,8 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parse_slowdowns(",".join(args.plant_slowdown))
         baselines = load_baselines(args.baseline)
+        moves = load_moves(args.cross_class)
     except ValueError as err:
-        print(f"nightly: --plant-slowdown / --baseline: {err}", file=sys.stderr)
+        print(f"nightly: --plant-slowdown / --baseline / --cross-class: {err}", file=sys.stderr)
         return 2
     if args.plant_slowdown:  # every child process (rows, benches) inherits it
         os.environ[SLOW_STAGE_VAR] = ",".join(args.plant_slowdown)
@@ -463,7 +493,11 @@ def main(argv: list[str] | None = None) -> int:
             bench = merge_trl(bench, pair, key="trl_compute_bound")
     klass = machine_class(machine)
     accepted = class_baseline(baselines, klass)
-    findings = compare_with_baseline(recipes, bench, accepted, klass)
+    nearest: tuple[str | None, str] = (None, "")
+    if accepted is None:
+        nearest = nearest_class(klass, (baselines.get("classes") or {}).keys())
+    reference = accepted if accepted is not None else class_baseline(baselines, nearest[0] or "")
+    findings = compare_with_baseline(recipes, bench, reference, klass, nearest[0], moves)
     accepted_machine = (accepted or {}).get("accepted", {}).get("machine")
     if accepted is not None:
         note_other_machine(findings, machine, accepted_machine)
@@ -502,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         figures,
         args.plant_slowdown,
         has_baseline=accepted is not None,
+        compared_with=nearest,
     )
     print("\n" + report.read_text())
     # the night's JSON (committed unless planted), its MLflow run and trend.html: ci/nightly_history.py

@@ -39,8 +39,23 @@ e.g. ``grpo``'s 0.010); otherwise the expected file's ``accuracy_gain`` toleranc
 0.06, which covers two builds on two machines), with a note saying why. The tolerance and seed
 spread are tonight's expected-file check's, else the ones stored with the baseline.
 
+**Across machine classes** (a night on a class with no baseline, judged against the nearest
+accepted class: ``ci/nightly_cross_class.py``), each figure's floor grows by its **move**, how
+far it was measured to move between classes (``ci/cross_class.json``):
+
+    speed:    allowed drop = max(MAD_FACTOR x rel, SIDE_BY_SIDE_FLOOR + move)       (move relative)
+    accuracy: allowed drop = max(SEED_FACTOR x seed_spread, ACCURACY_FLOOR + move)  (move absolute)
+
+The noise term is what tonight and the accepted night measured, as within a class; the move is a
+systematic shift that one night's rounds or seeds cannot show, which is what the floor is for.
+An accuracy gain is judged this way on its own class too when the warm-start build is not the
+accepted one and the row has a measured move (the gain, not its end points: a build moves the
+accuracy before RL). Without a seed spread the noise term is the expected file's tolerance. A
+speed figure with no measured move is not judged across classes, and its note says so.
+
 Every figure is a :class:`Finding`; ``report.json`` keeps, per figure, its value (the median),
-rounds, spread (MAD), baseline, allowed drop, ok and the machine class it was compared in.
+rounds, spread (MAD), baseline, allowed drop, ok, the machine class it was measured in and the
+class whose baseline judged it (``compared_with``, None for its own).
 
 Two bench documents (``python -m ci.bench --out``) judged against each other, the first as accepted::
 
@@ -74,7 +89,9 @@ RULE = (
     "plain torch is information only (its yardstick runs minutes apart, in CPU seconds); accuracy: "
     f"regression when gain < baseline - max({SEED_FACTOR:g} x seed_spread, {ACCURACY_FLOOR:g}) when "
     "tonight's accuracy_before equals the accepted one (same warm-start build) and the expected file "
-    "records the metric's seed_spread, else baseline - the expected file's tolerance"
+    "records the metric's seed_spread, else baseline - the expected file's tolerance; across machine "
+    "classes (and for a gain on another build) the floor grows by the figure's measured move "
+    "(ci/cross_class.json)"
 )
 
 
@@ -117,6 +134,7 @@ class Finding:
     spread: float | None = None
     allowed_drop: float | None = None
     machine_class: str | None = None
+    compared_with: str | None = None
 
 
 def mad(values: Sequence[float]) -> float:
@@ -145,25 +163,51 @@ def relative_spread(rounds: Sequence[float]) -> float:
     return mad(rounds) / abs(centre) if centre else 0.0
 
 
-def allowed_speed_drop(metric: str, rounds: Sequence[float], baseline_rounds: Sequence[float] = ()) -> float:
-    """The relative drop a speed figure may show before it counts as a regression (see the module docstring)."""
+def allowed_speed_drop(
+    metric: str, rounds: Sequence[float], baseline_rounds: Sequence[float] = (), move: float = 0.0
+) -> float:
+    """The relative drop a speed figure may show before it counts as a regression (see the module docstring).
+
+    ``move``: the figure's measured move between machine classes, added to the floor when the
+    baseline is another class's (0 within a class).
+    """
     rel = max(relative_spread(rounds), relative_spread(baseline_rounds))
-    return max(MAD_FACTOR * rel, SIDE_BY_SIDE_FLOOR)
+    return max(MAD_FACTOR * rel, SIDE_BY_SIDE_FLOOR + move)
+
+
+def no_value_note(compared_with: str | None) -> str:
+    """The note of a figure with no accepted value to compare with (its own class's, or ``compared_with``'s)."""
+    if compared_with is None:
+        return "no accepted value for this machine class yet"
+    return f"not judged: {compared_with} has no accepted value for this figure"
 
 
 def judge_speed(
-    metric: str, figure: Figure, spec: Mapping[str, Any] | None, machine_class: str | None = None
+    metric: str,
+    figure: Figure,
+    spec: Mapping[str, Any] | None,
+    machine_class: str | None = None,
+    compared_with: str | None = None,
+    move: float | None = None,
 ) -> Finding:
-    """``figure`` against the accepted ``spec = {"value", "rounds"?}`` of its machine class."""
+    """``figure`` against the accepted ``spec = {"value", "rounds"?}`` of its machine class, or of
+    ``compared_with`` (another class) with the floor raised by the figure's ``move``."""
     rounds = list(figure.rounds)
     base = Finding(
         metric, figure.value, None, None, "-", True, "", rounds, figure.spread, None, machine_class
     )
+    base.compared_with = compared_with
     if spec is None:
-        base.note = "no accepted value for this machine class yet"
+        base.note = no_value_note(compared_with)
         return base
     accepted = float(spec["value"])
     base.baseline = accepted
+    if compared_with is not None and not info_only(metric) and move is None:
+        base.note = (
+            f"not judged: no move between machine classes was measured for this figure, so "
+            f"{compared_with}'s value is shown only"
+        )
+        return base
     if info_only(metric):
         base.ratio = figure.value / accepted if accepted and figure.value is not None else None
         base.threshold = "info"
@@ -182,9 +226,13 @@ def judge_speed(
     if accepted == 0:
         base.note = "accepted value is 0: no ratio"
         return base
-    allowed = allowed_speed_drop(metric, rounds, spec.get("rounds") or ())
+    allowed = allowed_speed_drop(metric, rounds, spec.get("rounds") or (), move or 0.0)
     base.ratio = figure.value / accepted
     base.allowed_drop = allowed
+    if compared_with is not None:
+        base.note = (
+            f"judged against {compared_with}: floor {SIDE_BY_SIDE_FLOOR:.0%} + cross-class move {move:.1%}"
+        )
     if lower_is_better(metric):
         base.threshold = f"<= {1 + allowed:.3f}"
         base.ok = base.ratio <= 1 + allowed
@@ -195,23 +243,31 @@ def judge_speed(
 
 
 def judge_accuracy(
-    metric: str, figure: Figure, spec: Mapping[str, Any] | None, machine_class: str | None = None
+    metric: str,
+    figure: Figure,
+    spec: Mapping[str, Any] | None,
+    machine_class: str | None = None,
+    compared_with: str | None = None,
+    move: float | None = None,
 ) -> Finding:
     """An accuracy gain against the accepted one ``spec = {"value", "allowed_drop"?, "seed_spread"?,
     "accuracy_before"?}``: allowed to drop by ``max(3 x seed_spread, 0.02)`` on the accepted
-    warm-start build, else by the expected file's tolerance (module docstring)."""
+    warm-start build; on another build or against another class (``compared_with``) by
+    ``max(3 x seed_spread, 0.02 + move)`` when the row's ``move`` was measured; else by the
+    expected file's tolerance (module docstring)."""
     rounds = [figure.value] if figure.value is not None else []
     tolerance = figure.allowed_drop if figure.allowed_drop is not None else (spec or {}).get("allowed_drop")
     base = Finding(metric, figure.value, None, None, "-", True, "", rounds, None, tolerance, machine_class)
+    base.compared_with = compared_with
     if spec is None:
-        base.note = "no accepted value for this machine class yet"
+        base.note = no_value_note(compared_with)
         return base
     accepted = float(spec["value"])
     base.baseline = accepted
     if figure.value is None:
         base.ok, base.note = False, "not measured tonight"
         return base
-    allowed, base.note = accuracy_allowed_drop(figure, spec, tolerance)
+    allowed, base.note = accuracy_allowed_drop(figure, spec, tolerance, compared_with, move)
     if allowed is None:
         base.ok = False
         return base
@@ -223,15 +279,31 @@ def judge_accuracy(
 
 
 def accuracy_allowed_drop(
-    figure: Figure, spec: Mapping[str, Any], tolerance: float | None
+    figure: Figure,
+    spec: Mapping[str, Any],
+    tolerance: float | None,
+    compared_with: str | None = None,
+    move: float | None = None,
 ) -> tuple[float | None, str]:
     """The absolute drop an accuracy gain may show and a note saying which rule gave it.
 
     ``max(SEED_FACTOR x seed_spread, ACCURACY_FLOOR)`` on the accepted warm-start build with a
-    recorded seed spread; else the expected file's ``tolerance`` (None when there is none either).
+    recorded seed spread; against another class (``compared_with``), or on another build when the
+    row's cross-class ``move`` was measured, ``max(SEED_FACTOR x seed_spread (else the tolerance),
+    ACCURACY_FLOOR + move)``; else the expected file's ``tolerance`` (None when there is none either).
     """
     spread = figure.seed_spread if figure.seed_spread is not None else spec.get("seed_spread")
     before, accepted_before = figure.accuracy_before, spec.get("accuracy_before")
+    if compared_with is not None:
+        return _across(f"judged against {compared_with} (no baseline of its own)", spread, tolerance, move)
+    other_build = (
+        before is not None
+        and accepted_before is not None
+        and abs(float(before) - float(accepted_before)) >= SAME_BUILD_EPS
+    )
+    if other_build and move is not None:
+        reason = f"another warm-start build (accuracy before {before:g}, accepted {float(accepted_before):g})"
+        return _across(reason, spread, tolerance, move)
     if before is None or accepted_before is None:
         why = (
             "the accepted night kept no accuracy_before"
@@ -254,13 +326,37 @@ def accuracy_allowed_drop(
     return float(tolerance), f"{reason}: the expected file's tolerance"
 
 
+def _across(
+    reason: str, spread: float | None, tolerance: float | None, move: float | None
+) -> tuple[float | None, str]:
+    """The allowed drop of a gain judged across classes or builds (:func:`accuracy_allowed_drop`)."""
+    if move is None:
+        if tolerance is None:
+            return None, f"{reason}; no cross-class move measured and no expected-file tolerance"
+        return float(tolerance), f"{reason}; no cross-class move measured: the expected file's tolerance"
+    if spread is not None:
+        noise, noise_text = SEED_FACTOR * float(spread), f"{SEED_FACTOR:g} x seed spread {float(spread):g}"
+    elif tolerance is not None:
+        noise, noise_text = float(tolerance), f"the expected file's tolerance {float(tolerance):g}"
+    else:
+        noise, noise_text = 0.0, "no seed spread or tolerance"
+    allowed = max(noise, ACCURACY_FLOOR + float(move))
+    return allowed, f"{reason}: max({noise_text}, {ACCURACY_FLOOR:g} + cross-class move {float(move):g})"
+
+
 def judge(
-    metric: str, figure: Figure, spec: Mapping[str, Any] | None, machine_class: str | None = None
+    metric: str,
+    figure: Figure,
+    spec: Mapping[str, Any] | None,
+    machine_class: str | None = None,
+    compared_with: str | None = None,
+    move: float | None = None,
 ) -> Finding:
-    """The gate of ``figure``'s kind."""
+    """The gate of ``figure``'s kind; ``compared_with`` names the class whose ``spec`` it is when
+    not ``machine_class``'s own, ``move`` the figure's measured cross-class move (None: not measured)."""
     if figure.kind == "accuracy":
-        return judge_accuracy(metric, figure, spec, machine_class)
-    return judge_speed(metric, figure, spec, machine_class)
+        return judge_accuracy(metric, figure, spec, machine_class, compared_with, move)
+    return judge_speed(metric, figure, spec, machine_class, compared_with, move)
 
 
 def row_step_rounds(run_dir: str | Path | None, blocks: int = ROW_BLOCKS) -> list[float]:

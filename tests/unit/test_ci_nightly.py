@@ -387,3 +387,109 @@ def test_the_report_names_the_machine_and_flags_speed_figures_on_another_machine
     assert doc["machine"] == EPYC
     train = next(f for f in doc["findings"] if f["metric"] == "bench.train_vs_plain_torch")
     assert set(train) >= {"value", "rounds", "spread", "baseline", "allowed_drop", "ok", "machine_class"}
+
+
+# A night on a class with no baseline of its own, judged against the committed baselines and moves
+# (ci/baseline.json, ci/cross_class.json): the nightly a fresh clone runs on such a machine.
+AVX2_EPYC = {"hardware": "cpu-amd-epyc", "device_name": "AMD EPYC", "cpu_isa": "avx2", "logical_cpus": 2}
+COMMITTED_BASELINE = ROOT / "ci" / "baseline.json"
+COMMITTED_MOVES = ROOT / "ci" / "cross_class.json"
+
+
+def _unseen_night(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    machine: dict,
+    update_slowdown: float = 0.0,
+    gain: float = 0.422,
+    classes: list[str] | None = None,
+) -> tuple[int, dict[str, Any], str]:
+    """One fake night on ``machine`` against the committed baselines (only ``classes``' when given).
+
+    The bench reads the nearest class's accepted ratios, the training pair's slowed by
+    ``update_slowdown`` (its verity side is the update stage); grpo's gain is ``gain`` on a
+    warm-start build of its own (accuracy before 0.516). Returns the exit code, report.json, report.md.
+    """
+    doc = json.loads(COMMITTED_BASELINE.read_text())
+    if classes is not None:
+        doc["classes"] = {k: v for k, v in doc["classes"].items() if k in classes}
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps(doc))
+    nearest, _ = nightly.nearest_class(nightly.machine_class(machine), doc["classes"])
+    accepted = doc["classes"][nearest]["figures"]
+    train = accepted["bench.train_vs_plain_torch"]["value"] / (1 + update_slowdown)
+    bench = _bench(train, accepted["bench.weight_sync_vs_load_state_dict"]["value"])
+    row = _recipe(gain)
+    row["scores"].update(accuracy_before=0.516, accuracy_after=0.516 + gain)
+    row["checks"][0].update(tolerance=0.06, seed_spread=0.01)  # grpo's expected file
+    monkeypatch.setattr(nightly, "run_recipe", lambda *a, **k: row)
+    monkeypatch.setattr(nightly, "run_bench", lambda out: bench)
+    monkeypatch.setattr(nightly, "this_machine", lambda: machine)
+    monkeypatch.setattr(nightly.subprocess, "call", lambda cmd, cwd=None: 0)
+    code = nightly.main(_args(tmp_path, baseline) + ["--cross-class", str(COMMITTED_MOVES)])
+    night = tmp_path / "night"
+    return code, json.loads((night / "report.json").read_text()), (night / "report.md").read_text()
+
+
+def test_an_unchanged_night_on_a_new_class_is_judged_against_the_nearest_and_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    code, report, text = _unseen_night(tmp_path, monkeypatch, AVX2_EPYC)
+    assert code == 0, [f["metric"] for f in report["findings"] if not f["ok"]]
+    assert report["has_baseline"] is False and report["compared_with"] == EPYC_CLASS
+    assert "the same CPU maker" in report["compared_with_why"]
+    judged = {f["metric"]: f for f in report["findings"] if f.get("compared_with") == EPYC_CLASS}
+    assert judged["bench.train_vs_plain_torch"]["allowed_drop"] is not None  # judged, not only shown
+    assert judged["grpo.accuracy_gain"]["allowed_drop"] is not None
+    assert f"its figures were judged against `{EPYC_CLASS}`, the nearest accepted class" in text
+    assert (tmp_path / "night" / "proposed-baseline.json").is_file()  # it still proposes its own
+
+
+def test_a_planted_update_slowdown_on_a_new_class_is_caught_naming_the_class_compared_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, report, text = _unseen_night(tmp_path, monkeypatch, AVX2_EPYC, update_slowdown=0.10)
+    assert code == 1
+    assert "REGRESSION in bench.train_vs_plain_torch" in capsys.readouterr().err
+    failed = [f for f in report["findings"] if not f["ok"]]
+    assert [f["metric"] for f in failed] == ["bench.train_vs_plain_torch"]
+    assert failed[0]["compared_with"] == EPYC_CLASS and f"judged against {EPYC_CLASS}" in failed[0]["note"]
+    assert "**FAIL**" in text and f"judged against `{EPYC_CLASS}`" in text
+
+
+def test_a_halved_learning_rate_on_a_new_class_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # grpo's gain with actor.optim.lr halved: 0.362 (ci/reports/2026-11-28-nightly-gates.md, night D)
+    code, report, _ = _unseen_night(tmp_path, monkeypatch, AVX2_EPYC, gain=0.362)
+    assert code == 1
+    assert [f["metric"] for f in report["findings"] if not f["ok"]] == ["grpo.accuracy_gain"]
+
+
+@pytest.mark.parametrize(
+    ("slowdown", "gain", "failing"),
+    [(0.0, 0.422, []), (0.10, 0.362, ["bench.train_vs_plain_torch", "grpo.accuracy_gain"])],
+)
+def test_with_only_the_intel_class_accepted_an_epyc_night_is_judged_against_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slowdown: float, gain: float, failing: list[str]
+) -> None:
+    code, report, _ = _unseen_night(
+        tmp_path, monkeypatch, EPYC, slowdown, gain, classes=["cpu-intel-xeon/amx_bf16"]
+    )
+    assert report["compared_with"] == "cpu-intel-xeon/amx_bf16"
+    assert [f["metric"] for f in report["findings"] if not f["ok"]] == failing
+    assert code == (1 if failing else 0)
+
+
+def test_a_gpu_class_without_a_baseline_compares_nothing_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpu = {"hardware": "h200", "device_name": "NVIDIA H200", "cpu_isa": None, "logical_cpus": 16}
+    _fake_night(monkeypatch, {}, tmp_path, machine=gpu)
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps(BASELINE))
+    assert nightly.main(_args(tmp_path, baseline)) == 0
+    text = (tmp_path / "night" / "report.md").read_text()
+    why = "h200/none is not a CPU class and the cross-class moves were measured on CPUs only"
+    assert f"no class was compared with ({why}), so its figures were not judged" in text
+    assert "**FAIL**" not in text
