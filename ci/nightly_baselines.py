@@ -5,8 +5,10 @@ matmuls, vLLM's CPU kernels and the decode loop each lean on different instructi
 night is compared only with a baseline accepted on its own **machine class**:
 ``<hardware label>/<matrix instruction set>`` as ``verity diagnose`` and the harness name them
 (``cpu-intel-xeon/amx_bf16``, ``cpu-amd-epyc/avx512_bf16``; ``h200/none`` on a GPU). A night on
-a class with no baseline compares nothing: it says so and writes ``proposed-baseline.json``
-beside its report (the baseline file with tonight's class added), which
+a class with no baseline is judged against the nearest accepted CPU class with each figure's
+floor raised by its measured cross-class move (``ci/nightly_cross_class.py``), or compares
+nothing and says why; either way it writes ``proposed-baseline.json`` beside its report (the
+baseline file with tonight's class added), which
 ``python -m ci.nightly --accept-report <out>/report.json`` makes the accepted one.
 
 ``ci/baseline.json``::

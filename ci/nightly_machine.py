@@ -5,10 +5,11 @@ machine's speed but not all of it: the same code read a 512x8 bf16 TRL pair of 2
 2-core Xeon with AMX and 2.20 on a 2-core EPYC without (``ci/reports/2026-11-26-nightly-8.md``),
 because there bf16 matmuls bound both sides. So a night records its machine
 (:func:`this_machine`), ``--accept`` stores it beside the accepted figures of its machine
-class (``ci/nightly_baselines.py``), and a night is compared only with its own class's
-baseline. Within a class, a machine that still differs (another core count, another device
-name) is named above the table and beside every speed figure (:func:`speed_figure`), so a
-figure that moved with the hardware is read as such, not as a code change; the gates still apply.
+class (``ci/nightly_baselines.py``), and a night is compared with its own class's
+baseline, or, on a class with none, with the nearest class's (``ci/nightly_cross_class.py``).
+Within a class, a machine that still differs (another core count, another device name) is
+named above the table and beside every speed figure (:func:`speed_figure`), so a figure that moved
+with the hardware is read as such, not as a code change; the gates still apply.
 
 A machine is ``{"hardware", "device_name", "cpu_isa", "logical_cpus"}``: the harness's
 hardware label and device name (:mod:`verity_harness.machine`), the CPU's widest matrix
