@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from verity.hardware.memory import MemoryPeak, PeakMeter, host_peak_bytes
 
 
@@ -91,3 +92,31 @@ def test_the_step_metrics_name_each_role_and_method_in_gib() -> None:
         "perf/max_memory_gb": 5.0,
     }
     assert memory_metrics([_Group({})]) == {}
+
+
+def _resident_bytes() -> int:
+    import re
+
+    with open("/proc/self/status", encoding="ascii") as f:
+        return int(re.search(r"^VmRSS:\s+(\d+)\s+kB", f.read(), re.M).group(1)) * 1024
+
+
+def test_memory_freed_in_the_heap_goes_back_to_the_kernel():
+    import torch
+    from verity.hardware.memory import release_free_host_memory
+
+    if not release_free_host_memory():
+        pytest.skip("no glibc malloc_trim here")
+    # one freed 8 MiB block raises glibc's mmap threshold above 1 MiB: what follows comes from the heap
+    raise_threshold = torch.ones(2 * 1024 * 1024)
+    del raise_threshold
+    blocks = [torch.ones(256 * 1024) for _ in range(256)]  # 256 x 1 MiB in the heap
+    keep = torch.ones(16)  # allocated after them: the heap cannot shrink from its top
+    before = _resident_bytes()
+    del blocks
+    held = _resident_bytes()
+    release_free_host_memory()
+    after = _resident_bytes()
+    assert held > before - 64 * 2**20  # freeing alone gave (almost) nothing back
+    assert after < held - 128 * 2**20  # the trim returned most of the 256 MiB
+    assert keep.sum() == 16

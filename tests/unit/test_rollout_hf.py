@@ -275,6 +275,28 @@ def test_load_weights_copies_in_place(model, tokenizer):
         rollout.load_weights([("model.norm.weight", torch.zeros(3))])
 
 
+def test_asleep_on_cpu_the_weights_are_released_until_a_sync_fills_them(model, tokenizer, prompts):
+    import copy
+
+    rollout = HFRollout(copy.deepcopy(model), tokenizer, sampling=SamplingParams(do_sample=False, max_new_tokens=6))
+    before = rollout.generate(dict(prompts))
+    weights = {name: t.clone() for name, t in model.state_dict().items()}
+    rollout.sleep()
+    assert rollout.needs_weight_sync
+    assert sum(p.numel() for p in rollout.model.parameters()) == 0  # no storage held
+    assert all(b.numel() > 0 for b in rollout.model.buffers())  # rotary frequencies kept
+    rollout.wake()
+    with pytest.raises(RuntimeError, match="a weight sync must come before the next generate"):
+        rollout.generate(dict(prompts))
+    rollout.load_weights([("model.norm.weight", weights["model.norm.weight"])])
+    assert rollout.needs_weight_sync  # one weight is not all of them
+    rollout.load_weights(weights.items())
+    assert not rollout.needs_weight_sync
+    after = rollout.generate(dict(prompts))
+    assert torch.equal(after["responses"], before["responses"])
+    torch.testing.assert_close(after["rollout_logprobs"], before["rollout_logprobs"], rtol=0, atol=0)
+
+
 def test_bad_inputs_raise(model, tokenizer, prompts):
     rollout = HFRollout(model, tokenizer)
     with pytest.raises(KeyError, match="attention_mask"):

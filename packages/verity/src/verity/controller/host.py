@@ -23,7 +23,7 @@ from typing import Any
 from verity.batch import Batch, materialize
 from verity.controller.dispatch import DPLayout
 from verity.controller.worker import Worker, open_rendezvous_store
-from verity.hardware.memory import PeakMeter
+from verity.hardware.memory import PeakMeter, release_free_host_memory
 
 __all__ = ["ColocatedRoles", "RoleSpec", "WorkerHost", "colocate", "role"]
 
@@ -148,6 +148,7 @@ class WorkerHost:
             named = os.environ.get("VERITY_WORKER_GROUP", role_name) if role_name == SINGLE_ROLE else role_name
             with self._meter.measure(f"{named}/{method}") if self._meter else contextlib.nullcontext():
                 answer = getattr(obj, method)(*args, **kwargs)
+            release_free_host_memory()  # what the call freed goes back to the node, not kept for the next
             if not answer_wanted:
                 answer = None
         finally:

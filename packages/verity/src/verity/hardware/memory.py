@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MemoryPeak", "PeakMeter", "host_peak_bytes", "reset_host_peak"]
+__all__ = ["MemoryPeak", "PeakMeter", "host_peak_bytes", "release_free_host_memory", "reset_host_peak"]
 
 _HWM = re.compile(r"^VmHWM:\s+(\d+)\s+kB", re.M)
 
@@ -39,6 +39,33 @@ def reset_host_peak() -> bool:
         return True
     except OSError:
         return False
+
+
+_LIBC: Any = None
+
+
+def release_free_host_memory() -> bool:
+    """Hand the C allocator's free pages back to the kernel (glibc's ``malloc_trim(0)``); False elsewhere.
+
+    glibc keeps memory that tensors freed in its heaps and per-thread arenas, and does not
+    return it while anything above it is still in use: over a run's calls a worker's resident
+    set then grows by what its passes allocated and freed. Called between a worker's calls,
+    this returns those pages, so that each call's peak starts from what the process really holds.
+    """
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.malloc_trim  # noqa: B018  (musl and macOS have no malloc_trim)
+        except (OSError, AttributeError):
+            _LIBC = False
+    if not _LIBC:
+        return False
+    _LIBC.malloc_trim(0)
+    return True
 
 
 def host_peak_bytes() -> int:

@@ -40,6 +40,7 @@ from verity.launch.memory_terms import (
     logprob_head_bytes,
     prefill_bytes,
 )
+from verity.resharding.gather import DEFAULT_BUCKET_BYTES
 
 __all__ = [
     "CPU_WORKER_BASELINE_BYTES",
@@ -302,6 +303,10 @@ def _rollout_terms(
             terms.append(Term("rollout.weights_asleep", weights, RESIDENT, "host"))
         return terms
     weights = shape.n_params * run.rollout_bytes  # a full copy of the policy per rank (the HF engine)
+    # colocated, the HF engine holds its weights only from a weight sync to the end of generate: asleep
+    # they are in host memory on an accelerator, released on a CPU (HFRollout.sleep)
+    released = not own_pool
+    stage = "generate" if released else RESIDENT
     rows_per_rank = max(ceil_div(d.train_batch_size * r.n, dp), ceil_div(d.val_batch_size * r.val_n, dp))
     rows = max(1, min(int(r.micro_batch_size), rows_per_rank))
     prompts = max(1, ceil_div(rows, int(r.n)))  # a group's prompt is prefilled once
@@ -310,6 +315,15 @@ def _rollout_terms(
         Term("rollout.kv_cache", kv_cache_bytes(shape, rows, run.positions, run.rollout_bytes), "generate"),
         Term("rollout.prefill", prefill_bytes(shape, prompts, run.prompt, run.rollout_bytes), "generate"),
     ]
+    if released:  # the sync at the end of the update refills them, one gathered bucket at a time
+        terms.append(Term("rollout.weights_at_sync", weights, "weight_sync"))
+        terms.append(
+            Term(
+                "rollout.sync_bucket",
+                min(DEFAULT_BUCKET_BYTES, shape.n_params * run.master_bytes),
+                "weight_sync",
+            )
+        )
     if sleeps:
         terms.append(Term("rollout.weights_asleep", weights, RESIDENT, "host"))
     return terms
@@ -427,7 +441,11 @@ def _remedy(term: str, cfg: Any) -> str:
 
     role, _, what = term.partition(".")
     if role == "rollout" and what in ("weights", "prefill"):
-        tries = [] if rollout_dtype_name(cfg, cfg.trainer.device != "cpu") == "bfloat16" else ["rollout.dtype=bfloat16"]
+        tries = (
+            []
+            if rollout_dtype_name(cfg, cfg.trainer.device != "cpu") == "bfloat16"
+            else ["rollout.dtype=bfloat16"]
+        )
         tries.append("trainer.mode=async (the rollout on devices of its own, rollout.n_workers)")
         return (
             f"the rollout holds a full copy of the policy on every device and no setting shards it yet: try "

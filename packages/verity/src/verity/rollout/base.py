@@ -79,7 +79,13 @@ class RolloutEngine(abc.ABC):
         return None
 
     def sleep(self) -> None:  # noqa: B027 - optional hook, a no-op by default
-        """Free accelerator memory held by the engine (weights, caches) until :meth:`wake`."""
+        """Free memory held by the engine (weights, caches) until :meth:`wake`."""
+
+    @property
+    def needs_weight_sync(self) -> bool:
+        """Whether the engine released its weights while asleep and serves nothing until a weight
+        sync has given it every weight again (False: :meth:`wake` brings everything back)."""
+        return False
 
     def wake(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Bring back what :meth:`sleep` released."""

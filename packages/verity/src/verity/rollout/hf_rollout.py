@@ -107,6 +107,8 @@ class HFRollout(RolloutEngine):
         self.eos_token_ids = _resolve_eos_ids(eos_token_ids, tokenizer, model)
         self.pad_token_id = _resolve_pad_id(pad_token_id, tokenizer, model, self.eos_token_ids)
         self._awake_device: torch.device | None = None
+        self._released: dict[int, tuple[torch.Size, torch.dtype]] = {}  # id(parameter): its shape, dtype
+        self._stale: set[int] = set()  # parameters given storage again, not yet loaded
         self._seed = seed
         self._generator = self._new_generator(seed)
 
@@ -150,6 +152,11 @@ class HFRollout(RolloutEngine):
         ``n``, ``ignore_eos``). Non-tensor per-row fields, meta and
         ``pad_rows`` (only with ``n == 1``) pass through.
         """
+        if self.needs_weight_sync:
+            raise RuntimeError(
+                "the HF rollout released its weights while asleep and has not received all of them since: "
+                "a weight sync must come before the next generate"
+            )
         params = resolve_sampling(batch, self.sampling, params)
         rows = read_prompt_rows(batch, params.n, takes_images="hf")
         images = per_row_images(rows.non_tensors) if has_images(rows.non_tensors) else None
@@ -297,13 +304,25 @@ class HFRollout(RolloutEngine):
                     f"load_weights[{name!r}]: expected shape {tuple(target.shape)}, got {tuple(tensor.shape)}"
                 )
             target.data.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
+            self._stale.discard(id(target))
             loaded += 1
         return loaded
 
     def sleep(self) -> None:
-        """Move the model to CPU and release cached accelerator memory (nothing to do on CPU)."""
+        """Give the weights' memory back until the next weight sync.
+
+        On an accelerator the model moves to host memory and the device's cache is emptied;
+        :meth:`wake` moves it back. On a CPU the weights are released (each parameter keeps its
+        shape and dtype, not its storage): :meth:`wake` gives them storage again and
+        :attr:`needs_weight_sync` stays True until :meth:`load_weights` has filled every one.
+        Buffers (rotary frequencies) are kept.
+        """
         device = self.device
         if device.type == "cpu":
+            if not self._released:
+                for param in self._parameters():
+                    self._released[id(param)] = (param.shape, param.dtype)
+                    param.data = torch.empty(0, dtype=param.dtype)
             return
         self._awake_device = device
         self.model.to("cpu")
@@ -312,8 +331,23 @@ class HFRollout(RolloutEngine):
             accelerator.empty_cache()
 
     def wake(self) -> None:
-        """Move the model back to the device it was on before :meth:`sleep`."""
+        """Undo :meth:`sleep`: the model back on its device, or released weights given storage (unfilled)."""
+        if self._released:
+            for param in self._parameters():
+                shape, dtype = self._released[id(param)]
+                param.data = torch.empty(shape, dtype=dtype)
+                self._stale.add(id(param))
+            self._released = {}
         if self._awake_device is None:
             return
         self.model.to(self._awake_device)
         self._awake_device = None
+
+    @property
+    def needs_weight_sync(self) -> bool:
+        """True from a CPU :meth:`sleep` until :meth:`load_weights` has filled every parameter."""
+        return bool(self._released or self._stale)
+
+    def _parameters(self) -> list[torch.nn.Parameter]:
+        """Each distinct parameter once (tied embeddings share one)."""
+        return list(self.model.parameters())

@@ -260,10 +260,12 @@ class ActorRolloutRefWorker(Worker):
         assert self.rollout is not None, "init_model() must run first"
         maybe_stall("generate")
         self.rollout.wake()  # a no-op unless the last call put it to sleep
+        if self.rollout.needs_weight_sync:  # released since the last sync (a second round of one step)
+            sync_weights(self.actor, self.rollout)
         out = generate_batch(self.rollout, batch, self.cfg.rollout.micro_batch_size, self.dp_rank)
-        # colocated on an accelerator, the rollout gives its memory back to the training stages
-        # until the next weight sync (vLLM sleep mode at rollout.vllm.sleep_level; HF: model to
-        # host memory); on CPU every engine's sleep is a no-op
+        # colocated, the rollout gives its memory back to the training stages until the next weight
+        # sync (vLLM sleep mode at rollout.vllm.sleep_level; HF: the model to host memory on an
+        # accelerator, its weights released on a CPU)
         self.rollout.sleep()
         return rows_for_driver(self.cfg, out, self.pad_token_id)
 

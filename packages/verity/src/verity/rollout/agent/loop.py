@@ -124,6 +124,11 @@ class AgentRollout(RolloutEngine):
         """Bring the wrapped engine's memory back."""
         self.engine.wake()
 
+    @property
+    def needs_weight_sync(self) -> bool:
+        """Whether the wrapped engine waits for a weight sync (it released its weights while asleep)."""
+        return self.engine.needs_weight_sync
+
     def close(self) -> None:
         """Stop the tool processes and close the wrapped engine (when it can be closed)."""
         self.executor.close()
