@@ -1,17 +1,20 @@
 """Per-worker peak memory of a GRPO run at 1, 2 and 4 workers: measured beside the memory plan's estimate.
 
-    python -m ci.bench_memory_scaling [--workers 1 2 4] [--hidden 1024] [--layers 16] [--steps 2]
+    python -m ci.bench_memory_scaling [--workers 1 2 4] [--layers 6] [--steps 2] [--set KEY=VALUE ...]
                                       [--out outputs/bench/memory_scaling.json]
 
-A Qwen2-architecture model of about 0.2B parameters (random weights, character vocabulary)
-is saved in bfloat16 safetensors to a temporary folder, with arithmetic task files. Each
+A Qwen2-architecture model of about 0.2B parameters — Qwen2.5-0.5B's widths and 151,936-token
+vocabulary (tied embeddings), ``--layers`` decoder layers, random weights; the character
+tokenizer uses the first ids — is saved in bfloat16 safetensors to a temporary folder, with
+arithmetic task files. Each
 worker count then runs ``verity train`` in a fresh process: GRPO with the KL loss (actor,
 reference and the colocated HF rollout in every worker), FSDP2 ``sharding=full`` over gloo,
-float32 weights, ``--steps`` steps. From the run's own records it reads
+float32 weights, ``--steps`` steps; ``--set`` adds config overrides to every run (e.g.
+``rollout.dtype=bfloat16 rollout.sync_bucket_mb=64``). From the run's own records it reads
 
 - **measured**: the largest per-step ``perf/max_memory_gb`` (a worker's resident-set
   high-water mark over each call, the largest over roles, methods and ranks), and the
-  largest ``memory/actor/init_model_gb`` (building the models);
+  per-method peaks (``memory/actor/<method>_gb``);
 - **estimated**: ``summary.json``'s ``memory_plan`` peak for the actor's pool (the plan
   checked before the workers start, :mod:`verity.launch.memory_plan`).
 
@@ -29,27 +32,35 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 GOALS = {2: 0.6, 4: 0.45}  # per-worker peak at N workers over the 1-worker peak
 ESTIMATE_TOLERANCE = 0.20
 
 
-def make_model_and_task(root: Path, hidden: int, layers: int) -> tuple[Path, dict[str, Path]]:
-    """A bf16 Qwen2 folder (``hidden`` wide, ``layers`` deep, char tokenizer) and arithmetic parquet files."""
+QWEN25_05B = {"hidden": 896, "heads": 14, "kv_heads": 2, "intermediate": 4864, "vocab": 151936}
+
+
+def make_model_and_task(root: Path, layers: int) -> tuple[Path, dict[str, Path]]:
+    """A bf16 Qwen2 folder (Qwen2.5-0.5B's widths, ``layers`` deep) and arithmetic parquet files."""
     import torch
     from verity_toyworld.char_tokenizer import CharTokenizer
     from verity_toyworld.tasks.arithmetic import ArithmeticConfig, write_splits
-    from verity_toyworld.tiny_model import build_tiny_qwen2_for
+    from verity_toyworld.tiny_model import build_tiny_qwen2
 
     tokenizer = CharTokenizer()
-    heads = max(4, hidden // 64)
-    model = build_tiny_qwen2_for(
-        tokenizer,
+    shape = QWEN25_05B
+    hidden = shape["hidden"]
+    model = build_tiny_qwen2(
+        shape["vocab"],
         hidden=hidden,
         layers=layers,
-        heads=heads,
-        kv_heads=max(2, heads // 4),
-        intermediate=int(2.75 * hidden),
+        heads=shape["heads"],
+        kv_heads=shape["kv_heads"],
+        intermediate=shape["intermediate"],
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     ).to(torch.bfloat16)
     folder = root / "model"
     model.save_pretrained(folder)
@@ -62,7 +73,9 @@ def make_model_and_task(root: Path, hidden: int, layers: int) -> tuple[Path, dic
     return folder, files
 
 
-def run_one(workers: int, model: Path, files: dict[str, Path], steps: int, out: Path) -> dict[str, float]:
+def run_one(
+    workers: int, model: Path, files: dict[str, Path], steps: int, out: Path, extra: list[str]
+) -> dict[str, Any]:
     """One ``verity train`` at ``workers`` workers; its measured and estimated peaks in GiB."""
     overrides = [
         f"model.path={model}",
@@ -82,6 +95,7 @@ def run_one(workers: int, model: Path, files: dict[str, Path], steps: int, out: 
         f"trainer.cpus_per_worker={2 / max(workers, 2)}",
         "trainer.progress=false",
         f"trainer.output_dir={out}",
+        *extra,
     ]
     env = dict(os.environ, PYTHONHASHSEED="0")
     done = subprocess.run(
@@ -99,7 +113,6 @@ def run_one(workers: int, model: Path, files: dict[str, Path], steps: int, out: 
     plan = summary.get("memory_plan") or {}
     estimate = max((v for k, v in plan.items() if k.endswith("/peak_gb")), default=float("nan"))
     step_peaks = [r["perf/max_memory_gb"] for r in rows if "perf/max_memory_gb" in r]
-    init = [r[k] for r in rows for k in r if k.endswith("/init_model_gb")]
     by_method: dict[str, float] = {}
     for r in rows:
         for k, v in r.items():
@@ -108,7 +121,6 @@ def run_one(workers: int, model: Path, files: dict[str, Path], steps: int, out: 
     return {
         "workers": workers,
         "measured_gb": max(step_peaks),
-        "init_gb": max(init) if init else float("nan"),
         "estimated_gb": estimate,
         "by_method_gb": by_method,
         "ran": {
@@ -120,21 +132,23 @@ def run_one(workers: int, model: Path, files: dict[str, Path], steps: int, out: 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for every run"
+    )
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--out", default="outputs/bench/memory_scaling.json")
     args = parser.parse_args(argv)
     results = []
     with tempfile.TemporaryDirectory(prefix="verity-memory-") as tmp:
         root = Path(tmp)
-        model, files = make_model_and_task(root, args.hidden, args.layers)
+        model, files = make_model_and_task(root, args.layers)
         for workers in args.workers:
-            result = run_one(workers, model, files, args.steps, root / f"run{workers}")
+            result = run_one(workers, model, files, args.steps, root / f"run{workers}", list(args.set))
             results.append(result)
             print(
-                f"{workers} worker(s): measured {result['measured_gb']:.2f} GiB per worker "
-                f"(building {result['init_gb']:.2f}), estimated {result['estimated_gb']:.2f}",
+                f"{workers} worker(s): measured {result['measured_gb']:.2f} GiB per worker, "
+                f"estimated {result['estimated_gb']:.2f}",
                 flush=True,
             )
     base = next((r["measured_gb"] for r in results if r["workers"] == 1), None)
@@ -153,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"results": results, "goals": GOALS}, indent=2) + "\n", encoding="utf-8")
+    record = {"results": results, "goals": GOALS, "layers": args.layers, "steps": args.steps, "set": args.set}
+    out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     print(f"\nwritten: {out}")
     return 0 if ok else 1
 

@@ -100,6 +100,10 @@ class RolloutConfig:
     # on a CPU. A bf16 rollout of float32 training weights gets each weight sync rounded to bf16
     # (docs/rollout-engines.md, "Serving dtype")
     dtype: Annotated[str, OneOf("float32", "bfloat16")] | None = None
+    # MiB of weights each weight sync gathers at once (float32 sizes). Peak extra memory of a sync on
+    # several ranks: about 3x this over gloo (CPU), 2x over NCCL; fewer MiB, more collectives
+    # (docs/engines.md, "Loading a checkpoint")
+    sync_bucket_mb: Annotated[int, AtLeast(1)] = 256
     # trainer.mode=async: Ray workers of the rollout's own worker group
     n_workers: Annotated[int, AtLeast(1, "the async rollout group")] = 1
     nnodes: int | None = None  # trainer.mode=async: nodes that group spans (n_workers / nnodes each); None: fewest that fit

@@ -40,7 +40,6 @@ from verity.launch.memory_terms import (
     logprob_head_bytes,
     prefill_bytes,
 )
-from verity.resharding.gather import DEFAULT_BUCKET_BYTES
 
 __all__ = [
     "CPU_WORKER_BASELINE_BYTES",
@@ -317,13 +316,11 @@ def _rollout_terms(
     ]
     if released:  # the sync at the end of the update refills them, one gathered bucket at a time
         terms.append(Term("rollout.weights_at_sync", weights, "weight_sync"))
-        terms.append(
-            Term(
-                "rollout.sync_bucket",
-                min(DEFAULT_BUCKET_BYTES, shape.n_params * run.master_bytes),
-                "weight_sync",
-            )
-        )
+        bucket = min(int(r.sync_bucket_mb) * 2**20, shape.n_params * run.master_bytes)
+        # one process: the buckets are views of the weights; several: the gathered chunks, the
+        # collective's own staging copy (gloo; not NCCL) and the full tensors cut from them
+        copies = 0 if dp == 1 else (2 if run.accelerator else 3)
+        terms.append(Term("rollout.sync_buckets", copies * bucket, "weight_sync"))
     if sleeps:
         terms.append(Term("rollout.weights_asleep", weights, RESIDENT, "host"))
     return terms

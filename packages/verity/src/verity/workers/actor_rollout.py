@@ -162,6 +162,7 @@ class ActorRolloutRefWorker(Worker):
             None  # anything with compute_logprobs(): a frozen engine, or the actor without adapters
         )
         self.rollout: RolloutEngine | None = None
+        self.sync_bucket_bytes = int(cfg.rollout.sync_bucket_mb) * 1024 * 1024  # per gathered bucket
 
     # ------------------------------------------------------------------ setup
     @register(Dispatch.BROADCAST)
@@ -261,7 +262,7 @@ class ActorRolloutRefWorker(Worker):
         maybe_stall("generate")
         self.rollout.wake()  # a no-op unless the last call put it to sleep
         if self.rollout.needs_weight_sync:  # released since the last sync (a second round of one step)
-            sync_weights(self.actor, self.rollout)
+            sync_weights(self.actor, self.rollout, bucket_bytes=self.sync_bucket_bytes)
         out = generate_batch(self.rollout, batch, self.cfg.rollout.micro_batch_size, self.dp_rank)
         # colocated, the rollout gives its memory back to the training stages until the next weight
         # sync (vLLM sleep mode at rollout.vllm.sleep_level; HF: the model to host memory on an
@@ -341,7 +342,7 @@ class ActorRolloutRefWorker(Worker):
             out["perf/optimizer_state_bytes"] = float(state_bytes)
         start = time.perf_counter()
         self.rollout.wake()
-        stats = sync_weights(self.actor, self.rollout)
+        stats = sync_weights(self.actor, self.rollout, bucket_bytes=self.sync_bucket_bytes)
         out["timing/weight_sync_s"] = time.perf_counter() - start
         out["perf/weight_sync_bytes"] = float(stats.num_bytes)
         return out
@@ -356,7 +357,7 @@ class ActorRolloutRefWorker(Worker):
         reference per bucket], "bytes": ..., "tensors": ..., "seconds": ...}``.
         """
         assert self.actor is not None, "init_model() must run first"
-        published = publish_weight_buckets(self.actor, publish=self.rank == 0)
+        published = publish_weight_buckets(self.actor, publish=self.rank == 0, bucket_bytes=self.sync_bucket_bytes)
         return {
             "refs": published.refs,
             "bytes": float(published.num_bytes),
@@ -391,5 +392,5 @@ class ActorRolloutRefWorker(Worker):
         assert self.actor is not None and self.rollout is not None, "init_model() must run first"
         info = load_engine(path, self.actor, rank=self.rank, world_size=self.world_size)
         self.rollout.wake()
-        sync_weights(self.actor, self.rollout)
+        sync_weights(self.actor, self.rollout, bucket_bytes=self.sync_bucket_bytes)
         return info
