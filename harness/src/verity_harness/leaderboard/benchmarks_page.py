@@ -113,13 +113,13 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def _figure_rows(figures: Sequence[Mapping[str, Any]], group: str) -> list[list[str]]:
-    units = {"ratio": ".3f", "min": ".1f", "accuracy": ".1%"}
+    units = {"ratio": ".3f", "min": ".1f", "accuracy": ".1%", "GiB": ".2f"}
     rows = []
     for f in figures:
         if f.get("group") != group:
             continue
         value = _fmt(f["value"], units.get(str(f.get("unit")), "g"))
-        value += " min" if f.get("unit") == "min" else ""
+        value += {"min": " min", "GiB": " GiB"}.get(str(f.get("unit")), "")
         row = [str(f["what"]), f"**{value}**"]
         if group == "trl":
             row.append(f"{_fmt(f.get('trl_s_per_step'), '.3f')} / {_fmt(f.get('verity_s_per_step'), '.3f')}")
@@ -355,6 +355,14 @@ def render_benchmarks_page(root: Path, bench_dir: Path = BENCH_DIR, baseline: Pa
         "measured in the nightly. CPU timings move with the machine and its load; compare ratios measured\n"
         "side by side, not seconds across days.\n\n" + trl,
         _bench_sections(runs),
+        "## Memory per worker\n\n"
+        "Per-worker peak memory of a GRPO run (actor, reference and colocated HF rollout in each worker) "
+        "as the\nworkers double, measured (resident-set high-water mark on a CPU) beside the memory plan's "
+        "estimate;\n`python -m ci.bench_memory_scaling` runs the 1, 2 and 4-worker runs side by side.\n\n"
+        + _table(
+            ["what", "figure", "machine", "date, commit", "command", "report"],
+            _figure_rows(figures, "memory"),
+        ),
         "## The nightly and the quickstart\n\n" + other,
         _nightly_section(_read_json(base, root), _rel(base, root)),
         TAIL,
