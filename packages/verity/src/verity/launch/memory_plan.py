@@ -266,6 +266,13 @@ def _trained_terms(
     if megatron:  # GPipe: pp micro-batches in flight, each stage L / pp layers, widths split over tp
         acts = ceil_div(acts, tp)
     terms.append(Term(f"{name}.activations", acts, stage))
+    if trained:
+        # the token embedding's gradient is dense and whole on every rank before FSDP reduces it: with
+        # tied embeddings the lookup's [V, H] gradient, the output layer's and their sum (measured: about
+        # 3 x V x H x 4 bytes above the gradients in one process, at 152k tokens); untied, two
+        terms.append(
+            Term(f"{name}.embedding_grads", (3 if shape.tied else 2) * shape.vocab * shape.hidden * 4, stage)
+        )
     if vocab_head:
         scored = rows * (run.response + 1)
         entropy_grad = name == "actor" and bool(cfg.actor.entropy_coeff)
