@@ -19,6 +19,13 @@ timeout`` beyond the honest work, instead of ``H * timeout / num_workers``.
 Tasks are a picklable module-level function plus picklable arguments. The pool can be
 used from any thread of the driver or of a Ray actor; calls to :meth:`map` are
 serialised by a lock.
+
+Start-up is never charged to a task: a worker takes tasks only once it has started and
+run its warm-up steps (``initializer`` and every :meth:`TimeoutPool.warm_up` step, e.g.
+loading the reward functions it will run), which together are bounded by
+``startup_timeout_s`` (seconds, default 120) instead of a task's timeout. A worker that
+cannot start in that time is replaced; when starts keep failing the pool raises
+RuntimeError naming the step it was running.
 """
 
 from __future__ import annotations
@@ -49,13 +56,29 @@ class TaskOutcome:
     elapsed_s: float = 0.0
 
 
-def _worker_main(conn: Connection, initializer: tuple[Callable[..., Any], tuple] | None = None) -> None:
-    """Worker loop: run the initializer, announce readiness, then receive ``(func, args)`` and
-    send back ``("ok", value)`` or ``("error", traceback)``."""
+WarmStep = tuple[Callable[..., Any], tuple]
+"""``(func, args)`` a worker runs before it takes tasks; its time is start-up, not a task's."""
+
+
+def _describe(step: WarmStep) -> str:
+    """``func(args)`` of a warm-up step, shortened, for error messages."""
+    func, args = step
+    text = f"{getattr(func, '__qualname__', func)}{args!r}"
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _run_warm_step(step: WarmStep) -> None:
+    with contextlib.suppress(Exception):  # a broken step shows up when the tasks that need it run
+        step[0](*step[1])
+
+
+def _worker_main(conn: Connection, warm_steps: Sequence[WarmStep] = ()) -> None:
+    """Worker loop: run the warm-up steps, announce readiness, then receive messages:
+    ``("task", func, args)``, answered ``("ok", value)`` or ``("error", traceback)``;
+    ``("warm", func, args)``, a further warm-up step, answered ``("ready", pid)``; None: stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's business
-    if initializer is not None:
-        with contextlib.suppress(Exception):  # a broken initializer shows up when tasks run
-            initializer[0](*initializer[1])
+    for step in warm_steps:
+        _run_warm_step(step)
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -66,7 +89,11 @@ def _worker_main(conn: Connection, initializer: tuple[Callable[..., Any], tuple]
             message = pickle.loads(data)
             if message is None:
                 return
-            func, args = message
+            kind, func, args = message
+            if kind == "warm":
+                _run_warm_step((func, args))
+                conn.send(("ready", os.getpid()))
+                continue
             reply: tuple[str, Any] = ("ok", func(*args))
         except BaseException as error:  # a task may raise anything, even SystemExit
             reply = ("error", f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=8)}")
@@ -104,19 +131,36 @@ def _main_module_hidden() -> Iterator[None]:
 
 
 class _Worker:
-    def __init__(self, context: mp.context.BaseContext, initializer: tuple | None = None) -> None:
+    def __init__(self, context: mp.context.BaseContext, warm_steps: Sequence[WarmStep] = ()) -> None:
         parent_conn, child_conn = context.Pipe(duplex=True)
-        self.process = context.Process(target=_worker_main, args=(child_conn, initializer), daemon=True)
+        self.process = context.Process(target=_worker_main, args=(child_conn, tuple(warm_steps)), daemon=True)
         with _main_module_hidden():
             self.process.start()
         child_conn.close()
         self.conn = parent_conn
-        self.ready = False  # set when the worker's "ready" message arrives
-        self.spawned = time.monotonic()
+        self.readies_owed = 1  # "ready" messages still to come: one for start-up, one per warm-up step sent
+        self.warming = "starting" + (
+            f" (last warm-up step: {_describe(warm_steps[-1])})" if warm_steps else ""
+        )
+        self.spawned = time.monotonic()  # when the current start-up or warm-up began
         self.task_index: int | None = None
         self.started = 0.0
         self.deadline = 0.0
         self.stall_at = 0.0
+
+    @property
+    def ready(self) -> bool:
+        """Started and warmed up: it may take a task."""
+        return self.readies_owed == 0
+
+    def send_warm_step(self, step: WarmStep) -> None:
+        """Have the worker run one more warm-up step; it is not ready until the step is done."""
+        with contextlib.suppress(OSError):  # a dead worker shows up as a start-up failure
+            self.conn.send(("warm", step[0], step[1]))
+        if self.ready:
+            self.spawned = time.monotonic()
+        self.readies_owed += 1
+        self.warming = f"running the warm-up step {_describe(step)}"
 
     def kill(self) -> None:
         with contextlib.suppress(OSError, ValueError):
@@ -146,10 +190,13 @@ class TimeoutPool:
         on_worker_killed: called with the pid of every worker the pool kills at a
             deadline, after the kill (to clean up what the worker may have left behind).
         initializer: ``(func, args)`` each worker runs once before it takes tasks (e.g. to
-            import a slow reward module); its time is not charged to any task.
+            import a slow reward module); its time is not charged to any task. Further such
+            steps can be added later with :meth:`warm_up`.
         max_workers: processes the pool may widen to while tasks stall (default:
             ``max(num_workers, 16)``); ``stall_s``: seconds after which a running task counts
             as stalled (default: ``min(1, timeout / 4)`` per task).
+        startup_timeout_s: seconds a worker may take to start (with the warm-up steps known
+            then), and to run each warm-up step added later (default 120; not charged to any task).
     """
 
     def __init__(
@@ -161,6 +208,7 @@ class TimeoutPool:
         initializer: tuple[Callable[..., Any], tuple] | None = None,
         max_workers: int | None = None,
         stall_s: float | None = None,
+        startup_timeout_s: float = 120.0,
     ) -> None:
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers: expected an int >= 1, got {num_workers!r}")
@@ -171,6 +219,8 @@ class TimeoutPool:
             )
         if stall_s is not None and not stall_s > 0:
             raise ValueError(f"stall_s: expected > 0 seconds, got {stall_s!r}")
+        if not startup_timeout_s > 0:
+            raise ValueError(f"startup_timeout_s: expected > 0 seconds, got {startup_timeout_s!r}")
         if start_method not in mp.get_all_start_methods():
             raise ValueError(
                 f"start_method: {start_method!r} is not available here; choose from {mp.get_all_start_methods()}"
@@ -184,12 +234,12 @@ class TimeoutPool:
         self._wide = False  # widened to max_workers because a task stalled (reset per map call)
         self.peak_workers = 0  # most worker processes alive at once (for tests and logs)
         self._on_worker_killed = on_worker_killed
-        self._initializer = initializer
+        self._warm_steps: list[WarmStep] = [initializer] if initializer is not None else []
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._closed = False
         self.workers_replaced = 0
-        self.startup_timeout_s = 120.0
+        self.startup_timeout_s = float(startup_timeout_s)
         self._startup_failures = 0
 
     @property
@@ -208,8 +258,26 @@ class TimeoutPool:
             raise RuntimeError("TimeoutPool: used after close()")
         self._workers = [w for w in self._workers if w.process.is_alive()]
         while len(self._workers) < self._num_workers:
-            self._workers.append(_Worker(self._context, self._initializer))
+            self._workers.append(_Worker(self._context, self._warm_steps))
         self.peak_workers = max(self.peak_workers, len(self._workers))
+
+    def warm_up(self, func: Callable[..., Any], args: tuple = ()) -> None:
+        """Have every worker run ``func(*args)`` before its next task, and wait until all have.
+
+        Workers started later (replacements, the extra workers of a stalled call) run it at
+        start-up too. Its time counts against ``startup_timeout_s``, never against a task's
+        timeout; an exception it raises is ignored here (the tasks that need what it loads
+        meet the error themselves). RuntimeError naming the step when workers keep failing
+        to finish it (see :meth:`map`'s start-up rules).
+        """
+        step = (func, tuple(args))
+        with self._lock:
+            self._ensure_workers()
+            self._warm_steps.append(step)
+            for worker in self._workers:
+                worker.send_warm_step(step)
+            while any(not w.ready for w in self._workers):
+                self._wait_and_collect([], [])
 
     def _replace(self, worker: _Worker, killed: bool) -> _Worker:
         pid = worker.process.pid
@@ -218,7 +286,7 @@ class TimeoutPool:
             with contextlib.suppress(Exception):  # cleanup must not break scoring
                 self._on_worker_killed(pid)
         self.workers_replaced += 1
-        fresh = _Worker(self._context, self._initializer)
+        fresh = _Worker(self._context, self._warm_steps)
         self._workers[self._workers.index(worker)] = fresh
         return fresh
 
@@ -257,7 +325,7 @@ class TimeoutPool:
                             worker.deadline = worker.started + timeouts[index]
                             worker.stall_at = worker.started + self._stall_after(timeouts[index])
                             with contextlib.suppress(OSError):  # a dead worker shows up below
-                                worker.conn.send((func, args_list[index]))
+                                worker.conn.send(("task", func, args_list[index]))
                     self._wait_and_collect(outcomes, timeouts, watch_stalls=bool(pending) and not self._wide)
             except BaseException:  # e.g. the stage time limit interrupting the driver
                 self._abandon_busy()
@@ -281,7 +349,7 @@ class TimeoutPool:
         idle = sum(1 for w in self._workers if w.task_index is None)
         wanted = min(self._max_workers - len(self._workers), len(pending) - idle)
         for _ in range(max(0, wanted)):
-            self._workers.append(_Worker(self._context, self._initializer))
+            self._workers.append(_Worker(self._context, self._warm_steps))
         self.peak_workers = max(self.peak_workers, len(self._workers))
 
     def _abandon_busy(self) -> None:
@@ -316,13 +384,23 @@ class TimeoutPool:
         for worker in list(self._workers):
             has_message = worker.conn in ready or (worker.process.sentinel in ready and worker.conn.poll())
             if not worker.ready:
-                if has_message:
-                    with contextlib.suppress(EOFError, OSError):
-                        worker.ready = worker.conn.recv()[0] == "ready"
-                if not worker.ready and (worker.process.sentinel in ready or has_message):
-                    self._startup_failure(worker, self._death_note(worker))
+                answered = False
+                while has_message and not worker.ready:
+                    try:
+                        answered = worker.conn.recv()[0] == "ready"
+                    except (EOFError, OSError):
+                        answered = False
+                    if not answered:
+                        break
+                    worker.readies_owed -= 1
+                    worker.spawned = now  # each further warm-up step has its own start-up limit
+                    has_message = worker.conn.poll()
+                if not worker.ready and (worker.process.sentinel in ready or (has_message and not answered)):
+                    self._startup_failure(worker, f"{self._death_note(worker)} while {worker.warming}")
                 elif not worker.ready and now >= worker.spawned + self.startup_timeout_s:
-                    self._startup_failure(worker, f"did not start within {self.startup_timeout_s:.0f} s")
+                    self._startup_failure(
+                        worker, f"did not finish {worker.warming} within {self.startup_timeout_s:.3g} s"
+                    )
                 continue
             index = worker.task_index
             if index is None:
@@ -354,7 +432,7 @@ class TimeoutPool:
     def _startup_failure(self, worker: _Worker, why: str) -> None:
         self._startup_failures += 1
         if self._startup_failures > 3 * self._num_workers:
-            self.close()
+            self._close_locked()  # the caller holds the lock
             raise RuntimeError(f"TimeoutPool: worker processes fail to start ({why})")
         self._replace(worker, killed=False)
 
@@ -372,10 +450,13 @@ class TimeoutPool:
     def close(self) -> None:
         """Stop all workers (idempotent)."""
         with self._lock:
-            for worker in self._workers:
-                worker.stop()
-            self._workers = []
-            self._closed = True
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        for worker in self._workers:
+            worker.stop()
+        self._workers = []
+        self._closed = True
 
     def __enter__(self) -> TimeoutPool:
         return self
