@@ -8,7 +8,12 @@ times out, raises, returns a non-score or kills its worker gets
 ``reward/errors`` and marked in ``extra["reward_status"]``; the call logs one
 summary of its failures (logger ``verity.rewards``, :mod:`verity.rewards.failures`).
 A hung worker is killed at the timeout and replaced, and hung samples time out in
-parallel (the pool widens to ``max_workers``). When more than ``max_failure_rate``
+parallel (the pool widens to ``max_workers``). A sample's timeout counts only its own
+scoring: before a call sends samples to the pool, every worker loads the reward functions
+the call needs that it has not loaded yet (a plug-in's task, a user module), under the
+pool's start-up limit (:attr:`TimeoutPool.startup_timeout_s <verity.rewards.process_pool.TimeoutPool>`,
+120 s) instead of any sample's timeout; a pool that cannot start raises RuntimeError naming what
+it was loading. When more than ``max_failure_rate``
 of a call's samples fail, :meth:`RewardManager.score` raises
 :class:`~verity.rewards.failures.RewardFailureError` with the first traceback.
 
@@ -176,6 +181,7 @@ class RewardManager:
         self.tokenizer = tokenizer
         self._custom_spec = custom_spec_from(self.config.custom_path, self.config.custom_name)
         self._pool: TimeoutPool | None = None
+        self._warmed: set[str] = set()  # specs every worker of the pool has loaded
         self.last_failure: str | None = None
         """The first failed sample of the last :meth:`score` call, described with its traceback (None: none failed)."""
 
@@ -190,7 +196,24 @@ class RewardManager:
                 initializer=(preload_reward_functions, (self._warm_specs(),)),
                 max_workers=self.config.max_workers,
             )
+            self._warmed = set(self._warm_specs())
         return self._pool
+
+    def _pool_with(self, specs: Sequence[str]) -> TimeoutPool:
+        """The pool, its workers started and holding the functions ``specs`` name (loading them
+        is start-up, bounded by the pool's start-up limit, not by any sample's timeout)."""
+        pool = self._get_pool()
+        new = tuple(spec for spec in dict.fromkeys(specs) if spec not in self._warmed)
+        if new:
+            try:
+                pool.warm_up(preload_reward_functions, (new,))
+            except RuntimeError as error:  # the pool is closed: a later call starts a new one
+                self.close()
+                raise RuntimeError(
+                    f"reward workers could not start with {list(new)} loaded: {error}"
+                ) from error
+            self._warmed.update(new)
+        return pool
 
     def _warm_specs(self) -> tuple[str, ...]:
         """Reward functions every worker loads at start-up: the user function and the overrides."""
@@ -202,6 +225,7 @@ class RewardManager:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+            self._warmed = set()
 
     def __enter__(self) -> RewardManager:
         return self
@@ -212,6 +236,7 @@ class RewardManager:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_pool"] = None
+        state["_warmed"] = set()
         return state
 
     def __del__(self) -> None:
@@ -337,7 +362,7 @@ class RewardManager:
         ]
         pooled = [i for i, here in enumerate(inline) if not here]
         if pooled:
-            results = self._get_pool().map(
+            results = self._pool_with([specs[i] for i in pooled]).map(
                 call_reward, [tasks[i] for i in pooled], [timeouts[i] for i in pooled]
             )
             for i, outcome in zip(pooled, results, strict=True):
