@@ -102,21 +102,29 @@ def _resident_bytes() -> int:
 
 
 def test_memory_freed_in_the_heap_goes_back_to_the_kernel():
+    import ctypes
+
     import torch
     from verity.hardware.memory import release_free_host_memory
 
     if not release_free_host_memory():
         pytest.skip("no glibc malloc_trim here")
-    # one freed 8 MiB block raises glibc's mmap threshold above 1 MiB: what follows comes from the heap
-    raise_threshold = torch.ones(2 * 1024 * 1024)
-    del raise_threshold
-    blocks = [torch.ones(256 * 1024) for _ in range(256)]  # 256 x 1 MiB in the heap
-    keep = torch.ones(16)  # allocated after them: the heap cannot shrink from its top
-    before = _resident_bytes()
-    del blocks
-    held = _resident_bytes()
-    release_free_host_memory()
-    after = _resident_bytes()
-    assert held > before - 64 * 2**20  # freeing alone gave (almost) nothing back
-    assert after < held - 128 * 2**20  # the trim returned most of the 256 MiB
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's mallopt parameters
+    # as in a long-running worker: 1 MiB blocks come from the heap, and free() keeps what it frees
+    libc.mallopt(m_mmap_threshold, 4 * 2**20)
+    libc.mallopt(m_trim_threshold, 2**30)
+    try:
+        start = _resident_bytes()
+        blocks = [torch.ones(256 * 1024) for _ in range(256)]  # 256 x 1 MiB
+        keep = torch.ones(16)  # allocated after them: the heap cannot shrink from its top
+        del blocks
+        held = _resident_bytes()
+        release_free_host_memory()
+        after = _resident_bytes()
+    finally:  # glibc's defaults back
+        libc.mallopt(m_mmap_threshold, 128 * 1024)
+        libc.mallopt(m_trim_threshold, 128 * 1024)
+    assert held > start + 192 * 2**20  # freeing alone gave nothing back
+    assert after < start + 64 * 2**20  # the call did
     assert keep.sum() == 16

@@ -184,6 +184,7 @@ def test_a_separate_prm_worker_group_trains_beside_the_actor(prime_tiny_model_an
         "actor_sharding": "full",
         "actor_compute_dtype": "float32",
         "actor_attention": "sdpa",
+        "actor_weights_loaded": "streamed",  # built empty, each rank given its shard of the folder
         "rollout": "hf",
         "rollout_dtype": "float32",
         "rollout_attention": "verity_sdpa_gqa",  # grouped key/value heads read in place on CPU
@@ -191,6 +192,7 @@ def test_a_separate_prm_worker_group_trains_beside_the_actor(prime_tiny_model_an
         "prm_sharding": "full",
         "prm_compute_dtype": "float32",
         "prm_attention": "sdpa",
+        "prm_weights_loaded": "streamed",
         "mode": "sync",  # no rollout worker group of its own
         "device": "cpu",
     }
