@@ -30,14 +30,23 @@ from typing import Any
 
 from verity.config.derived import rollout_dtype_name
 from verity.config.errors import ConfigError
+from verity.launch.memory_role_terms import (
+    CPU_WORKER_BASELINE_BYTES,
+    RESIDENT,
+    USABLE_FRACTION,
+    RunFacts,
+    Term,
+    on_cpu,
+    reference_terms,
+    rollout_terms,
+    run_facts,
+    trained_terms,
+)
 from verity.launch.memory_terms import (
     GIB,
     ModelShape,
-    activation_bytes,
     ceil_div,
     gib,
-    kv_cache_bytes,
-    logprob_head_bytes,
     prefill_bytes,
 )
 
@@ -52,28 +61,6 @@ __all__ = [
     "model_shapes",
     "plan_memory",
 ]
-
-#: share of a worker's memory a plan may fill; the rest is the margin (see the module docstring)
-USABLE_FRACTION = 0.9
-#: resident set of a worker process before it loads a model: Python, torch, transformers, Ray's
-#: worker runtime and the verity modules it imports (measured: a Ray actor that imported
-#: verity.workers.actor_rollout and transformers' tokenizers held 0.53 GiB, Linux x86-64, torch 2.13
-#: CPU build, Ray 2.x), rounded up for the process group, tokenizer and data it then builds
-CPU_WORKER_BASELINE_BYTES = int(0.6 * GIB)
-#: rows of a log-prob chunk over the vocabulary (verity.engines.logprobs.DEFAULT_CHUNK_TOKENS)
-LOGPROB_CHUNK_TOKENS = 4096
-RESIDENT = "resident"
-
-
-@dataclass(frozen=True)
-class Term:
-    """One thing a worker holds: ``name`` (``actor.params``), ``bytes``, the ``stage`` it is held in
-    (``resident``: all the time) and ``where`` (``device`` or ``host``)."""
-
-    name: str
-    bytes: int
-    stage: str = RESIDENT
-    where: str = "device"
 
 
 @dataclass
@@ -163,177 +150,6 @@ def detect_capacity(cfg: Any, backend: Any, workers_per_node: int) -> MemoryCapa
 
 
 # ------------------------------------------------------------------ the run's settings, read once
-
-
-def _bytes_of(dtype: str | None) -> int:
-    return 2 if dtype in ("bfloat16", "float16") else 4
-
-
-@dataclass(frozen=True)
-class _Run:
-    """What the terms read of a run config, resolved (sizes in tokens and rows)."""
-
-    master_bytes: int  # model.dtype: the parameters, gradients and AdamW state
-    rollout_bytes: int  # rollout.dtype (null: model.dtype)
-    accelerator: bool
-    prompt: int
-    response: int
-
-    @property
-    def positions(self) -> int:
-        """Tokens of one sequence: prompt + response."""
-        return self.prompt + self.response
-
-
-def _run(cfg: Any, backend_name: str) -> _Run:
-    return _Run(
-        master_bytes=_bytes_of(cfg.model.dtype),
-        rollout_bytes=_bytes_of(rollout_dtype_name(cfg, on_accelerator=backend_name != "cpu")),
-        accelerator=backend_name != "cpu",
-        prompt=int(cfg.data.max_prompt_length),
-        response=int(cfg.data.max_response_length),
-    )
-
-
-def _mixed_precision(options: Any, backend_name: str) -> bool:
-    value = getattr(options, "mixed_precision", None)
-    return backend_name in ("cuda", "rocm") if value is None else bool(value)
-
-
-def _micro_rows(options: Any, micro_batch_size: int, positions: int) -> int:
-    """Rows of one micro-batch: ``micro_batch_size``, fewer under ``micro_batch_tokens`` (at least one row)."""
-    budget = int(getattr(options, "micro_batch_tokens", 0) or 0)
-    if budget <= 0:
-        return micro_batch_size
-    return max(1, min(micro_batch_size, budget // positions))
-
-
-# ------------------------------------------------------------------ one trained engine's terms
-
-
-def _trained_terms(
-    name: str,
-    stage: str,
-    cfg: Any,
-    run: _Run,
-    shape: ModelShape,
-    *,
-    engine: str,
-    options: Any,
-    pool_size: int,
-    micro_batch_size: int,
-    trainable: bool,
-    vocab_head: bool,
-    backend_name: str,
-) -> list[Term]:
-    """A training engine's terms (``trainable=False``: a frozen one, the reference: parameters only)."""
-    n_params = shape.n_params if vocab_head else shape.n_params - shape.lm_head_params + shape.hidden
-    megatron = engine == "megatron"
-    if megatron:
-        tp = int(getattr(options, "tensor_parallel_size", 1))
-        pp = int(getattr(options, "pipeline_parallel_size", 1))
-        split, mixed = tp * pp, False
-    else:
-        tp = pp = 1
-        sharded = getattr(options, "sharding", "full") == "full" and pool_size > 1
-        split, mixed = (pool_size if sharded else 1), _mixed_precision(options, backend_name)
-    compute = 2 if (mixed or run.master_bytes == 2) else 4
-    offload_params = bool(getattr(options, "offload_params", False))
-    offload_optimizer = offload_params or bool(getattr(options, "offload_optimizer", False))
-    state = "host" if offload_params else "device"
-    params = ceil_div(n_params * run.master_bytes, split)
-    terms = [Term(f"{name}.params", params, RESIDENT, state)]
-    if not megatron and split > 1:  # FSDP2 all-gathers the root unit and two layers at a time
-        gathered = (shape.root_params + 2 * shape.layer_params) * compute + shape.layer_params * 4
-        terms.append(Term(f"{name}.gathered_weights", gathered, stage if trainable else f"{stage}_forward"))
-    elif mixed and trainable:  # autocast keeps a bf16 copy of every weight through forward and backward
-        terms.append(Term(f"{name}.bf16_weight_copies", n_params * 2, stage))
-    if not trainable:
-        return terms
-    lora = getattr(cfg.actor, "lora", None) if name == "actor" else None
-    if lora is not None and lora.enabled:
-        trained = 0  # adapters only: their gradients and AdamW state are under 1% of the base's
-    else:
-        trained = params
-    terms.append(Term(f"{name}.grads", trained, stage, state))
-    terms.append(Term(f"{name}.optimizer", 2 * trained, RESIDENT, "host" if offload_optimizer else "device"))
-    rows = _micro_rows(options, micro_batch_size, run.positions)
-    tokens = rows * run.positions
-    attn = getattr(options, "attn_implementation", None) or cfg.model.attn_implementation
-    eager = run.positions if attn == "eager" else 0
-    checkpointing = bool(cfg.model.gradient_checkpointing)
-    acts = activation_bytes(shape, tokens, compute, checkpointing=checkpointing, eager_positions=eager)
-    if megatron:  # GPipe: pp micro-batches in flight, each stage L / pp layers, widths split over tp
-        acts = ceil_div(acts, tp)
-    terms.append(Term(f"{name}.activations", acts, stage))
-    if trained:
-        # the token embedding's gradient is dense and whole on every rank before FSDP reduces it: with
-        # tied embeddings the lookup's [V, H] gradient, the output layer's and their sum (measured: about
-        # 3 x V x H x 4 bytes above the gradients in one process, at 152k tokens); untied, two
-        terms.append(
-            Term(f"{name}.embedding_grads", (3 if shape.tied else 2) * shape.vocab * shape.hidden * 4, stage)
-        )
-    if vocab_head:
-        scored = rows * (run.response + 1)
-        entropy_grad = name == "actor" and bool(cfg.actor.entropy_coeff)
-        head = logprob_head_bytes(shape, scored, compute, LOGPROB_CHUNK_TOKENS, entropy_grad=entropy_grad)
-        terms.append(Term(f"{name}.logprob_head", ceil_div(head, tp), stage))
-    return terms
-
-
-# ------------------------------------------------------------------ the rollout's terms
-
-
-def _rollout_terms(
-    cfg: Any, run: _Run, shape: ModelShape, dp: int, capacity: int | None, *, own_pool: bool
-) -> list[Term]:
-    """The rollout's weights and KV cache per rank; in the actor's workers on an accelerator only while generating."""
-    r, d = cfg.rollout, cfg.data
-    sleeps = run.accelerator and not own_pool
-    stage = "generate" if sleeps else RESIDENT
-    engine = r.engine
-    if engine in ("vllm", "sglang"):
-        opts = getattr(r, engine)
-        tp = int(getattr(opts, "tensor_parallel_size", 1))
-        weights = ceil_div(shape.n_params * run.rollout_bytes, tp)
-        kv = getattr(opts, "kv_cache_bytes", None) if engine == "vllm" else None
-        fraction = opts.gpu_memory_utilization if engine == "vllm" else opts.mem_fraction_static
-        if kv is None and capacity is not None and run.accelerator:
-            # the engine takes this share of the device for weights and cache together
-            reserved = int(fraction * capacity / USABLE_FRACTION)
-            return [Term(f"rollout.{engine}_reserved", max(reserved, weights), stage)]
-        terms = [Term("rollout.weights", weights, stage)]
-        if kv is not None:
-            terms.append(Term("rollout.kv_cache", int(kv), stage))
-        if sleeps and getattr(opts, "sleep_level", 1) == 1:
-            terms.append(Term("rollout.weights_asleep", weights, RESIDENT, "host"))
-        return terms
-    weights = shape.n_params * run.rollout_bytes  # a full copy of the policy per rank (the HF engine)
-    # colocated, the HF engine holds its weights only from a weight sync to the end of generate: asleep
-    # they are in host memory on an accelerator, released on a CPU (HFRollout.sleep)
-    released = not own_pool
-    stage = "generate" if released else RESIDENT
-    rows_per_rank = max(ceil_div(d.train_batch_size * r.n, dp), ceil_div(d.val_batch_size * r.val_n, dp))
-    rows = max(1, min(int(r.micro_batch_size), rows_per_rank))
-    prompts = max(1, ceil_div(rows, int(r.n)))  # a group's prompt is prefilled once
-    terms = [
-        Term("rollout.weights", weights, stage),
-        Term("rollout.kv_cache", kv_cache_bytes(shape, rows, run.positions, run.rollout_bytes), "generate"),
-        Term("rollout.prefill", prefill_bytes(shape, prompts, run.prompt, run.rollout_bytes), "generate"),
-    ]
-    if released:  # the sync at the end of the update refills them, one gathered bucket at a time
-        terms.append(Term("rollout.weights_at_sync", weights, "weight_sync"))
-        bucket = min(int(r.sync_bucket_mb) * 2**20, shape.n_params * run.master_bytes)
-        # one process: the buckets are views of the weights; several: the gathered chunks, the
-        # collective's own staging copy (gloo; not NCCL) and the full tensors cut from them
-        copies = 0 if dp == 1 else (2 if run.accelerator else 3)
-        terms.append(Term("rollout.sync_buckets", copies * bucket, "weight_sync"))
-    if sleeps:
-        terms.append(Term("rollout.weights_asleep", weights, RESIDENT, "host"))
-    return terms
-
-
-# ------------------------------------------------------------------ the plan
 
 
 @dataclass
@@ -492,7 +308,7 @@ def plan_memory(
     (:func:`verity.launch.pools.role_shapes`); ``backend_name``: ``cpu``, ``cuda``, ``rocm``,
     ``npu``. Roles the estimator does not know (a plug-in's) are named in ``notes``.
     """
-    run = _run(cfg, backend_name)
+    run = run_facts(cfg, backend_name)
     plan = MemoryPlan(backend_name, [], capacity, cfg)
     kl = cfg.algorithm.kl
     for pool, (roles, n_workers) in pools.items():
@@ -500,39 +316,16 @@ def plan_memory(
         for role in roles:
             worker.terms += _role_terms(role, cfg, run, shapes, n_workers, backend_name, capacity, plan)
         if "actor" in roles and (kl.use_kl_loss or kl.use_kl_in_reward) and not cfg.actor.lora.enabled:
-            worker.terms += _reference_terms(cfg, run, shapes["actor"], n_workers, backend_name)
+            worker.terms += reference_terms(cfg, run, shapes["actor"], n_workers, backend_name)
         worker.terms.append(Term("process.baseline", CPU_WORKER_BASELINE_BYTES, RESIDENT, "host"))
         plan.workers.append(worker)
     return plan
 
 
-def _reference_terms(cfg: Any, run: _Run, shape: ModelShape, n_workers: int, backend_name: str) -> list[Term]:
-    """The frozen reference: an engine of the actor's kind over the same model, sharded like it."""
-    engine = cfg.actor.engine
-    section = getattr(cfg, "reference", None)
-    options = getattr(section, engine, None) if section is not None else None
-    options = options if options is not None else getattr(cfg.actor, engine, None)
-    terms = _trained_terms(
-        "reference",
-        "compute_ref_log_prob",
-        cfg,
-        run,
-        shape,
-        engine=engine,
-        options=options,
-        pool_size=n_workers,
-        micro_batch_size=cfg.actor.micro_batch_size,
-        trainable=False,
-        vocab_head=True,
-        backend_name=backend_name,
-    )
-    return _on_cpu(terms, run)
-
-
 def _role_terms(
     role: str,
     cfg: Any,
-    run: _Run,
+    run: RunFacts,
     shapes: Mapping[str, ModelShape],
     n_workers: int,
     backend_name: str,
@@ -541,7 +334,7 @@ def _role_terms(
 ) -> list[Term]:
     if role == "actor":
         options = getattr(cfg.actor, cfg.actor.engine, None)
-        terms = _trained_terms(
+        terms = trained_terms(
             "actor",
             "update_actor",
             cfg,
@@ -563,15 +356,15 @@ def _role_terms(
                     n_workers
                     // max(1, int(options.tensor_parallel_size) * int(options.pipeline_parallel_size)),
                 )
-            terms += _rollout_terms(cfg, run, shapes["actor"], dp, capacity.per_worker, own_pool=False)
-        return _on_cpu(terms, run)
+            terms += rollout_terms(cfg, run, shapes["actor"], dp, capacity.per_worker, own_pool=False)
+        return on_cpu(terms, run)
     if role == "rollout":
-        return _on_cpu(
-            _rollout_terms(cfg, run, shapes["actor"], n_workers, capacity.per_worker, own_pool=True), run
+        return on_cpu(
+            rollout_terms(cfg, run, shapes["actor"], n_workers, capacity.per_worker, own_pool=True), run
         )
     if role == "critic":
         c = cfg.critic
-        terms = _trained_terms(
+        terms = trained_terms(
             "critic",
             "update_critic",
             cfg,
@@ -585,12 +378,12 @@ def _role_terms(
             vocab_head=False,
             backend_name=backend_name,
         )
-        return _on_cpu(terms, run)
+        return on_cpu(terms, run)
     if role == "reward_model":
         rm, shape = cfg.reward_model, shapes["reward_model"]
         params = (shape.n_params - shape.lm_head_params) * run.master_bytes
         forward = prefill_bytes(shape, int(rm.micro_batch_size), int(rm.max_length), run.master_bytes)
-        return _on_cpu(
+        return on_cpu(
             [Term("reward_model.params", params), Term("reward_model.forward", forward, "compute_rm_score")],
             run,
         )
@@ -598,13 +391,6 @@ def _role_terms(
         f"role {role!r} is not estimated (the memory plan knows actor, rollout, critic, reward_model)"
     )
     return []
-
-
-def _on_cpu(terms: list[Term], run: _Run) -> list[Term]:
-    """On a CPU every term is host memory."""
-    if run.accelerator:
-        return terms
-    return [Term(t.name, t.bytes, t.stage, "host") for t in terms]
 
 
 def model_shapes(cfg: Any, model: Any) -> dict[str, ModelShape]:
