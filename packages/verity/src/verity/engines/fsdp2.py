@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from verity.engines.base import LossFn, TrainingEngine, ValueLossFn, make_aggregation_context
 from verity.engines.compiled_layers import (
@@ -74,6 +74,7 @@ from verity.engines.replicate import SHARDING_MODES, all_reduce_gradients
 from verity.engines.streamed_loading import fill_from_checkpoint, materialize
 from verity.engines.train_rows import rows_to_run, step_totals
 from verity.engines.values import response_values
+from verity.engines.vocab_sharding import shard_vocabulary
 from verity.hardware.cpu_peak import cpu_has_native_bf16
 
 
@@ -147,6 +148,9 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             process group and ``sharding="full"`` (:mod:`verity.engines.offload`).
         offload_optimizer: move the optimizer state to host memory at :meth:`update_finished`
             and back before the next optimizer step. Needs an accelerator and ``optim_config``.
+        shard_vocab: under ``sharding="full"`` on several ranks, keep only this rank's rows of
+            the input embedding and the output layer, never gathered; tokens and logits
+            travel instead (:mod:`verity.engines.vocab_sharding`). Not with ``offload_params``.
     """
 
     name = "fsdp2"  # what a run records as the engine that trained
@@ -171,6 +175,7 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         cuda_graphs: bool = False,
         offload_params: bool = False,
         offload_optimizer: bool = False,
+        shard_vocab: bool = False,
     ) -> None:
         if sharding not in SHARDING_MODES:
             raise ValueError(f"sharding must be one of {list(SHARDING_MODES)}, got {sharding!r}")
@@ -197,6 +202,11 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             cuda_graphs=self.cuda_graphs,
         )
         self.offload_params = offload_params
+        if shard_vocab and (sharding != "full" or offload_params):
+            raise ValueError(
+                "shard_vocab=True shards the vocabulary rows like FSDP2's full sharding, on the device: "
+                f"it needs sharding='full' (got {sharding!r}) and offload_params=False"
+            )
         if mixed_precision is None:
             mixed_precision = self.device.type == "cuda"
         self.mixed_precision = bool(mixed_precision)
@@ -253,8 +263,9 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         self._module = module
         self._loss_scale = 1.0
         self.fsdp_modules: list[nn.Module] = []
+        self.vocab_sharded = False  # whether the embedding and output layer are sharded by rows
         if self.distributed and sharding == "full":
-            self._shard(reshard_after_forward)
+            self._shard(reshard_after_forward, shard_vocab and self.world_size > 1)
         if self.streamed:
             assert isinstance(model, ModelSource)
             # offloaded shards live in host memory (FSDP2's CPU offload policy expects them there)
@@ -282,8 +293,19 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         self.global_step = 0
 
     # ------------------------------------------------------------------ setup
-    def _shard(self, reshard_after_forward: bool) -> None:
+    def _shard(self, reshard_after_forward: bool, shard_vocab: bool) -> None:
         mesh = init_device_mesh(self.device.type, (self.world_size,))
+        sum_api = hasattr(FSDPModule, "set_force_sum_reduction_for_comms")
+        ignored: set[nn.Parameter] = set()
+        if shard_vocab:
+            if not sum_api:
+                raise RuntimeError(
+                    "shard_vocab=True sums the vocabulary's gradients over the ranks and needs FSDP2's "
+                    "set_force_sum_reduction_for_comms (torch >= 2.8)"
+                )
+            compute = torch.bfloat16 if self.mixed_precision else None
+            ignored = shard_vocabulary(self._module, mesh, compute)
+            self.vocab_sharded = True
         policy = (
             MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
             if self.mixed_precision
@@ -305,9 +327,9 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             mp_policy=policy,
             reshard_after_forward=reshard_after_forward,
             offload_policy=offload,
+            ignored_params=ignored or None,
         )
         self.fsdp_modules = [m for m in self._module.modules() if hasattr(m, "set_gradient_divide_factor")]
-        sum_api = all(hasattr(m, "set_force_sum_reduction_for_comms") for m in self.fsdp_modules)
         if sum_api:
             for m in self.fsdp_modules:
                 m.set_gradient_divide_factor(1.0)

@@ -48,10 +48,14 @@ class FSDP2Options:
     # move AdamW's state (8 B per parameter / ranks) to host memory after each update phase and back
     # before the next optimizer step; an accelerator only, and not with offload_params (docs/engines.md, "Offload")
     offload_optimizer: bool = False
+    # under sharding=full on several ranks: each rank keeps only its rows of the input embedding and the
+    # output layer, never gathered whole; the micro-batch's tokens and logits travel instead. Saves
+    # (1 - 1/ranks) of the vocabulary's weights and gradients per rank (docs/engines.md, "Vocabulary sharding")
+    shard_vocab: bool = False
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that is out of range."""
-        for key in ("compile", "cuda_graphs", "offload_params", "offload_optimizer"):
+        for key in ("compile", "cuda_graphs", "offload_params", "offload_optimizer", "shard_vocab"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"fsdp2.{key} must be true or false, got {getattr(self, key)!r}")
         if self.cuda_graphs and not self.compile:
@@ -72,6 +76,11 @@ class FSDP2Options:
             raise ValueError(
                 "fsdp2.offload_params=true with fsdp2.cuda_graphs=true: the graphs replay fixed device "
                 "addresses of weights that offload keeps in host memory; switch one off"
+            )
+        if self.shard_vocab and (self.sharding != "full" or self.offload_params):
+            raise ValueError(
+                "fsdp2.shard_vocab=true shards the vocabulary rows on the device like full sharding: it needs "
+                f"fsdp2.sharding=full (got {self.sharding}) and fsdp2.offload_params=false"
             )
         if self.attn_implementation is not None and self.attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise ValueError(
