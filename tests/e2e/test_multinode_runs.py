@@ -85,6 +85,8 @@ def test_separate_critic_lands_on_the_other_node(two_nodes, tiny_grpo_overrides,
                 "critic.n_workers=2",
                 "critic.ppo_mini_batch_size=8",
                 "critic.micro_batch_size=8",
+                "actor.fsdp2.shard_vocab=true",
+                "critic.fsdp2.shard_vocab=true",
             )
         )
     )
@@ -95,6 +97,8 @@ def test_separate_critic_lands_on_the_other_node(two_nodes, tiny_grpo_overrides,
     assert summary["ran"]["nodes"] == "2"
     # two ranks each: the actor and the critic were built empty and given their shards by rank 0
     assert summary["ran"]["actor_weights_loaded"] == summary["ran"]["critic_weights_loaded"] == "streamed"
+    # and their vocabularies kept in row shards (the rollout synced from them, the reference beside)
+    assert summary["ran"]["actor_vocab_sharded"] == summary["ran"]["critic_vocab_sharded"] == "true"
     rows = _rows(tmp_path / "ppo")
     assert len(rows) == 2 and all("critic/value_loss" in row for row in rows)
 

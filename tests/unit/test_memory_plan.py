@@ -107,6 +107,35 @@ def test_a_tiny_run_on_cpu_adds_up_its_terms():
     assert plan.record()["plan/actor/peak_gb"] == round(peak / GIB, 3)
 
 
+def test_shard_vocab_takes_the_vocabulary_out_of_the_gathered_and_whole_terms():
+    base = [
+        "trainer.device=cpu",
+        "trainer.n_workers=2",
+        "actor.fsdp2.sharding=full",
+        "data.max_prompt_length=12",
+        "data.max_response_length=8",
+        "actor.micro_batch_size=4",
+    ]
+    shape = ModelShape.from_hf_config(TINY)
+    terms = {}
+    for shard_vocab in (False, True):
+        cfg = load_config([*base, f"actor.fsdp2.shard_vocab={str(shard_vocab).lower()}"])
+        plan = plan_memory(cfg, {"actor": shape}, run_pools(cfg), "cpu", MemoryCapacity(8 * GIB, "test"))
+        terms[shard_vocab] = {t.name: t.bytes for t in plan.workers[0].terms}
+    plain, sharded = terms[False], terms[True]
+    vocab_weights = 2 * 100 * 64  # untied: the embedding and the output layer, float32 compute
+    assert plain["actor.gathered_weights"] - sharded["actor.gathered_weights"] == vocab_weights * 4
+    assert plain["actor.embedding_grads"] == 2 * 100 * 64 * 4 == 2 * sharded["actor.embedding_grads"]
+    assert sharded["actor.vocab_exchange"] == 2 * 4 * (8 + 1) * 100 * 4  # rows x (response + 1) x V x 4 B
+    assert "actor.vocab_exchange" not in plain
+    assert sharded["actor.params"] == plain["actor.params"]
+    # a worker whose largest term is the vocabulary's is told about shard_vocab, until it is on
+    cfg = load_config(base)
+    assert "actor.fsdp2.shard_vocab=true" in memory_plan._remedy("actor.embedding_grads", cfg)
+    cfg = load_config([*base, "actor.fsdp2.shard_vocab=true"])
+    assert "shard_vocab" not in memory_plan._remedy("actor.embedding_grads", cfg)
+
+
 @pytest.mark.parametrize(
     ("name", "fits", "largest"),
     [

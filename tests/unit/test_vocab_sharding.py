@@ -134,6 +134,10 @@ def test_shard_vocab_is_refused_where_it_cannot_apply():
         FSDP2Engine(tiny_qwen2(), None, sharding="replicate", shard_vocab=True)
     with pytest.raises(ValueError, match="fsdp2.shard_vocab=true .* fsdp2.sharding=full"):
         FSDP2Options(shard_vocab=True, sharding="replicate").validate()
+    from verity.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="actor.fsdp2.shard_vocab=true with actor.lora.rank=4"):
+        load_config(["actor.lora.rank=4", "actor.fsdp2.shard_vocab=true", "actor.fsdp2.sharding=full"])
     model = tiny_qwen2()
     assert vocab_unsupported_reason(model) is None
     model.lm_head.bias = torch.nn.Parameter(torch.zeros(VOCAB))

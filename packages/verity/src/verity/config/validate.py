@@ -333,6 +333,11 @@ def _validate_lora(cfg: VerityConfig) -> None:
             f"actor.lora.rank={lora.rank}: the {cfg.actor.engine!r} training engine (actor.engine) does not "
             "train LoRA adapters; use actor.engine=fsdp2, or actor.lora.rank=0 to train every weight"
         )
+    if cfg.actor.engine == "fsdp2" and cfg.actor.fsdp2.shard_vocab:
+        raise ConfigError(
+            f"actor.fsdp2.shard_vocab=true with actor.lora.rank={lora.rank}: the adapters' frozen base is "
+            "not wired for a row-sharded vocabulary yet; set actor.fsdp2.shard_vocab=false"
+        )
 
 
 def _validate_megatron(cfg: VerityConfig, has_critic: bool) -> None:

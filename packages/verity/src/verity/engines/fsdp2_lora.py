@@ -77,6 +77,8 @@ class FSDP2LoRAEngine(FSDP2Engine):
         base_model_path: str | None = None,
         **kwargs: Any,
     ) -> None:
+        if kwargs.get("shard_vocab"):
+            raise ValueError("shard_vocab=True: LoRA's frozen base is not wired for a row-sharded vocabulary")
         module = load_causal_lm(model) if isinstance(model, (str, Path)) else model
         if base_model_path is None and isinstance(model, (str, Path)):
             base_model_path = str(model)

@@ -252,7 +252,15 @@ _REMEDIES = {
     "kv_cache": "fewer rows per generate call (rollout.micro_batch_size) or a shorter data.max_response_length",
     "reserved": "a smaller rollout.vllm.gpu_memory_utilization (or rollout.sglang.mem_fraction_static)",
     "baseline": "fewer workers per node (trainer.n_workers_per_node) or a larger trainer.device_memory_gb",
+    "vocab": "the vocabulary sharded by rows (actor.fsdp2.shard_vocab=true, several workers), "
+    "or more workers to shard the rest over (trainer.nnodes / trainer.n_workers_per_node)",
 }
+
+
+def _shards_vocab(cfg: Any, role: str) -> bool:
+    """Whether ``role``'s FSDP2 settings already shard the vocabulary (``fsdp2.shard_vocab``)."""
+    section = getattr(cfg, "actor" if role == "reference" else role, None)
+    return bool(getattr(getattr(section, "fsdp2", None), "shard_vocab", True))
 
 
 def _remedy(term: str, cfg: Any) -> str:
@@ -277,6 +285,8 @@ def _remedy(term: str, cfg: Any) -> str:
         key = what
     elif role == "process":
         key = "baseline"
+    elif what in ("embedding_grads", "gathered_weights") and not _shards_vocab(cfg, role):
+        key = "vocab"
     else:
         key = "params"
     fields = getattr(FSDP2Options, "__dataclass_fields__", {})

@@ -137,8 +137,12 @@ def trained_terms(
     state = "host" if offload_params else "device"
     params = ceil_div(n_params * run.master_bytes, split)
     terms = [Term(f"{name}.params", params, RESIDENT, state)]
+    # fsdp2.shard_vocab: the embedding (and an untied output layer) stay in their row shards, never gathered
+    shard_vocab = not megatron and split > 1 and bool(getattr(options, "shard_vocab", False))
+    vocab_weights = shape.vocab * shape.hidden * (2 if vocab_head and not shape.tied else 1)
     if not megatron and split > 1:  # FSDP2 all-gathers the root unit and two layers at a time
-        gathered = (shape.root_params + 2 * shape.layer_params) * compute + shape.layer_params * 4
+        root = shape.root_params - (vocab_weights if shard_vocab else 0)
+        gathered = (root + 2 * shape.layer_params) * compute + shape.layer_params * 4
         terms.append(Term(f"{name}.gathered_weights", gathered, stage if trainable else f"{stage}_forward"))
     elif mixed and trainable:  # autocast keeps a bf16 copy of every weight through forward and backward
         terms.append(Term(f"{name}.bf16_weight_copies", n_params * 2, stage))
@@ -163,15 +167,17 @@ def trained_terms(
     if trained:
         # the token embedding's gradient is dense and whole on every rank before FSDP reduces it: with
         # tied embeddings the lookup's [V, H] gradient, the output layer's and their sum (measured: about
-        # 3 x V x H x 4 bytes above the gradients in one process, at 152k tokens); untied, two
-        terms.append(
-            Term(f"{name}.embedding_grads", (3 if shape.tied else 2) * shape.vocab * shape.hidden * 4, stage)
-        )
+        # 3 x V x H x 4 bytes above the gradients in one process, at 152k tokens); untied, two. Under
+        # shard_vocab each rank computes only its rows' share of them
+        whole = (3 if shape.tied else 2) * shape.vocab * shape.hidden * 4
+        terms.append(Term(f"{name}.embedding_grads", ceil_div(whole, split) if shard_vocab else whole, stage))
     if vocab_head:
         scored = rows * (run.response + 1)
         entropy_grad = name == "actor" and bool(cfg.actor.entropy_coeff)
         head = logprob_head_bytes(shape, scored, compute, LOGPROB_CHUNK_TOKENS, entropy_grad=entropy_grad)
         terms.append(Term(f"{name}.logprob_head", ceil_div(head, tp), stage))
+        if shard_vocab:  # the logits' all-to-all: every rank's tokens x this rank's columns, sent and received
+            terms.append(Term(f"{name}.vocab_exchange", 2 * scored * shape.vocab * compute, stage))
     return terms
 
 

@@ -33,6 +33,8 @@ class TrainingFacts:
     cuda_graphs: bool = False
     # streamed: built empty, each rank given its shard of the checkpoint by one reader | whole
     weights_loaded: str = "whole"
+    # fsdp2.shard_vocab in effect: the embedding and output layer kept in row shards on several ranks
+    vocab_sharded: bool = False
 
     @classmethod
     def of(cls, engine: TrainingEngine) -> TrainingFacts:
@@ -47,6 +49,7 @@ class TrainingFacts:
             compiled_head=bool(engine.compiled_head),
             cuda_graphs=bool(engine.cuda_graphs),
             weights_loaded="streamed" if getattr(engine, "streamed", False) else "whole",
+            vocab_sharded=bool(getattr(engine, "vocab_sharded", False)),
         )
 
 
@@ -131,6 +134,8 @@ class WorkerReport:
                 out[f"{role}_cuda_graphs"] = "true"
             if t.weights_loaded == "streamed":
                 out[f"{role}_weights_loaded"] = "streamed"
+            if t.vocab_sharded:
+                out[f"{role}_vocab_sharded"] = "true"
         r = self.rollout
         if r is not None:
             out["rollout"] = r.engine
