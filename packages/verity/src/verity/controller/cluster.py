@@ -11,10 +11,12 @@ Ray's default starts them 15 nice levels lower, so on a machine shared with anyt
 they waited for every other process and a step took longer (``ci/reports/2026-12-06-docstring-figures.md``).
 
 Nothing of a private cluster outlives its driver: every process of the cluster
-carries ``VERITY_RAY_CLUSTER=<its temp dir>`` in its environment, and a small reaper
-process (:mod:`verity.controller.reaper`) waits on a pipe from the driver; when the
-driver shuts Ray down or dies (even by ``kill -9``) the reaper kills whatever of the
-cluster is left and removes its temporary folder.
+carries ``VERITY_RAY_CLUSTER=<its temp dir>`` in its environment (and ``SPT_NOENV=1``,
+so that Ray's renaming of its agents and workers leaves that environment readable, see
+:func:`cluster_environment`), and a small reaper process (:mod:`verity.controller.reaper`)
+waits on a pipe from the driver; when the driver shuts Ray down or dies (even by
+``kill -9``) the reaper kills whatever of the cluster is left and removes its temporary
+folder.
 """
 
 from __future__ import annotations
@@ -88,18 +90,33 @@ def _stop_reapers() -> None:
             reaper.wait(timeout=10)
 
 
+def cluster_environment(temp_dir: str) -> dict[str, str]:
+    """The variables a cluster's processes are started with so that the reaper finds them all.
+
+    ``VERITY_RAY_CLUSTER=temp_dir`` is the reaper's marker, read from ``/proc/PID/environ``.
+    ``SPT_NOENV=1`` keeps that file intact: Ray renames its processes (``ray::DashboardAgent``,
+    ``ray::RuntimeEnvAgent``, ``ray::<actor>``) with the ``setproctitle`` code it carries, which
+    otherwise also writes over the start of the memory the environment was started in: in
+    some runs that held the agents' marker, and the reaper missed them (Ray sets the
+    variable for its workers, not for its agents).
+    """
+    return {CLUSTER_MARKER: temp_dir, "SPT_NOENV": "1"}
+
+
 @contextlib.contextmanager
 def _marked_environment(temp_dir: str) -> Iterator[None]:
-    """``VERITY_RAY_CLUSTER=temp_dir`` while the cluster's processes start (they inherit it)."""
-    previous = os.environ.get(CLUSTER_MARKER)
-    os.environ[CLUSTER_MARKER] = temp_dir
+    """:func:`cluster_environment` while the cluster's processes start (they inherit it)."""
+    variables = cluster_environment(temp_dir)
+    previous = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop(CLUSTER_MARKER, None)
-        else:
-            os.environ[CLUSTER_MARKER] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def init_ray(

@@ -8,6 +8,15 @@ dies (``kill -9`` included). Then it kills every process whose environment carri
 ``VERITY_RAY_CLUSTER=TEMP_DIR`` — the cluster's GCS, raylet, dashboard and runtime-env
 agents and workers all inherit it from the driver — and removes ``TEMP_DIR``.
 
+The marker is read from ``/proc/PID/environ``: the memory a process's environment was
+started in. Ray renames its agents (``ray::DashboardAgent``, ``ray::RuntimeEnvAgent``) with
+the ``setproctitle`` code it carries, which by default writes over the start of that memory
+too; the raylet passes its environment to the agents in an order that changes from run to
+run, so in some runs the marker was overwritten and the agents lived on about a minute.
+The cluster is therefore started with
+``SPT_NOENV=1`` as well, which confines the new title to the command line's memory
+(:func:`verity.controller.cluster.cluster_environment`).
+
 Why: Ray ties the GCS and the raylet to the driver's life (``PR_SET_PDEATHSIG``), but
 its agents notice the raylet's death and then wait on the dead GCS for about a
 minute before exiting, and the driver's own temporary folder is never removed.
