@@ -14,7 +14,8 @@ simulated.
 
 The cluster lives in a fresh short folder under ``/tmp`` (``RAY_TMPDIR`` points there while it
 runs; Ray's socket paths live under it), and is torn down when the block ends, also on a failure.
-Its processes carry ``VERITY_RAY_CLUSTER=<folder>`` like a private cluster's, and verity's reaper
+Its processes carry ``VERITY_RAY_CLUSTER=<folder>`` (and ``SPT_NOENV=1``) like a private cluster's
+(:func:`verity.controller.cluster.cluster_environment`), and verity's reaper
 (:mod:`verity.controller.reaper`) kills what is left of them should the harness die without its
 ``finally`` (``kill -9``).
 """
@@ -36,8 +37,6 @@ from typing import Any
 
 #: stands in for a cluster address while the harness reads the shape a config asks for
 PROBE_ADDRESS = "harness-simulated-cluster"
-#: the variable that marks a cluster's processes for verity's reaper (verity.controller.cluster)
-CLUSTER_MARKER = "VERITY_RAY_CLUSTER"
 
 
 @dataclass(frozen=True)
@@ -155,7 +154,7 @@ def simulated_cluster(shape: SimulatedShape | None) -> Iterator[str | None]:
         return
     import ray
     from ray.cluster_utils import Cluster
-    from verity.controller.cluster import LOCAL_WORKER_NICENESS
+    from verity.controller.cluster import LOCAL_WORKER_NICENESS, cluster_environment
 
     if ray.is_initialized():
         ray.shutdown()
@@ -172,7 +171,8 @@ def simulated_cluster(shape: SimulatedShape | None) -> Iterator[str | None]:
     cluster = None
     try:
         with _environment({"RAY_TMPDIR": temp_dir, "RAY_USAGE_STATS_ENABLED": "0"}):
-            with _environment({CLUSTER_MARKER: temp_dir}):  # the nodes' processes inherit it
+            # the nodes' processes inherit the reaper's marker (and SPT_NOENV, which keeps it readable)
+            with _environment(cluster_environment(temp_dir)):
                 cluster = Cluster(
                     initialize_head=True,
                     head_node_args={
