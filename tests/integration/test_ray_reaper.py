@@ -7,7 +7,9 @@ lived on for a minute without a test noticing.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,6 +115,7 @@ def test_driver_killed_with_sigkill_leaves_no_ray_process_and_no_temp_dir():
         [sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
     started: dict[int, int] = {}
+    temp_dir = None
     try:
         line = ""
         deadline = time.monotonic() + 240
@@ -155,5 +158,8 @@ def test_driver_killed_with_sigkill_leaves_no_ray_process_and_no_temp_dir():
     finally:
         if driver.poll() is None:
             driver.kill()
-        for pid in _alive(started):  # leave nothing behind for the next test
-            os.kill(pid, signal.SIGKILL)
+        for pid in _alive(started):  # after a failed check: leave nothing behind (the reaper included)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
