@@ -124,7 +124,9 @@ def run_one(
         "estimated_gb": estimate,
         "by_method_gb": by_method,
         "ran": {
-            k: v for k, v in summary.get("ran", {}).items() if "weights_loaded" in k or k == "actor_sharding"
+            k: v
+            for k, v in summary.get("ran", {}).items()
+            if "weights_loaded" in k or "vocab_sharded" in k or k == "actor_sharding"
         },
     }
 

@@ -125,6 +125,8 @@ def _gather_dim0_shards(
     import torch.distributed as dist
 
     world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if len(tensors) == 1 and tensors[0].shape[0] % world == 0:
+        return _gather_even_tensor(tensors[0], group, world, rank, dtype)
     locals_, layouts = [], []
     for tensor in tensors:
         rows, rest = tensor.shape[0], tuple(tensor.shape[1:])
@@ -155,6 +157,30 @@ def _gather_dim0_shards(
         out.append(torch.cat(pieces))
         offset += size
     return out
+
+
+@torch.no_grad()
+def _gather_even_tensor(
+    tensor: torch.Tensor, group: Any, world: int, rank: int, dtype: torch.dtype
+) -> list[torch.Tensor] | None:
+    """One tensor whose rows split evenly: gathered straight into the full tensor (no staging copies).
+
+    A tensor larger than the bucket (the embedding, ``V x H``) comes alone; rank r's chunk is
+    rows ``r c .. (r + 1) c``, so the collective's output buffer, in rank order, is the full
+    tensor and is returned as it is. Holds the full tensor once, where the coalesced path
+    holds it about three times.
+    """
+    import torch.distributed as dist
+
+    local = tensor.to_local()
+    rows, rest = tensor.shape[0], tuple(tensor.shape[1:])
+    if tuple(local.shape) != (rows // world, *rest):
+        return None
+    send = local.to(dtype).contiguous()
+    full = send.new_empty((rows, *rest))
+    gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather_single(full, send, group=group)
+    return [full]
 
 
 def _gather_bucket(
