@@ -94,7 +94,9 @@ def uneven_shards_scenario() -> dict:
         for b in iter_full_state_dict_buckets(module, 1 << 20, dtype=torch.bfloat16)
         for n, t in b
     }
-    return {"want": want, "got": got, "got16": got16, "local_rows": local_rows}
+    # buckets of one tensor each: gathered in place (the short last shard padded, then cut off)
+    alone = {n: t.clone() for b in iter_full_state_dict_buckets(module, 1) for n, t in b}
+    return {"want": want, "got": got, "got16": got16, "alone": alone, "local_rows": local_rows}
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +147,4 @@ def test_uneven_shards_gather_to_the_original_tensors(results):
             assert torch.equal(uneven["got"][name], tensor), (rank, name)
             want16 = tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
             assert torch.equal(uneven["got16"][name], want16), (rank, name)
+            assert torch.equal(uneven["alone"][name], tensor), (rank, name)

@@ -125,8 +125,8 @@ def _gather_dim0_shards(
     import torch.distributed as dist
 
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    if len(tensors) == 1 and tensors[0].shape[0] % world == 0:
-        return _gather_even_tensor(tensors[0], group, world, rank, dtype)
+    if len(tensors) == 1:
+        return _gather_one_tensor(tensors[0], group, world, rank, dtype)
     locals_, layouts = [], []
     for tensor in tensors:
         rows, rest = tensor.shape[0], tuple(tensor.shape[1:])
@@ -160,27 +160,32 @@ def _gather_dim0_shards(
 
 
 @torch.no_grad()
-def _gather_even_tensor(
+def _gather_one_tensor(
     tensor: torch.Tensor, group: Any, world: int, rank: int, dtype: torch.dtype
 ) -> list[torch.Tensor] | None:
-    """One tensor whose rows split evenly: gathered straight into the full tensor (no staging copies).
+    """One tensor alone in its bucket, gathered straight into its full tensor (no staging copies).
 
-    A tensor larger than the bucket (the embedding, ``V x H``) comes alone; rank r's chunk is
-    rows ``r c .. (r + 1) c``, so the collective's output buffer, in rank order, is the full
-    tensor and is returned as it is. Holds the full tensor once, where the coalesced path
-    holds it about three times.
+    A tensor larger than the bucket (the embedding, ``V x H``) comes alone. Rank r holds rows
+    ``r c .. (r + 1) c`` (``c = ceil(rows / W)``, the last ranks fewer), so the collective's
+    output buffer of ``W c`` rows, in rank order, starts with the full tensor: its first
+    ``rows`` rows are returned as they are (a contiguous view). Holds the full tensor once,
+    where the coalesced path holds it about three times.
     """
     import torch.distributed as dist
 
-    local = tensor.to_local()
     rows, rest = tensor.shape[0], tuple(tensor.shape[1:])
-    if tuple(local.shape) != (rows // world, *rest):
+    per_rank = _rows_per_rank(rows, world)
+    local = tensor.to_local()
+    if tuple(local.shape) != (per_rank[rank], *rest):
         return None
-    send = local.to(dtype).contiguous()
-    full = send.new_empty((rows, *rest))
+    chunk = max(per_rank)
+    send = local.to(dtype)
+    if send.shape[0] != chunk:  # a short last shard: padded to the common size
+        send = torch.cat([send, send.new_zeros((chunk - send.shape[0], *rest))])
+    buffer = send.new_empty((world * chunk, *rest))
     gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather_single(full, send, group=group)
-    return [full]
+    gather_single(buffer, send.contiguous(), group=group)
+    return [buffer[:rows]]
 
 
 def _gather_bucket(

@@ -89,3 +89,4 @@ def map_names(
         new_name = mapper(name) if mapper is not None else name
         if new_name is not None:
             yield new_name, tensor
+        del tensor  # not held while the next tensor is gathered

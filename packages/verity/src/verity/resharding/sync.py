@@ -157,6 +157,7 @@ def sync_weights(
             counts["tensors"] += 1
             counts["bytes"] += tensor.numel() * tensor.element_size()
             yield name, tensor
+            del tensor  # not held while the next tensor is gathered
 
     full = iter_engine_weights(engine, bucket_bytes, dtype=dtype, device=device)
     if rollout is not None:

@@ -306,6 +306,7 @@ class HFRollout(RolloutEngine):
             target.data.copy_(tensor.detach().to(device=target.device, dtype=target.dtype))
             self._stale.discard(id(target))
             loaded += 1
+            del tensor  # released before the stream gathers the next one
         return loaded
 
     def sleep(self) -> None:
