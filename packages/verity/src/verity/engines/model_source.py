@@ -2,7 +2,8 @@
 
 A :class:`ModelSource` names a local HF checkpoint folder and the model class a role
 builds from it (a causal LM for the actor and reference, a token classifier with a
-fresh scalar head for the critic). It can
+fresh scalar head for the critic, a one-label sequence classifier for the reward model).
+It can
 
 - :meth:`~ModelSource.load_whole`: the module with every weight, as ``from_pretrained``
   builds it (one process, replicated engines, engines that shard nothing);
@@ -21,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +31,12 @@ from torch import nn
 
 from verity.data.multimodal import VISION_LANGUAGE_MODEL_TYPES
 from verity.engines.hf_loading import quiet_loading
-from verity.engines.safetensors_files import has_safetensors
+from verity.engines.safetensors_files import CheckpointError, CheckpointFiles, has_safetensors
 
 __all__ = ["KINDS", "ModelSource", "parameters_on_meta"]
 
 # what a role builds from the checkpoint: the transformers auto class and the config changes
-KINDS = ("causal_lm", "value_model")
+KINDS = ("causal_lm", "value_model", "reward_model")
 
 
 @contextlib.contextmanager
@@ -66,17 +67,29 @@ class ModelSource:
 
     ``dtype``: the parameters' dtype; ``attn_implementation``: the HF attention kernel
     (None: transformers' default). For ``value_model`` the scalar head ``score`` is not in
-    the checkpoint and starts at zero (see :attr:`fresh_parameters`).
+    the checkpoint and starts at zero (see :attr:`fresh_parameters`). A ``reward_model``
+    (``AutoModelForSequenceClassification``, one label) reads its ``score`` head from the
+    checkpoint when the safetensors files hold one; a plain causal-LM folder has none, and
+    the head is then fresh like the critic's.
     """
 
     path: str
     kind: str = "causal_lm"
     dtype: torch.dtype = torch.float32
     attn_implementation: str | None = None
+    # reward_model: whether the safetensors files lack the score head (read from their headers once)
+    _head_missing: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"ModelSource.kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == "reward_model" and has_safetensors(self.path):
+            try:
+                names = CheckpointFiles(self.path).names()
+            except CheckpointError:
+                return  # the loader names the broken file when it reads it
+            missing = not any(name.startswith("score.") for name in names)
+            object.__setattr__(self, "_head_missing", missing)
 
     # ------------------------------------------------------------------ facts
     def model_type(self) -> str | None:
@@ -94,16 +107,17 @@ class ModelSource:
     @property
     def fresh_parameters(self) -> tuple[str, ...]:
         """Parameter-name prefixes the checkpoint does not hold; they start at zero."""
-        return ("score.",) if self.kind == "value_model" else ()
+        return ("score.",) if self.kind == "value_model" or self._head_missing else ()
 
     # ------------------------------------------------------------- building
     def config(self) -> Any:
-        """The folder's HF config (``num_labels=1`` and no head dropout for a value model)."""
+        """The folder's HF config (``num_labels=1``; no head dropout for a value model)."""
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(self.path, local_files_only=True)
-        if self.kind == "value_model":
+        if self.kind in ("value_model", "reward_model"):
             config.num_labels = 1
+        if self.kind == "value_model":
             config.classifier_dropout = 0.0
         return config
 
@@ -112,6 +126,8 @@ class ModelSource:
 
         if self.kind == "value_model":
             return transformers.AutoModelForTokenClassification
+        if self.kind == "reward_model":
+            return transformers.AutoModelForSequenceClassification
         if self.model_type() in VISION_LANGUAGE_MODEL_TYPES:
             return transformers.AutoModelForImageTextToText
         return transformers.AutoModelForCausalLM
@@ -122,7 +138,9 @@ class ModelSource:
     def load_whole(self) -> nn.Module:
         """The module with every weight on CPU (``from_pretrained``; the value head zeroed)."""
         if not Path(self.path).is_dir():
-            what = "critic model path" if self.kind == "value_model" else "model path"
+            what = {"value_model": "critic model path", "reward_model": "reward model path"}.get(
+                self.kind, "model path"
+            )
             raise FileNotFoundError(f"{what} {self.path!r} is not a directory with an HF checkpoint")
         with quiet_loading():  # the value head is "missing" from a causal-LM checkpoint, as intended
             module = self._auto_class().from_pretrained(
@@ -144,11 +162,12 @@ class ModelSource:
         return sum(p.numel() for p in self.build_empty().parameters())
 
     def _check_head(self, module: nn.Module) -> None:
-        if self.kind != "value_model":
+        if self.kind == "causal_lm":
             return
         head = getattr(module, "score", None)
         if not isinstance(head, nn.Linear) or head.out_features != 1:
-            raise TypeError(f"{type(module).__name__} has no scalar 'score' head; cannot use it as a critic")
+            role = "a critic" if self.kind == "value_model" else "a reward model"
+            raise TypeError(f"{type(module).__name__} has no scalar 'score' head; cannot use it as {role}")
 
     def _zero_fresh(self, module: nn.Module) -> None:
         if not self.fresh_parameters:
