@@ -83,6 +83,8 @@ class WorkerReport:
         reference_engine: what computes the reference log-probs (an engine's name, ``adapters-disabled``).
         skip_zero_advantage: whether the actor's update skips rows whose advantage is 0.
         adapter: the LoRA adapters' settings, described.
+        weights_loaded: for a role without a training engine (the reward model): ``streamed``
+            (built empty, each rank given its shard by one reader) or ``whole``; None: not told.
         extra: what a plug-in role reported beyond these fields.
     """
 
@@ -96,6 +98,7 @@ class WorkerReport:
     reference_engine: str | None = None
     skip_zero_advantage: bool | None = None
     adapter: str | None = None
+    weights_loaded: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -147,4 +150,6 @@ class WorkerReport:
                 out["rollout_wrappers"] = "+".join(r.wrappers)
         if self.adapter:
             out[f"{role}_adapter"] = self.adapter
+        if self.weights_loaded == "streamed":
+            out.setdefault(f"{role}_weights_loaded", "streamed")
         return out
