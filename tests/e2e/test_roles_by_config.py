@@ -44,6 +44,8 @@ def test_reward_model_and_separate_critic_run_from_config(tiny_model_and_task, t
         )
     )
     assert "reward_model" in summary["stage_plan"] and "update_critic" in summary["stage_plan"]
+    # two colocated ranks: the reward model sharded over the actor's group, one reader filling it
+    assert summary["ran"]["reward_model_weights_loaded"] == "streamed"
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all("reward/rm_score_mean" in row and "critic/value_loss" in row for row in rows)
     workers = json.loads((out / "workers.json").read_text())

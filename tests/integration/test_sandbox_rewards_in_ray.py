@@ -105,7 +105,9 @@ def test_reward_model_worker_group_splits_rows_over_ranks(cluster, tmp_path):
     classifier.save_pretrained(tmp_path)
     pool = ResourcePool([2], cpus_per_bundle=0.5, name="rm", timeout_s=60)
     group = WorkerGroup(pool, RewardModelWorker, str(tmp_path))
-    group.init_model()
+    reports = group.init_model()
+    # two ranks and a safetensors folder: sharded, each rank given its shard by rank 0
+    assert [r.weights_loaded for r in reports] == ["streamed", "streamed"]
     prompts = [[{"role": "user", "content": f"{i}+1="}] for i in range(3)]
     responses = [str(i + 1) for i in range(3)]
     out = group.compute_rm_score(Batch.from_dict(None, {"raw_prompt": prompts, "response_text": responses}))
