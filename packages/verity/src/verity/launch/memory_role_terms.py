@@ -225,9 +225,12 @@ def rollout_terms(
         terms.append(Term("rollout.weights_at_sync", weights, "weight_sync"))
         bucket = min(int(r.sync_bucket_mb) * 2**20, shape.n_params * run.master_bytes)
         # one process: the buckets are views of the weights; several: the gathered chunks, the
-        # collective's own staging copy (gloo; not NCCL) and the full tensors cut from them
+        # collective's own staging copy (gloo; not NCCL) and the full tensors cut from them. A
+        # tensor larger than the bucket (the embedding) comes alone and is gathered in place, once
         copies = 0 if dp == 1 else (2 if run.accelerator else 3)
-        terms.append(Term("rollout.sync_buckets", copies * bucket, "weight_sync"))
+        lone = shape.vocab * shape.hidden * run.rollout_bytes
+        largest = lone if dp > 1 and lone > bucket else 0
+        terms.append(Term("rollout.sync_buckets", max(copies * bucket, largest), "weight_sync"))
     if sleeps:
         terms.append(Term("rollout.weights_asleep", weights, RESIDENT, "host"))
     return terms
