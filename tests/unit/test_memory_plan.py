@@ -107,6 +107,38 @@ def test_a_tiny_run_on_cpu_adds_up_its_terms():
     assert plan.record()["plan/actor/peak_gb"] == round(peak / GIB, 3)
 
 
+@pytest.mark.parametrize(("n_workers", "safetensors", "split"), [(1, True, 1), (2, True, 2), (2, False, 1)])
+def test_the_reward_model_params_divide_over_its_ranks_when_it_streams(
+    tmp_path, n_workers, safetensors, split
+):
+    TINY.save_pretrained(tmp_path)  # config.json: the plan reads no weights, only their format
+    if safetensors:
+        (tmp_path / "model.safetensors").write_bytes(b"")
+    cfg = load_config(
+        [
+            "trainer.device=cpu",
+            f"trainer.n_workers={n_workers}",
+            "reward_model.enabled=true",
+            f"reward_model.model_path={tmp_path}",
+            "reward_model.micro_batch_size=4",
+            "reward_model.max_length=32",
+        ]
+    )
+    shape = ModelShape.from_hf_config(TINY)
+    shapes = {"actor": shape, "reward_model": shape}
+    plan = plan_memory(cfg, shapes, run_pools(cfg), "cpu", MemoryCapacity(8 * GIB, "test"))
+    terms = {t.name: t for t in plan.workers[0].terms}
+    whole = (shape.n_params - shape.lm_head_params) * 4  # float32, no output layer
+    assert terms["reward_model.params"].bytes == -(-whole // split)
+    assert terms["reward_model.params"].stage == "resident"
+    gathered = terms.get("reward_model.gathered_weights")
+    if split == 1:  # one rank, or .bin weights: the whole model in every rank, nothing gathered
+        assert gathered is None
+    else:  # the embedding, the final norm and two layers gathered for a pass
+        assert gathered.bytes == (shape.root_params - shape.lm_head_params + 2 * shape.layer_params) * 4
+        assert gathered.stage == "compute_rm_score"
+
+
 def test_shard_vocab_takes_the_vocabulary_out_of_the_gathered_and_whole_terms():
     base = [
         "trainer.device=cpu",

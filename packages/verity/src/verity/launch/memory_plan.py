@@ -391,16 +391,27 @@ def _role_terms(
         return on_cpu(terms, run)
     if role == "reward_model":
         rm, shape = cfg.reward_model, shapes["reward_model"]
-        params = (shape.n_params - shape.lm_head_params) * run.master_bytes
+        # several ranks and a safetensors folder: FSDP2-sharded over them (verity.workers.reward_model)
+        split = n_workers if n_workers > 1 and _streams(rm.model_path) else 1
+        params = ceil_div((shape.n_params - shape.lm_head_params) * run.master_bytes, split)
+        terms = [Term("reward_model.params", params)]
+        if split > 1:  # each pass gathers the backbone's root (embedding, final norm) and two layers
+            gathered = (shape.root_params - shape.lm_head_params + 2 * shape.layer_params) * run.master_bytes
+            terms.append(Term("reward_model.gathered_weights", gathered, "compute_rm_score"))
         forward = prefill_bytes(shape, int(rm.micro_batch_size), int(rm.max_length), run.master_bytes)
-        return on_cpu(
-            [Term("reward_model.params", params), Term("reward_model.forward", forward, "compute_rm_score")],
-            run,
-        )
+        terms.append(Term("reward_model.forward", forward, "compute_rm_score"))
+        return on_cpu(terms, run)
     plan.notes.append(
         f"role {role!r} is not estimated (the memory plan knows actor, rollout, critic, reward_model)"
     )
     return []
+
+
+def _streams(path: str | None) -> bool:
+    """Whether a sharded role builds the model at ``path`` empty and fills it shard by shard (safetensors)."""
+    from verity.engines.model_source import ModelSource
+
+    return bool(path) and ModelSource(os.path.expanduser(str(path))).streams
 
 
 def model_shapes(cfg: Any, model: Any) -> dict[str, ModelShape]:
