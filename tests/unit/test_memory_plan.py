@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import Qwen2Config
 from verity.config import load_config
 from verity.launch import memory_plan
@@ -111,9 +112,15 @@ def test_a_tiny_run_on_cpu_adds_up_its_terms():
 def test_the_reward_model_params_divide_over_its_ranks_when_it_streams(
     tmp_path, n_workers, safetensors, split
 ):
-    TINY.save_pretrained(tmp_path)  # config.json: the plan reads no weights, only their format
+    from transformers import Qwen2ForCausalLM
+
+    # the plan reads no weights, only their format (the config check reads the safetensors headers)
+    model = Qwen2ForCausalLM(TINY)
     if safetensors:
-        (tmp_path / "model.safetensors").write_bytes(b"")
+        model.save_pretrained(tmp_path)
+    else:  # a folder of .bin weights loads whole
+        TINY.save_pretrained(tmp_path)
+        torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
     cfg = load_config(
         [
             "trainer.device=cpu",
@@ -166,6 +173,9 @@ def test_shard_vocab_takes_the_vocabulary_out_of_the_gathered_and_whole_terms():
     assert "actor.fsdp2.shard_vocab=true" in memory_plan._remedy("actor.embedding_grads", cfg)
     cfg = load_config([*base, "actor.fsdp2.shard_vocab=true"])
     assert "shard_vocab" not in memory_plan._remedy("actor.embedding_grads", cfg)
+    # the reward model has no fsdp2 section: its remedy names its own keys
+    remedy = memory_plan._remedy("reward_model.params", cfg)
+    assert "reward_model.n_workers" in remedy and "fsdp2" not in remedy
 
 
 @pytest.mark.parametrize(

@@ -93,7 +93,8 @@ def check_checkpoint_files(key: str, path: str, kind: str = "causal_lm") -> None
 
 
 def check_model_folders(cfg: Any) -> None:
-    """Check ``model.path`` (unless ``embedded``) and ``critic.model_path`` (when set): config and weights."""
+    """Check ``model.path`` (unless ``embedded``), ``critic.model_path`` and ``reward_model.model_path``
+    (when set): config and weights."""
     if cfg.model.path != "embedded":
         check_model_folder("model.path", cfg.model.path)
         check_checkpoint_files("model.path", cfg.model.path)
@@ -103,6 +104,11 @@ def check_model_folders(cfg: Any) -> None:
         check_model_folder("critic.model_path", critic_path)
     if critic_path and getattr(critic, "enabled", False):
         check_checkpoint_files("critic.model_path", critic_path, "value_model")
+    reward_model = getattr(cfg, "reward_model", None)
+    rm_path = getattr(reward_model, "model_path", None)
+    if rm_path and getattr(reward_model, "enabled", False):
+        check_model_folder("reward_model.model_path", rm_path)
+        check_checkpoint_files("reward_model.model_path", rm_path, "reward_model")
 
 
 PLACEHOLDER = "/path/to/"  # how the GPU recipe configs mark the paths a user must give

@@ -279,6 +279,12 @@ def _remedy(term: str, cfg: Any) -> str:
             f"the rollout holds a full copy of the policy on every device and no setting shards it yet: try "
             f"{' or '.join(tries)}, or devices with more memory"
         )
+    if role == "reward_model":  # no engine settings of its own: it shards over its group's ranks
+        return (
+            "it would fit with more ranks to shard the reward model over (reward_model.placement=separate "
+            "with reward_model.n_workers / reward_model.nnodes, safetensors weights) or a smaller "
+            "reward_model.micro_batch_size / reward_model.max_length"
+        )
     if role == "rollout":
         key = "kv_cache" if what == "kv_cache" else "reserved"
     elif what in ("activations", "logprob_head"):
@@ -297,7 +303,7 @@ def _remedy(term: str, cfg: Any) -> str:
     )
     ckpt = "" if cfg.model.gradient_checkpointing else ", model.gradient_checkpointing=true"
     fix = _REMEDIES[key].format(offload=offload, ckpt=ckpt)
-    if role in ("critic", "reward_model"):
+    if role == "critic":
         fix = fix.replace("actor.fsdp2", f"{role}.fsdp2").replace(
             "actor.micro_batch_size", f"{role}.micro_batch_size"
         )
