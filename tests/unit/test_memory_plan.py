@@ -168,8 +168,12 @@ def test_shard_vocab_takes_the_vocabulary_out_of_the_gathered_and_whole_terms():
     assert sharded["actor.vocab_exchange"] == 2 * 4 * (8 + 1) * 100 * 4  # rows x (response + 1) x V x 4 B
     assert "actor.vocab_exchange" not in plain
     assert sharded["actor.params"] == plain["actor.params"]
-    # a worker whose largest term is the vocabulary's is told about shard_vocab, until it is on
+    # null (the default) is on for a CPU run
     cfg = load_config(base)
+    plan = plan_memory(cfg, {"actor": shape}, run_pools(cfg), "cpu", MemoryCapacity(8 * GIB, "test"))
+    assert {t.name: t.bytes for t in plan.workers[0].terms} == sharded
+    # a worker whose largest term is the vocabulary's is told about shard_vocab, until it is on
+    cfg = load_config([*base, "actor.fsdp2.shard_vocab=false"])
     assert "actor.fsdp2.shard_vocab=true" in memory_plan._remedy("actor.embedding_grads", cfg)
     cfg = load_config([*base, "actor.fsdp2.shard_vocab=true"])
     assert "shard_vocab" not in memory_plan._remedy("actor.embedding_grads", cfg)

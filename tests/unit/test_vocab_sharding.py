@@ -82,6 +82,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             critic = FSDP2Engine(source, OptimConfig(lr=1e-2), shard_vocab=shard_vocab)
             run["values"] = critic.compute_values(make_padded_batch(rows=4, seed=rank), micro_batch_size=2)
         out[shard_vocab] = run
+    # the default (None): on for a CPU device under full sharding, off when replicated
+    out["default"] = [FSDP2Engine(tiny_qwen2(), None, sharding=s).vocab_sharded for s in ("full", "replicate")]
     torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
@@ -110,6 +112,7 @@ def test_sharded_vocabulary_trains_like_the_gathered_one(tmp_path, world):
     for rank, run in enumerate(ranks):
         plain, sharded = run[False], run[True]
         assert sharded["vocab_sharded"] and not plain["vocab_sharded"]
+        assert run["default"] == [True, False]
         # this rank's torch.chunk rows only (100 rows over 3 ranks: 34, 34, 32)
         assert sharded["embedding_local_rows"] == min(chunk, VOCAB - rank * chunk)
         assert sharded["tied"] == (world == 2)

@@ -151,6 +151,7 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         shard_vocab: under ``sharding="full"`` on several ranks, keep only this rank's rows of
             the input embedding and the output layer, never gathered; tokens and logits
             travel instead (:mod:`verity.engines.vocab_sharding`). Not with ``offload_params``.
+            None: on for a CPU device under ``sharding="full"``, off on accelerators.
     """
 
     name = "fsdp2"  # what a run records as the engine that trained
@@ -175,7 +176,7 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         cuda_graphs: bool = False,
         offload_params: bool = False,
         offload_optimizer: bool = False,
-        shard_vocab: bool = False,
+        shard_vocab: bool | None = None,
     ) -> None:
         if sharding not in SHARDING_MODES:
             raise ValueError(f"sharding must be one of {list(SHARDING_MODES)}, got {sharding!r}")
@@ -202,6 +203,8 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             cuda_graphs=self.cuda_graphs,
         )
         self.offload_params = offload_params
+        if shard_vocab is None:  # on where it measured faster: gloo on a CPU (docs/engines.md)
+            shard_vocab = self.device.type == "cpu" and sharding == "full"
         if shard_vocab and (sharding != "full" or offload_params):
             raise ValueError(
                 "shard_vocab=True shards the vocabulary rows like FSDP2's full sharding, on the device: "

@@ -79,6 +79,7 @@ class FSDP2LoRAEngine(FSDP2Engine):
     ) -> None:
         if kwargs.get("shard_vocab"):
             raise ValueError("shard_vocab=True: LoRA's frozen base is not wired for a row-sharded vocabulary")
+        kwargs["shard_vocab"] = False  # the frozen base keeps its vocabulary in FSDP2's root unit
         module = load_causal_lm(model) if isinstance(model, (str, Path)) else model
         if base_model_path is None and isinstance(model, (str, Path)):
             base_model_path = str(model)

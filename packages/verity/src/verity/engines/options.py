@@ -50,12 +50,13 @@ class FSDP2Options:
     offload_optimizer: bool = False
     # under sharding=full on several ranks: each rank keeps only its rows of the input embedding and the
     # output layer, never gathered whole; the micro-batch's tokens and logits travel instead. Saves
-    # (1 - 1/ranks) of the vocabulary's weights and gradients per rank (docs/engines.md, "Vocabulary sharding")
-    shard_vocab: bool = False
+    # (1 - 1/ranks) of the vocabulary's weights and gradients per rank; null: on for CPU (gloo) runs,
+    # off on accelerators, where it is not measured yet (docs/engines.md, "Vocabulary sharding")
+    shard_vocab: bool | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that is out of range."""
-        for key in ("compile", "cuda_graphs", "offload_params", "offload_optimizer", "shard_vocab"):
+        for key in ("compile", "cuda_graphs", "offload_params", "offload_optimizer"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"fsdp2.{key} must be true or false, got {getattr(self, key)!r}")
         if self.cuda_graphs and not self.compile:
@@ -77,6 +78,8 @@ class FSDP2Options:
                 "fsdp2.offload_params=true with fsdp2.cuda_graphs=true: the graphs replay fixed device "
                 "addresses of weights that offload keeps in host memory; switch one off"
             )
+        if self.shard_vocab is not None and not isinstance(self.shard_vocab, bool):
+            raise ValueError(f"fsdp2.shard_vocab must be true, false or null, got {self.shard_vocab!r}")
         if self.shard_vocab and (self.sharding != "full" or self.offload_params):
             raise ValueError(
                 "fsdp2.shard_vocab=true shards the vocabulary rows on the device like full sharding: it needs "

@@ -148,7 +148,7 @@ def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
         "cuda_graphs": bool(getattr(options, "cuda_graphs", False)),
         "offload_params": bool(getattr(options, "offload_params", False)),
         "offload_optimizer": bool(getattr(options, "offload_optimizer", False)),
-        "shard_vocab": bool(getattr(options, "shard_vocab", False)),
+        "shard_vocab": getattr(options, "shard_vocab", None),
     }
     if ctx.adapters:
         from verity.engines.fsdp2_lora import FSDP2LoRAEngine

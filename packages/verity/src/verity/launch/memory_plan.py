@@ -260,7 +260,8 @@ _REMEDIES = {
 def _shards_vocab(cfg: Any, role: str) -> bool:
     """Whether ``role``'s FSDP2 settings already shard the vocabulary (``fsdp2.shard_vocab``)."""
     section = getattr(cfg, "actor" if role == "reference" else role, None)
-    return bool(getattr(getattr(section, "fsdp2", None), "shard_vocab", True))
+    setting = getattr(getattr(section, "fsdp2", None), "shard_vocab", True)
+    return cfg.trainer.device == "cpu" if setting is None else bool(setting)
 
 
 def _remedy(term: str, cfg: Any) -> str:

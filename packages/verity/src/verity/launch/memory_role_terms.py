@@ -138,7 +138,10 @@ def trained_terms(
     params = ceil_div(n_params * run.master_bytes, split)
     terms = [Term(f"{name}.params", params, RESIDENT, state)]
     # fsdp2.shard_vocab: the embedding (and an untied output layer) stay in their row shards, never gathered
-    shard_vocab = not megatron and split > 1 and bool(getattr(options, "shard_vocab", False))
+    vocab_setting = getattr(options, "shard_vocab", False)
+    if vocab_setting is None:  # the engine's default: on for a CPU run
+        vocab_setting = backend_name == "cpu"
+    shard_vocab = not megatron and split > 1 and bool(vocab_setting)
     vocab_weights = shape.vocab * shape.hidden * (2 if vocab_head and not shape.tied else 1)
     if not megatron and split > 1:  # FSDP2 all-gathers the root unit and two layers at a time
         root = shape.root_params - (vocab_weights if shard_vocab else 0)
