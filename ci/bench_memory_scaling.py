@@ -9,7 +9,8 @@ tokenizer uses the first ids — is saved in bfloat16 safetensors to a temporary
 arithmetic task files. Each
 worker count then runs ``verity train`` in a fresh process: GRPO with the KL loss (actor,
 reference and the colocated HF rollout in every worker), FSDP2 ``sharding=full`` over gloo,
-float32 weights, ``--steps`` steps; ``--set`` adds config overrides to every run (e.g.
+float32 weights (the vocabulary in row shards, ``fsdp2.shard_vocab``'s CPU default), ``--steps``
+steps; ``--set`` adds config overrides to every run (e.g.
 ``rollout.dtype=bfloat16 rollout.sync_bucket_mb=64``). From the run's own records it reads
 
 - **measured**: the largest per-step ``perf/max_memory_gb`` (a worker's resident-set
