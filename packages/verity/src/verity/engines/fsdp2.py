@@ -240,6 +240,7 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             raise TypeError(
                 f"model must be an nn.Module, a ModelSource or a checkpoint path, got {type(model).__name__}"
             )
+        self._prepare_module(module)
         if not self.streamed:
             module.to(self.device)
         if attn_implementation is not None:
@@ -273,7 +274,8 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             assert isinstance(model, ModelSource)
             # offloaded shards live in host memory (FSDP2's CPU offload policy expects them there)
             materialize(module, torch.device("cpu") if self.offload_params else self.device)
-            fill_from_checkpoint(module, model, self.device)
+            fill_from_checkpoint(module, model, self.device, self._checkpoint_name)
+            self._init_fresh_parameters()
 
         self.optim_config = optim_config
         self.optimizer: torch.optim.Optimizer | None = None
@@ -296,6 +298,20 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         self.global_step = 0
 
     # ------------------------------------------------------------------ setup
+    def _prepare_module(self, module: nn.Module) -> None:
+        """Change the built model before it moves, compiles or shards (a subclass's hook).
+
+        ``module``'s parameters are on ``meta`` when ``self.streamed`` (the values come from
+        the checkpoint after sharding), real otherwise. Default: nothing.
+        """
+
+    def _checkpoint_name(self, name: str) -> str | None:
+        """The checkpoint's name of the module parameter ``name``; None: not in it (fresh)."""
+        return name
+
+    def _init_fresh_parameters(self) -> None:
+        """After a streamed fill: give fresh parameters (zeroed) their initial values. Default: none."""
+
     def _shard(self, reshard_after_forward: bool, shard_vocab: bool) -> None:
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         sum_api = hasattr(FSDPModule, "set_force_sum_reduction_for_comms")

@@ -25,7 +25,7 @@ missing tensor or a shape that does not match the config stops there, naming it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
@@ -77,20 +77,39 @@ def _full_shape(param: torch.Tensor) -> tuple[int, ...]:
     return tuple(param.shape)  # a DTensor's shape is the global one
 
 
-def check_checkpoint(module: nn.Module, files: CheckpointFiles, source: ModelSource) -> dict[str, str]:
+#: maps a module's parameter name to the checkpoint's name for it; None: not in the checkpoint
+CheckpointNames = Callable[[str], "str | None"]
+
+
+def _is_fresh(name: str, source: ModelSource, names: CheckpointNames | None) -> bool:
+    if source.fresh_parameters and name.startswith(source.fresh_parameters):
+        return True
+    return names is not None and names(name) is None
+
+
+def check_checkpoint(
+    module: nn.Module,
+    files: CheckpointFiles,
+    source: ModelSource,
+    names: CheckpointNames | None = None,
+) -> dict[str, str]:
     """Map each parameter of ``module`` to the checkpoint tensor it loads from; refuse a mismatch.
 
     ``module``: the empty (or sharded) model. A parameter is found under any of its names
     (tied weights have two). Parameters under ``source.fresh_parameters`` need no tensor.
+    ``names``: where the module's names differ from the checkpoint's (``peft`` puts a LoRA
+    layer's base weight under ``...q_proj.base_layer.weight``), the checkpoint name of each
+    module name, ``None`` for a parameter the checkpoint does not hold (an adapter): fresh.
     Raises :class:`CheckpointError` naming the folder and the first missing tensor, or the
     first tensor whose shape differs from the one the config gives.
     """
     plan: dict[str, str] = {}
     missing: list[str] = []
+    rename = names if names is not None else (lambda n: n)
     for name, aliases, param in _parameter_names(module):
-        if name.startswith(source.fresh_parameters) and source.fresh_parameters:
+        if _is_fresh(name, source, names):
             continue
-        stored = next((a for a in aliases if a in files), None)
+        stored = next((s for s in (rename(a) for a in aliases) if s is not None and s in files), None)
         if stored is None:
             missing.append(name)
             continue
@@ -128,7 +147,12 @@ def _local(param: torch.Tensor) -> torch.Tensor:
     return param.to_local() if hasattr(param, "to_local") else param
 
 
-def fill_from_checkpoint(module: nn.Module, source: ModelSource, device: torch.device) -> int:
+def fill_from_checkpoint(
+    module: nn.Module,
+    source: ModelSource,
+    device: torch.device,
+    names: CheckpointNames | None = None,
+) -> int:
     """Fill ``module``'s parameters (materialized; dim-0 sharded over the default group, or whole)
     from ``source``'s files; return the bytes this rank read from disk.
 
@@ -136,7 +160,8 @@ def fill_from_checkpoint(module: nn.Module, source: ModelSource, device: torch.d
     calls it with the same module. Rank 0 reads and checks the files first and every rank
     raises the same :class:`CheckpointError` when they do not match the model; then the
     others receive their dim-0 chunks (see the module docstring). Fresh parameters (the
-    critic's head) are zeroed.
+    critic's head, and those ``names`` maps to ``None``) are zeroed; ``names`` as for
+    :func:`check_checkpoint`.
     """
     distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
     rank = dist.get_rank() if distributed else 0
@@ -145,7 +170,7 @@ def fill_from_checkpoint(module: nn.Module, source: ModelSource, device: torch.d
     if rank == 0:
         try:
             files = CheckpointFiles(source.path)
-            plan = check_checkpoint(module, files, source)
+            plan = check_checkpoint(module, files, source, names)
         except CheckpointError as err:
             error = str(err)
     if distributed:
@@ -159,7 +184,7 @@ def fill_from_checkpoint(module: nn.Module, source: ModelSource, device: torch.d
     with torch.no_grad():
         for name, _, param in _parameter_names(module):
             local = _local(param)
-            if source.fresh_parameters and name.startswith(source.fresh_parameters):
+            if _is_fresh(name, source, names):
                 local.zero_()
                 continue
             full = None
