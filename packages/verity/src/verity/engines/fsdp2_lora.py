@@ -31,6 +31,7 @@ schedule — is the same code):
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -43,9 +44,10 @@ from torch.distributed.checkpoint.state_dict import (
 
 from verity.engines.fsdp2 import FSDP2Engine
 from verity.engines.hf_loading import load_causal_lm
-from verity.engines.lora import ADAPTER_NAME, LoRAConfig, apply_lora
+from verity.engines.lora import ADAPTER_NAME, LoRAConfig, apply_lora, apply_lora_to_empty
+from verity.engines.model_source import ModelSource
 from verity.engines.optim import OptimConfig
-from verity.resharding.lora_merge import iter_merged_weight_buckets, lora_sources
+from verity.resharding.lora_merge import iter_merged_weight_buckets, lora_sources, plain_name
 
 #: sharded state of the trainable parameters only: the frozen base is not saved
 _ADAPTER_STATE = StateDictOptions(full_state_dict=False, ignore_frozen_params=True)
@@ -57,7 +59,11 @@ class FSDP2LoRAEngine(FSDP2Engine):
     """FSDP2 training of LoRA adapters (see the module docstring).
 
     Args:
-        model: an HF causal LM module or a local checkpoint directory (the base model).
+        model: the base model: an HF causal LM module, a local checkpoint directory (loaded
+            whole), or a :class:`~verity.engines.model_source.ModelSource`, which streams as
+            for :class:`~verity.engines.fsdp2.FSDP2Engine` (several ranks, ``sharding="full"``,
+            safetensors): built empty with the adapters injected, sharded, each rank filled
+            with its rows of the base, then of the adapters' seeded initial values.
         optim_config: AdamW and LR-schedule settings for the adapters (``None``: inference only).
         lora: the adapter settings (``rank > 0``).
         seed: seeds the adapters' initialisation (the same on every rank).
@@ -69,7 +75,7 @@ class FSDP2LoRAEngine(FSDP2Engine):
 
     def __init__(
         self,
-        model: nn.Module | str | Path,
+        model: nn.Module | ModelSource | str | Path,
         optim_config: OptimConfig | None = None,
         *,
         lora: LoRAConfig,
@@ -80,14 +86,54 @@ class FSDP2LoRAEngine(FSDP2Engine):
         if kwargs.get("shard_vocab"):
             raise ValueError("shard_vocab=True: LoRA's frozen base is not wired for a row-sharded vocabulary")
         kwargs["shard_vocab"] = False  # the frozen base keeps its vocabulary in FSDP2's root unit
-        module = load_causal_lm(model) if isinstance(model, (str, Path)) else model
         if base_model_path is None and isinstance(model, (str, Path)):
             base_model_path = str(model)
+        elif base_model_path is None and isinstance(model, ModelSource):
+            base_model_path = model.path
+        if isinstance(model, (str, Path)):
+            model = load_causal_lm(model)
         self.lora = lora
+        self.seed = seed
         self.base_model_path = base_model_path
-        self.peft_model = apply_lora(module, lora, seed=seed)
+        # streamed: the adapters' initial values (whole, on CPU) until each rank has copied its rows
+        self._adapter_init: dict[str, torch.Tensor] = {}
+        # _prepare_module (called by the base __init__) injects the adapters
+        super().__init__(model, optim_config, **kwargs)
+
+    def _prepare_module(self, module: nn.Module) -> None:
+        """Inject the adapters (seeded with ``seed``) before the model moves or shards."""
+        if self.streamed:
+            self.peft_model, self._adapter_init = apply_lora_to_empty(module, self.lora, seed=self.seed)
+        else:
+            self.peft_model = apply_lora(module, self.lora, seed=self.seed)
         self.adapted_layers = [s.layer for s in lora_sources(module).values()]
-        super().__init__(module, optim_config, **kwargs)
+
+    def _checkpoint_name(self, name: str) -> str | None:
+        """A base weight's name in the checkpoint (without ``base_layer``); None for an adapter."""
+        return plain_name(name)
+
+    def _init_fresh_parameters(self) -> None:
+        """Give each rank its rows of the adapters' initial values (the fill left them at zero)."""
+        init, self._adapter_init = self._adapter_init, {}
+        with torch.no_grad():
+            for name, param in self._module.named_parameters():
+                if name not in init:
+                    continue
+                local = param.to_local() if hasattr(param, "to_local") else param
+                full = init.pop(name)
+                if tuple(local.shape) == tuple(full.shape):
+                    local.copy_(full)
+                    continue
+                rows = math.ceil(full.shape[0] / self.world_size)
+                start = min(self.rank * rows, full.shape[0])
+                if tuple(local.shape) != (min(rows, full.shape[0] - start), *full.shape[1:]):
+                    raise RuntimeError(
+                        f"adapter {name!r}: rank {self.rank} holds {list(local.shape)} of {list(full.shape)}, "
+                        "not torch.chunk's dim-0 rows"
+                    )
+                local.copy_(full[start : start + local.shape[0]])
+        if init:
+            raise RuntimeError(f"adapters left without initial values: {sorted(init)[:3]}")
 
     # -------------------------------------------------------------- adapters
     @contextlib.contextmanager

@@ -36,12 +36,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from verity.resharding.lora_merge import lora_sources, merge_lora_weight
+from verity.resharding.lora_merge import lora_sources, merge_lora_weight, plain_name
 
 __all__ = [
     "ADAPTER_NAME",
     "LoRAConfig",
     "apply_lora",
+    "apply_lora_to_empty",
     "check_lora_targets",
     "merge_lora_weight",
     "peft_available",
@@ -149,6 +150,51 @@ def apply_lora(model: nn.Module, config: LoRAConfig, *, seed: int = 0) -> Any:
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(seed)
         return get_peft_model(model, peft_lora_config(config), adapter_name=ADAPTER_NAME)
+
+
+def apply_lora_to_empty(
+    model: nn.Module, config: LoRAConfig, *, seed: int = 0
+) -> tuple[Any, dict[str, torch.Tensor]]:
+    """:func:`apply_lora` on a model whose parameters are on ``meta``; keep the adapters' values.
+
+    ``peft`` draws ``A`` on the CPU and then moves each adapter to its base layer's device:
+    on ``meta`` the values would be lost. So every ``meta`` parameter is stood in for, while
+    ``peft`` runs, by a CPU tensor of its shape and dtype that has no storage (one element,
+    expanded); ``peft`` then makes exactly the adapters it makes on the whole model — same
+    generator, same draws, same dtype cast — and the stand-ins are swapped back. The
+    adapters then move to ``meta`` too (a sharding engine materializes the model as one).
+
+    Returns the ``peft.PeftModel`` and the adapters' initial values by parameter name
+    (whole tensors on CPU, bitwise those :func:`apply_lora` gives the whole model with the
+    same ``seed``), for the engine to copy each rank's rows from after sharding.
+    """
+    stand_ins: list[tuple[nn.Module, str, nn.Parameter]] = []
+    for owner in model.modules():
+        for attr, param in list(owner._parameters.items()):
+            if param is not None and param.device.type == "meta":
+                stand_ins.append((owner, attr, param))
+                fake = torch.empty((), dtype=param.dtype).expand(param.shape)
+                owner._parameters[attr] = nn.Parameter(fake, requires_grad=param.requires_grad)
+    try:
+        peft_model = apply_lora(model, config, seed=seed)
+    finally:
+        for owner, attr, param in stand_ins:
+            param.requires_grad_(owner._parameters[attr].requires_grad)  # peft freezes the base
+            owner._parameters[attr] = param
+    initial: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        if param.device.type == "meta":
+            continue
+        if plain_name(name) is not None:
+            raise RuntimeError(f"apply_lora_to_empty: {name!r} is real but not an adapter weight")
+        initial[name] = param.detach().clone()
+    for owner in model.modules():
+        for attr, param in list(owner._parameters.items()):
+            if param is not None and param.device.type != "meta":
+                owner._parameters[attr] = nn.Parameter(
+                    param.detach().to("meta"), requires_grad=param.requires_grad
+                )
+    return peft_model, initial
 
 
 def check_lora_targets(model_path: str, config: LoRAConfig) -> list[str]:

@@ -154,8 +154,9 @@ def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
         from verity.engines.fsdp2_lora import FSDP2LoRAEngine
 
         assert ctx.lora is not None
+        # a ModelSource streams the frozen base as for full training (several ranks, sharding=full)
         return FSDP2LoRAEngine(
-            ctx.load_model(),
+            ctx.source if ctx.source is not None else ctx.load_model(),
             ctx.optim,
             lora=ctx.lora,
             seed=ctx.seed,
