@@ -8,6 +8,12 @@ schedule — is the same code):
   (:func:`~verity.engines.lora.apply_lora`); the engine trains that HF model (names such as
   ``model.layers.0.self_attn.q_proj.lora_A.default.weight``), so log-probs and the loss go
   through exactly the forward pass a plain model takes;
+- **loading**: given a :class:`~verity.engines.model_source.ModelSource` on several ranks
+  under ``sharding="full"``, the base streams (``self.streamed``): the model is built empty,
+  the adapters are injected (:func:`~verity.engines.lora.apply_lora_to_empty`, which keeps
+  their seeded initial values, bitwise those of a whole load), the model is sharded, the
+  base filled from the checkpoint under its plain names, and each rank copies its rows of
+  the adapters' initial values;
 - **sharding**: ``fully_shard`` per decoder layer, then the root, as for full training. A
   decoder layer's FSDP2 group then holds frozen base weights and trainable adapters side by
   side. FSDP2 keeps one ``FSDPParam`` per parameter: the all-gather carries both (mixed
