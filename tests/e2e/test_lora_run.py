@@ -64,6 +64,7 @@ def test_lora_run_records_the_adapter_and_checkpoints_only_adapters(uninterrupte
     summary = json.loads((uninterrupted / "summary.json").read_text())
     assert summary["ran"]["actor"] == "fsdp2"
     assert summary["ran"]["actor_adapter"] == "lora(rank=4, alpha=8, targets=all-linear)"
+    assert summary["ran"]["actor_weights_loaded"] == "streamed"  # 2 workers: each read its shard of the base
     saved = read_model_state(uninterrupted / "checkpoints" / f"step_{STEPS}" / "actor")
     assert saved and all(".lora_A." in name or ".lora_B." in name for name in saved)
 
