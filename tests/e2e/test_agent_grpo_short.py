@@ -128,6 +128,7 @@ def test_multi_turn_rl_on_two_workers_trains_only_the_models_tokens(tmp_path, mo
         "actor_sharding": "full",
         "actor_compute_dtype": "float32",
         "actor_attention": "sdpa",
+        "actor_vocab_sharded": "true",  # two ranks on a CPU: the vocabulary in row shards by default
         "rollout": "scripted",
         "rollout_dtype": "float32",
         "rollout_attention": "sdpa",  # what the plug-in's own generate runs, not HFRollout's decode

@@ -82,6 +82,7 @@ def test_a_plugin_stage_estimator_role_and_section_run_in_the_workers(
         "actor_compute_dtype": "float32",
         "actor_attention": "sdpa",
         "actor_weights_loaded": "streamed",  # built empty, each rank given its shard of the folder
+        "actor_vocab_sharded": "true",  # two ranks on a CPU: the vocabulary in row shards by default
         "rollout": "hf",
         "rollout_dtype": "float32",
         "rollout_attention": "verity_sdpa_gqa",  # grouped key/value heads read in place on CPU
