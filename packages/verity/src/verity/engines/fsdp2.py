@@ -38,7 +38,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from verity.engines.base import LossFn, TrainingEngine, ValueLossFn, make_aggregation_context
 from verity.engines.compiled_layers import (
@@ -48,6 +47,7 @@ from verity.engines.compiled_layers import (
 )
 from verity.engines.device import resolve_device
 from verity.engines.fsdp2_scoring import FSDP2ScoringMixin
+from verity.engines.fsdp2_sharding import shard_for_training
 from verity.engines.fsdp2_state import FSDP2StateMixin
 from verity.engines.hf_loading import (
     decoder_layers,
@@ -74,7 +74,6 @@ from verity.engines.replicate import SHARDING_MODES, all_reduce_gradients
 from verity.engines.streamed_loading import fill_from_checkpoint, materialize
 from verity.engines.train_rows import rows_to_run, step_totals
 from verity.engines.values import response_values
-from verity.engines.vocab_sharding import shard_vocabulary
 from verity.hardware.cpu_peak import cpu_has_native_bf16
 
 
@@ -313,49 +312,17 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         """After a streamed fill: give fresh parameters (zeroed) their initial values. Default: none."""
 
     def _shard(self, reshard_after_forward: bool, shard_vocab: bool) -> None:
-        mesh = init_device_mesh(self.device.type, (self.world_size,))
-        sum_api = hasattr(FSDPModule, "set_force_sum_reduction_for_comms")
-        ignored: set[nn.Parameter] = set()
-        if shard_vocab:
-            if not sum_api:
-                raise RuntimeError(
-                    "shard_vocab=True sums the vocabulary's gradients over the ranks and needs FSDP2's "
-                    "set_force_sum_reduction_for_comms (torch >= 2.8)"
-                )
-            compute = torch.bfloat16 if self.mixed_precision else None
-            ignored = shard_vocabulary(self._module, mesh, compute)
-            self.vocab_sharded = True
-        policy = (
-            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            if self.mixed_precision
-            else MixedPrecisionPolicy()
-        )
-        # offload_params: each shard (and its gradient) in pinned host memory, copied in per use
-        offload = offload_policy(self.offload_params)
-        for layer in decoder_layers(self._module):
-            fully_shard(
-                layer,
-                mesh=mesh,
-                mp_policy=policy,
-                reshard_after_forward=reshard_after_forward,
-                offload_policy=offload,
-            )
-        fully_shard(
+        sharded = shard_for_training(
             self._module,
-            mesh=mesh,
-            mp_policy=policy,
+            init_device_mesh(self.device.type, (self.world_size,)),
+            mixed_precision=self.mixed_precision,
             reshard_after_forward=reshard_after_forward,
-            offload_policy=offload,
-            ignored_params=ignored or None,
+            # offload_params: each shard (and its gradient) in pinned host memory, copied in per use
+            offload_policy=offload_policy(self.offload_params),
+            shard_vocab=shard_vocab,
         )
-        self.fsdp_modules = [m for m in self._module.modules() if hasattr(m, "set_gradient_divide_factor")]
-        if sum_api:
-            for m in self.fsdp_modules:
-                m.set_gradient_divide_factor(1.0)
-                m.set_force_sum_reduction_for_comms(True)
-        else:
-            # FSDP averages over ranks; scaling the backward loss by W turns the mean into a sum.
-            self._loss_scale = float(self.world_size)
+        self.fsdp_modules, self._loss_scale = sharded.fsdp_modules, sharded.loss_scale
+        self.vocab_sharded = sharded.vocab_sharded
 
     @property
     def model(self) -> nn.Module:

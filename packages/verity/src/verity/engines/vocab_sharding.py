@@ -199,14 +199,6 @@ class ShardedEmbedding(nn.Module):
         self.padding_idx = padding_idx
         self.compute_dtype: torch.dtype | None = None  # None: the weight's own
 
-    @property
-    def num_embeddings(self) -> int:
-        return self.shard.rows
-
-    @property
-    def embedding_dim(self) -> int:
-        return int(self.weight.shape[1])
-
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         local = self.weight.to_local()
         dtype = self.compute_dtype or local.dtype
@@ -222,14 +214,6 @@ class ShardedOutput(nn.Module):
         self.shard = shard
         self.compute_dtype: torch.dtype | None = None
         self.bias = None
-
-    @property
-    def in_features(self) -> int:
-        return int(self.weight.shape[1])
-
-    @property
-    def out_features(self) -> int:
-        return self.shard.rows
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         local = self.weight.to_local()

@@ -109,9 +109,8 @@ def build_sharded_reward_model(
     separately, as :func:`score_texts` does; every rank must run the same number of forwards.
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
-    from verity.engines.hf_loading import decoder_layers
+    from verity.engines.fsdp2_sharding import shard_layers_and_root
     from verity.engines.model_source import ModelSource
     from verity.engines.streamed_loading import fill_from_checkpoint, materialize
 
@@ -121,10 +120,8 @@ def build_sharded_reward_model(
     source = ModelSource(model_path, "reward_model", dtype)
     module = source.build_empty()
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    for layer in decoder_layers(module):
-        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
     # the backbone is the root: its forward gathers the embedding and final norm, and frees them after
-    fully_shard(getattr(module, module.base_model_prefix), mesh=mesh, reshard_after_forward=True)
+    shard_layers_and_root(module, getattr(module, module.base_model_prefix), mesh)
     materialize(module, device)
     fill_from_checkpoint(module, source, device)
     if source.fresh_parameters:  # a causal-LM folder: one fresh head for every rank
