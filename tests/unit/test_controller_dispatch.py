@@ -220,6 +220,29 @@ def test_collect_all_rank_zero_and_dp():
 
 
 # ---------------------------------------------------------------- Worker outside a group
+def test_named_layout_splits_and_collects_by_replica(monkeypatch):
+    """A method registered with ``layout="rollout"`` splits by the workers' rollout layout (tensor-parallel
+    replicas of 2 ranks over 4 data-parallel ranks); every other method keeps the main one."""
+    by_replica = MethodSpec(Dispatch.DP_SPLIT, Collect.DP_CONCAT, layout="rollout")
+    workers = []
+    for rank in range(4):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "4")
+        worker = Base()
+        worker.set_dp_layout(rank // 2, 2, rank % 2 == 0, name="rollout")
+        workers.append(worker._dp_layout())
+    plan = plan_call("g.generate", by_replica, (scores_batch(4),), {}, workers)
+    assert [args[0]["scores"].tolist() for _, args, _ in plan.calls] == [[0.0, 1.0], [0.0, 1.0], [2.0, 3.0], [2.0, 3.0]]
+    answers = _answers_from(plan, lambda rank, b: Batch.from_dict({"scores": b["scores"] + 100 * rank}))
+    out = collect_results("g.generate", by_replica, plan, answers, workers)
+    assert out["scores"].tolist() == [0, 1, 202, 203]  # ranks 0 and 2 answer for their replicas
+    plain = plan_call("g.compute", SPLIT, (scores_batch(4),), {}, workers)
+    assert [args[0]["scores"].tolist() for _, args, _ in plain.calls] == [[0.0], [1.0], [2.0], [3.0]]
+    assert registered_methods(type("W", (Worker,), {"g": register(Dispatch.DP_SPLIT, layout="rollout")(lambda s, b: b)}))[
+        "g"
+    ].layout == "rollout"
+
+
 def test_worker_defaults_outside_a_group(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)

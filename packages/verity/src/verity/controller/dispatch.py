@@ -34,7 +34,11 @@ Collect modes (what the driver gets back):
 A data-parallel layout (:class:`DPLayout`) is reported by every worker (by default
 ``dp_rank = rank``, ``dp_size = world_size``, every rank a collector); a worker with
 tensor or pipeline parallelism calls ``Worker.set_dp_layout`` so that exactly one rank
-per data-parallel shard is the collector.
+per data-parallel shard is the collector. A worker whose roles split the same ranks
+differently (a tensor-parallel rollout over data-parallel training ranks) declares a
+second, named layout (``set_dp_layout(..., name="rollout")``); a method registered with
+``register(Dispatch.DP_SPLIT, layout="rollout")`` is split and collected by it, and by
+the main layout where a worker declared no such name.
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ class MethodSpec:
     dispatch: Dispatch
     collect: Collect
     check_schema: bool = True
+    layout: str | None = None  # the named data-parallel layout it splits by; None: the main one
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,15 @@ class DPLayout:
     dp_rank: int
     dp_size: int
     is_collector: bool = True
+    # other ways the same worker splits data, by name: ((name, layout), ...)
+    named: tuple[tuple[str, DPLayout], ...] = ()
+
+    def layout_for(self, name: str | None) -> DPLayout:
+        """The layout called ``name`` (this one for ``None``, or where the worker declared no such name)."""
+        for key, layout in self.named:
+            if key == name:
+                return layout
+        return self
 
 
 def register(
@@ -116,13 +130,16 @@ def register(
     collect: Collect | str | None = None,
     *,
     check_schema: bool = True,
+    layout: str | None = None,
 ) -> Callable:
     """Declare how a worker method is dispatched and collected when called on a group.
 
     ``collect`` defaults by dispatch mode (BROADCAST->ALL, DP_SPLIT->DP_CONCAT,
     RANK_ZERO->RANK_ZERO, DP_COLLECT->DP, PER_RANK->ALL). With ``check_schema`` every
-    Batch argument and Batch answer is checked by ``verity.batch.validate``. Usable as
-    ``@register`` (broadcast) or ``@register(Dispatch.DP_SPLIT)``.
+    Batch argument and Batch answer is checked by ``verity.batch.validate``. ``layout``
+    names the data-parallel layout a DP_SPLIT / DP_COLLECT method splits and collects by
+    (see the module docstring). Usable as ``@register`` (broadcast) or
+    ``@register(Dispatch.DP_SPLIT)``.
     """
     if callable(dispatch) and not isinstance(dispatch, Dispatch | str):
         return register()(dispatch)
@@ -132,7 +149,7 @@ def register(
     gather = _DEFAULT_COLLECT[mode] if collect is None else Collect(collect)
     if mode is Dispatch.RANK_ZERO and gather not in (Collect.RANK_ZERO, Collect.NONE, Collect.ALL):
         raise ValueError(f"register: dispatch RANK_ZERO calls only rank 0 and cannot collect {gather.name}")
-    spec = MethodSpec(mode, gather, check_schema)
+    spec = MethodSpec(mode, gather, check_schema, layout)
 
     def decorate(fn: Callable) -> Callable:
         if not callable(fn):
@@ -222,6 +239,7 @@ def plan_call(
         for key, value in kwargs.items():
             if isinstance(value, Batch):
                 _check_batch(label, f"argument {key!r}", value)
+    layouts = [layout.layout_for(spec.layout) for layout in layouts]
     plan = _plan(label, spec, args, kwargs, layouts, share)
     plan.payload = (args, kwargs)
     return plan
@@ -321,6 +339,7 @@ def collect_results(
     layouts: Sequence[DPLayout],
 ) -> Any:
     """Turn the per-rank answers ``{rank: answer}`` into what the driver gets back."""
+    layouts = [layout.layout_for(spec.layout) for layout in layouts]
     mode = spec.collect
     if mode is Collect.NONE:
         return None

@@ -18,6 +18,7 @@ process) a Worker is rank 0 of 1.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 from typing import Any
@@ -62,6 +63,7 @@ class Worker:
     """
 
     _verity_dp_layout: DPLayout | None = None
+    _verity_named_layouts: dict[str, DPLayout] | None = None
     _verity_peers: dict[str, Any] | None = None
 
     @property
@@ -100,21 +102,29 @@ class Worker:
         return self._dp_layout().is_collector
 
     def _dp_layout(self) -> DPLayout:
-        if self._verity_dp_layout is not None:
-            return self._verity_dp_layout
-        return DPLayout(self.rank, self.world_size, True)
+        main = self._verity_dp_layout or DPLayout(self.rank, self.world_size, True)
+        if self._verity_named_layouts:
+            return dataclasses.replace(main, named=tuple(sorted(self._verity_named_layouts.items())))
+        return main
 
-    def set_dp_layout(self, dp_rank: int, dp_size: int, is_dp_collector: bool = True) -> None:
+    def set_dp_layout(
+        self, dp_rank: int, dp_size: int, is_dp_collector: bool = True, *, name: str | None = None
+    ) -> None:
         """Declare this worker's data-parallel shard (e.g. ``rank // tp_size`` of ``world // tp_size``).
 
         Exactly one worker per shard must be the collector; the group checks this at the
-        next data-parallel call.
+        next data-parallel call. ``name``: declare a named layout instead of the main one,
+        used by the methods registered with ``layout=name`` (``verity.controller.dispatch``).
         """
         if not isinstance(dp_size, int) or dp_size < 1:
             raise ValueError(f"set_dp_layout: dp_size must be an int >= 1, got {dp_size!r}")
         if not isinstance(dp_rank, int) or not 0 <= dp_rank < dp_size:
             raise ValueError(f"set_dp_layout: dp_rank must be an int in [0, {dp_size}), got {dp_rank!r}")
-        self._verity_dp_layout = DPLayout(dp_rank, dp_size, bool(is_dp_collector))
+        layout = DPLayout(dp_rank, dp_size, bool(is_dp_collector))
+        if name is None:
+            self._verity_dp_layout = layout
+        else:
+            self._verity_named_layouts = {**(self._verity_named_layouts or {}), name: layout}
 
     def init_process_group(self, backend: str = "gloo", timeout_s: float = 300.0) -> None:
         """Join the group's ``torch.distributed`` process group through the store at ``MASTER_ADDR:MASTER_PORT``.
