@@ -206,6 +206,23 @@ def test_qwen25_plans_on_80_gib_gpus(name, fits, largest):
                 assert sentence.count(". ") == 0 and "\n" not in sentence  # one sentence
                 assert f"its largest term is {worker.largest('device').name}" in sentence
                 assert "rollout" in sentence.split("so ", 1)[1]  # what would make it fit
+                if largest == "rollout.weights":
+                    assert "rollout.tensor_parallel_size" in sentence
+
+
+def test_a_tensor_parallel_rollout_holds_a_slice_per_rank():
+    base = ["trainer.device=cpu", "trainer.n_workers=4", "actor.fsdp2.sharding=full"]
+    shape = ModelShape.from_hf_config(TINY)
+    plans = {}
+    for tp in (1, 2):
+        cfg = load_config([*base, f"rollout.tensor_parallel_size={tp}"])
+        plan = plan_memory(cfg, {"actor": shape}, run_pools(cfg), "cpu", MemoryCapacity(8 * GIB, "test"))
+        plans[tp] = {t.name: t.bytes for t in plan.workers[0].terms}
+    assert plans[2]["rollout.weights"] == -(-shape.n_params * 4 // 2)
+    assert plans[2]["rollout.sync_buckets"] < plans[1]["rollout.sync_buckets"]
+    # a replica of 2 ranks generates for twice the rows a rank alone would, over half the heads
+    assert plans[2]["rollout.kv_cache"] == plans[1]["rollout.kv_cache"]
+    assert plans[2]["actor.params"] == plans[1]["actor.params"]  # training is untouched
 
 
 def test_more_nodes_shrink_the_sharded_terms():

@@ -8,6 +8,7 @@ cluster to join). Whether the cluster holds the shape is the placement plan's qu
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -35,7 +36,16 @@ def apply_cluster_shape(cfg: Any, explicit: set[str]) -> None:
 
 
 def model_parallel_size(cfg: Any) -> int:
-    """Consecutive actor ranks that form one model-parallel group (Megatron's TP x PP; 1 for FSDP2)."""
+    """Consecutive actor ranks that must share a node: Megatron's TP x PP group (1 for FSDP2) and, in
+    sync mode, the tensor-parallel rollout replica (``rollout.tensor_parallel_size``); the least
+    common multiple of the two."""
+    from verity.config.rollout_checks import rollout_replica_size
+
+    return math.lcm(_megatron_group(cfg), rollout_replica_size(cfg))
+
+
+def _megatron_group(cfg: Any) -> int:
+    """Megatron's TP x PP (1 for another engine)."""
     if cfg.actor.engine != "megatron":
         return 1
     options = cfg.actor.megatron
@@ -67,7 +77,7 @@ def validate_cluster_shape(cfg: Any) -> None:
             raise ConfigError(
                 f"trainer.n_workers = {t.n_workers} does not divide over trainer.{key} = {value}"
             )
-    group = model_parallel_size(cfg)
+    group = _megatron_group(cfg)  # the rollout's replicas: verity.config.rollout_checks
     per_node = actor_workers_per_node(cfg)
     # a total that is not a multiple of the group is the megatron checks' to name (validate.py)
     if group > 1 and per_node is not None and per_node % group and not t.n_workers % group:

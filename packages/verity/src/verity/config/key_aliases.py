@@ -85,10 +85,7 @@ KEYS: dict[str, str | tuple[str, ...]] = {
     "rollout.name": "rollout.engine",
     "rollout.response_length": "data.max_response_length",
     "rollout.prompt_length": "data.max_prompt_length",
-    "rollout.tensor_model_parallel_size": (
-        "rollout.vllm.tensor_parallel_size",
-        "rollout.sglang.tensor_parallel_size",
-    ),
+    "rollout.tensor_model_parallel_size": "rollout.tensor_parallel_size",
     "rollout.log_prob_micro_batch_size": "rollout.micro_batch_size",
     "rollout.log_prob_micro_batch_size_per_gpu": "rollout.micro_batch_size",
     "rollout.val_kwargs.temperature": "rollout.val_temperature",

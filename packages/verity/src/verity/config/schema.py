@@ -96,6 +96,11 @@ class RolloutConfig:
     # nucleus sampling of held-out answers (val_temperature > 0); None: top_p
     val_top_p: Annotated[float, Above(0), AtMost(1)] | None = None
     micro_batch_size: Annotated[int, AtLeast(1)] = 256  # rows per generate call inside a worker
+    # ranks one rollout replica spans (tensor parallelism): trainer.mode=sync makes the actor's workers
+    # n_workers / tensor_parallel_size replicas of consecutive ranks (inside one node), each rank holding
+    # and receiving 1/tensor_parallel_size of the weights; async: the rollout group's workers
+    # (docs/rollout-engines.md, "Tensor-parallel rollout")
+    tensor_parallel_size: Annotated[int, AtLeast(1)] = 1
     # the dtype the rollout serves the policy in: float32 | bfloat16; null: bfloat16 on a GPU or NPU, model.dtype
     # on a CPU. A bf16 rollout of float32 training weights gets each weight sync rounded to bf16
     # (docs/rollout-engines.md, "Serving dtype")

@@ -22,6 +22,7 @@ from verity.config.idle_settings import check_idle_settings
 from verity.config.model_checks import check_model_folders, reject_placeholders
 from verity.config.offload_checks import check_offload
 from verity.config.optional_packages import check_optional_packages
+from verity.config.rollout_checks import check_rollout_parallel
 from verity.config.schema import VerityConfig
 from verity.config.trainer_checks import check_trainer
 
@@ -114,6 +115,7 @@ def validate_config(cfg: VerityConfig, user_keys: set[str] | None = None, source
     if cfg.model.tokenizer_path and not Path(cfg.model.tokenizer_path).expanduser().is_dir():
         raise ConfigError(f"model.tokenizer_path {cfg.model.tokenizer_path!r} is not a local folder")
     check_model_folders(cfg)  # config.json readable, model_type known to transformers
+    check_rollout_parallel(cfg)  # after the folders: it reads the heads from config.json
     check_trainer(cfg)
     check_offload(cfg)  # after the device name is known to be valid
     from verity.data.verl_dataset import data_file_problem

@@ -243,6 +243,35 @@ class TrainingEngine(abc.ABC):
 
         yield from iter_full_state_dict_buckets(self.model, bucket_bytes, dtype=dtype, device=device)
 
+    def iter_rollout_slices(
+        self,
+        tp_size: int,
+        bucket_bytes: int = 256 * 1024 * 1024,
+        *,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        stats: dict[str, int] | None = None,
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Buckets of ``(name, this rank's slice)`` for a tensor-parallel rollout of ``tp_size`` ranks per
+        replica (rank ``r`` is TP rank ``r % tp_size``; slices as :func:`verity.resharding.tp_slice_bounds`).
+
+        A collective, like :meth:`iter_full_weights`. The default sends each rank only its slices straight
+        from :attr:`model`'s FSDP2 shards (about ``1 / tp_size`` of the weights' bytes received per rank,
+        :func:`verity.resharding.iter_tp_slice_buckets`). An engine whose full weights are computed
+        (merged adapters, Megatron's layout) overrides :meth:`iter_full_weights`, and then its full
+        tensors are gathered and sliced here (every rank receives the whole model). ``stats`` (if given)
+        gets ``received_bytes`` and ``sliced_bytes`` added.
+        """
+        from verity.resharding.tp_reshard import iter_tp_slice_buckets, slice_full_buckets
+
+        if type(self).iter_full_weights is TrainingEngine.iter_full_weights:
+            yield from iter_tp_slice_buckets(
+                self.model, tp_size, bucket_bytes, dtype=dtype, device=device, stats=stats
+            )
+            return
+        full = self.iter_full_weights(bucket_bytes, dtype=dtype, device=device)
+        yield from slice_full_buckets(full, self.rank % tp_size, tp_size, stats=stats)
+
     def adapter_free_reference(self) -> Any | None:
         """With adapters (LoRA): an object whose ``compute_logprobs`` (same arguments as
         :meth:`compute_logprobs`) scores under the base model, adapters disabled, from this

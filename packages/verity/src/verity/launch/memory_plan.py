@@ -275,11 +275,11 @@ def _remedy(term: str, cfg: Any) -> str:
             if rollout_dtype_name(cfg, cfg.trainer.device != "cpu") == "bfloat16"
             else ["rollout.dtype=bfloat16"]
         )
+        tp = int(cfg.rollout.tensor_parallel_size)
+        tries.append(f"a larger rollout.tensor_parallel_size (now {tp}; each rank holds 1/size of the policy)")
         tries.append("trainer.mode=async (the rollout on devices of its own, rollout.n_workers)")
-        return (
-            f"the rollout holds a full copy of the policy on every device and no setting shards it yet: try "
-            f"{' or '.join(tries)}, or devices with more memory"
-        )
+        held = "a full copy of the policy" if tp == 1 else f"1/{tp} of the policy"
+        return f"the rollout holds {held} on every device: try {' or '.join(tries)}, or devices with more memory"
     if role == "reward_model":  # no engine settings of its own: it shards over its group's ranks
         return (
             "it would fit with more ranks to shard the reward model over (reward_model.placement=separate "

@@ -211,17 +211,27 @@ def rollout_terms(
         if sleeps and getattr(opts, "sleep_level", 1) == 1:
             terms.append(Term("rollout.weights_asleep", weights, RESIDENT, "host"))
         return terms
-    weights = shape.n_params * run.rollout_bytes  # a full copy of the policy per rank (the HF engine)
+    # the HF engine: a full copy of the policy per rank, or with rollout.tensor_parallel_size = tp a
+    # 1/tp slice (the norms, a few KiB, are whole on every rank), its KV cache's heads split alike
+    tp = int(r.tensor_parallel_size)
+    weights = ceil_div(shape.n_params * run.rollout_bytes, tp)
     # colocated, the HF engine holds its weights only from a weight sync to the end of generate: asleep
     # they are in host memory on an accelerator, released on a CPU (HFRollout.sleep)
     released = not own_pool
     stage = "generate" if released else RESIDENT
-    rows_per_rank = max(ceil_div(d.train_batch_size * r.n, dp), ceil_div(d.val_batch_size * r.val_n, dp))
+    replicas = max(1, dp // tp)  # the prompts are split over replicas, each rank of one sees them all
+    rows_per_rank = max(
+        ceil_div(d.train_batch_size * r.n, replicas), ceil_div(d.val_batch_size * r.val_n, replicas)
+    )
     rows = max(1, min(int(r.micro_batch_size), rows_per_rank))
     prompts = max(1, ceil_div(rows, int(r.n)))  # a group's prompt is prefilled once
     terms = [
         Term("rollout.weights", weights, stage),
-        Term("rollout.kv_cache", kv_cache_bytes(shape, rows, run.positions, run.rollout_bytes), "generate"),
+        Term(
+            "rollout.kv_cache",
+            ceil_div(kv_cache_bytes(shape, rows, run.positions, run.rollout_bytes), tp),
+            "generate",
+        ),
         Term("rollout.prefill", prefill_bytes(shape, prompts, run.prompt, run.rollout_bytes), "generate"),
     ]
     if released:  # the sync at the end of the update refills them, one gathered bucket at a time
@@ -229,11 +239,12 @@ def rollout_terms(
         bucket = min(int(r.sync_bucket_mb) * 2**20, shape.n_params * run.master_bytes)
         # one process: the buckets are views of the weights; several: the gathered chunks, the
         # collective's own staging copy (gloo; not NCCL) and the full tensors cut from them. A
-        # tensor larger than the bucket (the embedding) comes alone and is gathered in place, once
+        # tensor larger than the bucket (the embedding) comes alone and is gathered in place, once.
+        # With tp ranks per replica each rank sends, receives and keeps 1/tp of each bucket
         copies = 0 if dp == 1 else (2 if run.accelerator else 3)
         lone = shape.vocab * shape.hidden * run.rollout_bytes
         largest = lone if dp > 1 and lone > bucket else 0
-        terms.append(Term("rollout.sync_buckets", max(copies * bucket, largest), "weight_sync"))
+        terms.append(Term("rollout.sync_buckets", ceil_div(max(copies * bucket, largest), tp), "weight_sync"))
     if sleeps:
         terms.append(Term("rollout.weights_asleep", weights, RESIDENT, "host"))
     return terms

@@ -13,6 +13,12 @@ on one machine): the gathered tensors are copied straight into the rollout model
 parameters with ``Tensor.copy_`` (:func:`copy_named_tensors_into`); nothing is
 serialised or sent over a socket, and on a GPU the copy stays on the device.
 
+Tensor-parallel rollout (``rollout.tensor_parallel_size > 1``): the training group's ranks
+form replicas of ``tp`` consecutive ranks, and a rollout with ``tensor_parallel_size = tp``
+receives only its slice of each weight (:meth:`TrainingEngine.iter_rollout_slices
+<verity.engines.base.TrainingEngine.iter_rollout_slices>`: from FSDP2 shards each rank
+receives about ``1/tp`` of the weights' bytes, in the same bounded buckets).
+
 Every rank of the training group must call :func:`sync_weights` (gathering is a
 collective); ranks without a rollout pass ``rollout=None`` and only take part in the
 gathering.
@@ -34,7 +40,9 @@ from verity.resharding.names import NameMapper, map_names
 
 @dataclass
 class SyncStats:
-    """What one weight sync handed to the receiver: tensor count, bytes (in the sent dtype), wall seconds.
+    """What one weight sync handed to the receiver: tensor count, bytes (in the sent dtype), wall seconds,
+    and the bytes that reached this rank over the collectives (``received_bytes``; ``None`` where the
+    gatherer does not count them).
 
     A rank without a receiver reports 0 tensors and 0 bytes (it only helped gather).
     """
@@ -42,6 +50,7 @@ class SyncStats:
     num_tensors: int
     num_bytes: int
     seconds: float
+    received_bytes: int | None = None
 
 
 @torch.no_grad()
@@ -133,6 +142,7 @@ def sync_weights(
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
     name_mapper: NameMapper | None = None,
+    tensor_parallel_size: int | None = None,
 ) -> SyncStats:
     """Send ``engine``'s full weights to ``rollout.load_weights`` (collective over the training group).
 
@@ -145,6 +155,8 @@ def sync_weights(
         dtype: cast floating-point weights (e.g. ``torch.bfloat16``) before sending.
         device: where gathered tensors go (default: the trainer's device).
         name_mapper: trainer name -> rollout name (``None`` skips a weight).
+        tensor_parallel_size: ranks per rollout replica; each rank then receives only its slices
+            (default: the rollout's ``tensor_parallel_size``, else 1). Every rank must pass the same.
 
     Returns:
         :class:`SyncStats` for this rank.
@@ -159,11 +171,50 @@ def sync_weights(
             yield name, tensor
             del tensor  # not held while the next tensor is gathered
 
-    full = iter_engine_weights(engine, bucket_bytes, dtype=dtype, device=device)
+    tp = int(tensor_parallel_size or getattr(rollout, "tensor_parallel_size", 1) or 1)
+    wire: dict[str, int] = {}
+    if tp > 1:
+        full = iter_engine_slices(engine, tp, bucket_bytes, dtype=dtype, device=device, stats=wire)
+    else:
+        full = iter_engine_weights(engine, bucket_bytes, dtype=dtype, device=device)
     if rollout is not None:
         rollout.load_weights(counted(map_names(full, name_mapper)))
     for _ in full:  # finish the collective gathering (no receiver here, or it stopped early)
         pass
     return SyncStats(
-        num_tensors=counts["tensors"], num_bytes=counts["bytes"], seconds=time.perf_counter() - start
+        num_tensors=counts["tensors"],
+        num_bytes=counts["bytes"],
+        seconds=time.perf_counter() - start,
+        received_bytes=wire.get("received_bytes"),
     )
+
+
+def iter_engine_slices(
+    engine: Any,
+    tp_size: int,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    stats: dict[str, int] | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, this rank's tensor-parallel slice)`` of every weight (collective; TP rank = rank % ``tp_size``).
+
+    Uses ``engine.iter_rollout_slices`` when the engine has it, else reslices ``engine`` itself
+    or its ``.model`` module (:func:`~verity.resharding.tp_reshard.iter_tp_slice_buckets`).
+    """
+    from verity.resharding.tp_reshard import iter_tp_slice_buckets
+
+    if not isinstance(engine, nn.Module) and hasattr(engine, "iter_rollout_slices"):
+        buckets = engine.iter_rollout_slices(tp_size, bucket_bytes, dtype=dtype, device=device, stats=stats)
+    else:
+        module = engine if isinstance(engine, nn.Module) else getattr(engine, "model", None)
+        if not isinstance(module, nn.Module):
+            raise TypeError(
+                "sync_weights needs a training engine with iter_rollout_slices() or a .model module, "
+                f"got {type(engine).__name__}"
+            )
+        buckets = iter_tp_slice_buckets(module, tp_size, bucket_bytes, dtype=dtype, device=device, stats=stats)
+    for bucket in buckets:
+        while bucket:
+            yield bucket.pop(0)

@@ -42,6 +42,8 @@ class RolloutEngine(abc.ABC):
     eos_token_ids: Collection[int] | None = None
     #: the id that pads responses; None: the tokenizer's
     pad_token_id: int | None = None
+    #: ranks the engine splits the policy over (a tensor-parallel replica); each receives its slices
+    tensor_parallel_size: int = 1
     sampling: SamplingParams
 
     @abc.abstractmethod

@@ -309,6 +309,13 @@ class HFRollout(RolloutEngine):
             del tensor  # released before the stream gathers the next one
         return loaded
 
+    def weight_bytes(self) -> int:
+        """Bytes of weight storage on the rollout's device now (0 after :meth:`sleep`)."""
+        device = self.device
+        return sum(
+            p.untyped_storage().nbytes() for p in self._parameters() if p.device == device and p.numel()
+        )
+
     def sleep(self) -> None:
         """Give the weights' memory back until the next weight sync.
 

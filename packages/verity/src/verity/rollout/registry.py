@@ -8,6 +8,11 @@ into a :class:`~verity.rollout.base.RolloutEngine`::
 
     register_rollout_engine("mine", build_my_rollout)
     register_rollout_engine("mine_vllm", build_on_vllm, requires=("vllm",))
+    register_rollout_engine("mine_tp", build_split, tensor_parallel=True)
+
+``tensor_parallel=True`` says the engine splits the policy over a tensor-parallel group
+of ranks (``rollout.tensor_parallel_size > 1``): its build gets the group as
+``ctx.tp_mesh``, and a config that asks another engine for it is refused at validation.
 
 ``requires`` names the optional packages the build imports (keys of
 :data:`verity.optional_packages.PACKAGES`, or import names): a config that picks
@@ -63,6 +68,9 @@ class RolloutBuildContext:
             load ``model_path`` themselves. Call it at most once.
         options: the engine's own settings (its dataclass), or ``None``.
         cfg: the whole run config.
+        tp_mesh: the 1-D ``DeviceMesh`` of this rank's tensor-parallel rollout replica
+            (``rollout.tensor_parallel_size`` consecutive ranks), or ``None`` without one.
+            ``rank`` / ``world_size`` then count replicas, not ranks.
     """
 
     model_path: str
@@ -76,28 +84,36 @@ class RolloutBuildContext:
     load_policy: Callable[[], nn.Module] | None = None
     options: Any = None
     cfg: Any = None
+    tp_mesh: Any = None
 
 
 @dataclass(frozen=True)
 class RolloutSpec:
-    """A registered rollout engine, its build function and the optional packages the build imports."""
+    """A registered rollout engine, its build function, the optional packages the build imports,
+    and whether it splits the policy over a tensor-parallel group."""
 
     name: str
     build: Callable[[RolloutBuildContext], RolloutEngine]
     requires: tuple[str, ...] = ()
+    tensor_parallel: bool = False
 
 
 ROLLOUT_ENGINES: Registry[RolloutSpec] = Registry("rollout engine")
 
 
 def register_rollout_engine(
-    name: str, build: Callable[[RolloutBuildContext], RolloutEngine], *, requires: Sequence[str] = ()
+    name: str,
+    build: Callable[[RolloutBuildContext], RolloutEngine],
+    *,
+    requires: Sequence[str] = (),
+    tensor_parallel: bool = False,
 ) -> None:
     """Make ``build`` the rollout engine called ``name`` (``rollout.engine: <name>``).
 
     ``requires``: the optional packages ``build`` imports, checked when a config is validated.
+    ``tensor_parallel``: the build honours ``ctx.tp_mesh`` (``rollout.tensor_parallel_size > 1``).
     """
-    ROLLOUT_ENGINES.add(name, RolloutSpec(name, build, tuple(requires)))
+    ROLLOUT_ENGINES.add(name, RolloutSpec(name, build, tuple(requires), bool(tensor_parallel)))
 
 
 RolloutWrapper = Callable[[RolloutEngine, RolloutBuildContext], RolloutEngine]
@@ -118,6 +134,11 @@ def build_rollout_engine(name: str, ctx: RolloutBuildContext) -> RolloutEngine:
     machine); a build or wrapper that does not return a ``RolloutEngine`` raises TypeError.
     """
     spec = ROLLOUT_ENGINES.get(name)
+    if ctx.tp_mesh is not None and not spec.tensor_parallel:
+        raise ValueError(
+            f"rollout engine {name!r} does not split the policy over tensor-parallel ranks "
+            "(registered without tensor_parallel=True); use rollout.tensor_parallel_size=1"
+        )
     try:
         engine = spec.build(ctx)
     except ModuleNotFoundError:
@@ -139,6 +160,13 @@ def build_rollout_engine(name: str, ctx: RolloutBuildContext) -> RolloutEngine:
 def _build_hf(ctx: RolloutBuildContext) -> RolloutEngine:
     from verity.rollout.hf_rollout import HFRollout
 
+    if ctx.tp_mesh is not None:  # this rank's slice only, built empty; the first weight sync fills it
+        from verity.rollout.hf_tensor_parallel import TensorParallelHFRollout
+
+        return TensorParallelHFRollout.from_config(
+            ctx.model_path, ctx.tokenizer, tp_mesh=ctx.tp_mesh, dtype=ctx.dtype, device=ctx.device, seed=ctx.seed
+        )
+
     if ctx.load_policy is None:
         raise ValueError(
             "the hf rollout serves the policy in-process: RolloutBuildContext.load_policy is required"
@@ -147,7 +175,7 @@ def _build_hf(ctx: RolloutBuildContext) -> RolloutEngine:
     return HFRollout(model, ctx.tokenizer, seed=ctx.seed)
 
 
-register_rollout_engine("hf", _build_hf)
+register_rollout_engine("hf", _build_hf, tensor_parallel=True)
 
 
 def _options(ctx: RolloutBuildContext, cls: type) -> Any:

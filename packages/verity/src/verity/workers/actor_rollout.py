@@ -8,7 +8,10 @@ Each worker of the group holds, on its device:
 - the **rollout**: the engine ``rollout.engine`` names (:mod:`verity.rollout.registry`;
   HF transformers by default, over a full copy of the policy), refreshed from the
   actor's shards after every update (:func:`~verity.resharding.sync_weights`, gathered
-  in bounded buckets and handed over in this process);
+  in bounded buckets and handed over in this process). With ``rollout.tensor_parallel_size
+  = tp > 1`` the group's ranks form ``world / tp`` replicas of ``tp`` consecutive ranks:
+  each rank holds and receives only its slice of the policy, and ``generate`` splits the
+  prompts over replicas (the ``"rollout"`` data-parallel layout), not over ranks;
 - the **reference** policy (only when a KL term needs it): a frozen engine of the same kind;
   with LoRA adapters (``actor.lora.rank > 0``) the actor's own model with its adapters
   disabled instead — the base model's log-probs with no second copy of the weights.
@@ -47,6 +50,7 @@ from verity.algorithms.policy_losses import get_policy_loss
 from verity.batch import Batch
 from verity.checkpoint.sharded import load_engine, save_engine
 from verity.config.derived import skips_zero_advantage_rows
+from verity.config.rollout_checks import rollout_replica_size
 from verity.config.schema import VerityConfig
 from verity.controller import Collect, Dispatch, Worker, register
 from verity.engines import EngineBuildContext, TrainingEngine, build_training_engine
@@ -68,7 +72,16 @@ from verity.workers.role_training import (
     rollout_dtype,
     update_epochs,
 )
-from verity.workers.rollout_side import RowScorer, build_role_rollout, generate_batch, pad_id, rows_for_driver
+from verity.workers.rollout_side import (
+    ReplicaPlace,
+    RowScorer,
+    build_role_rollout,
+    generate_batch,
+    pad_id,
+    rollout_replica_mesh,
+    rollout_weight_bytes,
+    rows_for_driver,
+)
 
 ActorLossFn = Callable[[Any, torch.Tensor, torch.Tensor, Any], tuple[torch.Tensor, dict[str, float]]]
 
@@ -163,6 +176,7 @@ class ActorRolloutRefWorker(Worker):
         )
         self.rollout: RolloutEngine | None = None
         self.sync_bucket_bytes = int(cfg.rollout.sync_bucket_mb) * 1024 * 1024  # per gathered bucket
+        self.rollout_released_bytes: int | None = None  # what the last generate's sleep gave back
 
     # ------------------------------------------------------------------ setup
     @register(Dispatch.BROADCAST)
@@ -188,16 +202,22 @@ class ActorRolloutRefWorker(Worker):
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.pad_token_id = pad_id(tokenizer)
         self.scorer = RowScorer(cfg, tokenizer)  # reward.placement=workers
-        # the rollout's own whole copy (an in-process engine loads it; vLLM and SGLang read the folder)
+        tp = rollout_replica_size(cfg)
+        replica = ReplicaPlace.of(self.rank, self.world_size, tp)
+        if tp > 1:  # prompts go to replicas, not ranks; the first rank of each answers for it
+            self.set_dp_layout(replica.index, replica.count, replica.tp_rank == 0, name="rollout")
+        # the rollout's own whole copy (an in-process engine loads it; vLLM and SGLang read the folder),
+        # or with tensor parallelism this rank's slice of it, built empty and filled by the first sync
         self.rollout = build_role_rollout(
             cfg,
             model_path=self.model_path,
             tokenizer=tokenizer,
             device=device,
             dtype=rollout_dtype(cfg, device),
-            rank=self.rank,
-            world_size=self.world_size,
+            rank=replica.index,
+            world_size=replica.count,
             load_policy=source.load_whole,
+            tp_mesh=rollout_replica_mesh(device, self.world_size, tp) if tp > 1 else None,
         )
         # a sharding engine builds the actor empty and receives only its shard of the checkpoint
         self.actor = build_role_engine("actor", source, cfg, cfg.actor, device)
@@ -234,6 +254,8 @@ class ActorRolloutRefWorker(Worker):
                 f"actor.skip_zero_advantage=on: the {self.actor.name!r} engine cannot train a subset of "
                 "rows (TrainingEngine.supports_train_rows); use auto or off"
             )
+        if self.rollout.needs_weight_sync:  # built empty (a tensor-parallel slice): the actor's weights now
+            sync_weights(self.actor, self.rollout, bucket_bytes=self.sync_bucket_bytes)
         trainable = self.actor.trainable_parameters()
         return WorkerReport(
             rank=self.rank,
@@ -249,25 +271,29 @@ class ActorRolloutRefWorker(Worker):
         )
 
     # ------------------------------------------------------------ generation
-    @register(Dispatch.DP_SPLIT)
+    @register(Dispatch.DP_SPLIT, layout="rollout")
     def generate(self, batch: Batch) -> Batch:
         """Sample one response per row of a (repeated) prompt batch.
 
         ``batch.meta`` may carry ``sampling`` (a dict of :class:`SamplingParams`
-        fields) and ``seed`` (this call's seed; each rank offsets it by its rank so
-        the same step always draws the same tokens; ranks sharing a data-parallel shard
-        draw the same).
+        fields) and ``seed`` (this call's seed; each rank offsets it by its rollout
+        replica's index so the same step always draws the same tokens; the ranks of a
+        tensor-parallel replica get the same prompts and draw the same).
         """
         assert self.rollout is not None, "init_model() must run first"
         maybe_stall("generate")
         self.rollout.wake()  # a no-op unless the last call put it to sleep
         if self.rollout.needs_weight_sync:  # released since the last sync (a second round of one step)
             sync_weights(self.actor, self.rollout, bucket_bytes=self.sync_bucket_bytes)
-        out = generate_batch(self.rollout, batch, self.cfg.rollout.micro_batch_size, self.dp_rank)
+        replica = self._dp_layout().layout_for("rollout").dp_rank
+        out = generate_batch(self.rollout, batch, self.cfg.rollout.micro_batch_size, replica)
         # colocated, the rollout gives its memory back to the training stages until the next weight
         # sync (vLLM sleep mode at rollout.vllm.sleep_level; HF: the model to host memory on an
-        # accelerator, its weights released on a CPU)
+        # accelerator, its weights released on a CPU); what it gave back goes with the next update's metrics
+        held = rollout_weight_bytes(self.rollout)
         self.rollout.sleep()
+        if held is not None:
+            self.rollout_released_bytes = held - (rollout_weight_bytes(self.rollout) or 0)
         return rows_for_driver(self.cfg, out, self.pad_token_id)
 
     @register(Dispatch.DP_SPLIT)
@@ -345,6 +371,13 @@ class ActorRolloutRefWorker(Worker):
         stats = sync_weights(self.actor, self.rollout, bucket_bytes=self.sync_bucket_bytes)
         out["timing/weight_sync_s"] = time.perf_counter() - start
         out["perf/weight_sync_bytes"] = float(stats.num_bytes)
+        if stats.received_bytes is not None:  # a tensor-parallel rollout's slices: what reached this rank
+            out["perf/weight_sync_received_bytes"] = float(stats.received_bytes)
+        if self.rollout_released_bytes is not None:  # weights the rollout gave back after generating
+            out["perf/rollout_released_bytes"] = float(self.rollout_released_bytes)
+        held = rollout_weight_bytes(self.rollout)
+        if held is not None:  # this rank's rollout weights, refilled (1/tp of the policy with tp ranks)
+            out["perf/rollout_weight_bytes"] = float(held)
         return out
 
     # --------------------------------------------------- cross-process weight sync

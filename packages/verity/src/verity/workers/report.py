@@ -61,11 +61,18 @@ class RolloutFacts:
     dtype: str | None  # the dtype it serves the policy in
     attention: str | None
     wrappers: tuple[str, ...] = ()  # what wraps it, innermost first: ("agent",)
+    tensor_parallel_size: int = 1  # ranks the built engine splits the policy over
 
     @classmethod
     def of(cls, rollout: RolloutEngine) -> RolloutFacts:
         """The facts of ``rollout``."""
-        return cls(rollout.name, rollout.serving_dtype, rollout.serving_attention, tuple(rollout.wrappers))
+        return cls(
+            rollout.name,
+            rollout.serving_dtype,
+            rollout.serving_attention,
+            tuple(rollout.wrappers),
+            int(rollout.tensor_parallel_size),
+        )
 
 
 @dataclass
@@ -148,6 +155,8 @@ class WorkerReport:
                 out["rollout_attention"] = r.attention
             if r.wrappers:
                 out["rollout_wrappers"] = "+".join(r.wrappers)
+            if r.tensor_parallel_size > 1:
+                out["rollout_tensor_parallel_size"] = str(r.tensor_parallel_size)
         if self.adapter:
             out[f"{role}_adapter"] = self.adapter
         if self.weights_loaded == "streamed":

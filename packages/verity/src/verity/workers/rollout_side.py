@@ -9,6 +9,7 @@ engine it builds and the way it walks a batch are the same in both.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,13 +32,16 @@ def build_role_rollout(
     rank: int,
     world_size: int,
     load_policy: Callable[[], nn.Module],
+    tp_mesh: Any = None,
 ) -> RolloutEngine:
     """The rollout engine ``rollout.engine`` names, for one rank (seeded ``trainer.seed + rank``).
 
     ``load_policy()`` returns the policy module for engines that generate from one in
     this process (the HF engine); engines that load the checkpoint themselves (vLLM,
     SGLang) read ``model_path`` instead. Sequences are at most
-    ``data.max_prompt_length + data.max_response_length`` tokens.
+    ``data.max_prompt_length + data.max_response_length`` tokens. ``tp_mesh``: this rank's
+    tensor-parallel replica (:func:`rollout_replica_mesh`); ``rank`` / ``world_size`` then
+    count replicas.
     """
     return build_rollout_engine(
         cfg.rollout.engine,
@@ -53,8 +57,34 @@ def build_role_rollout(
             load_policy=load_policy,
             options=getattr(cfg.rollout, cfg.rollout.engine, None),
             cfg=cfg,
+            tp_mesh=tp_mesh,
         ),
     )
+
+
+@dataclass(frozen=True)
+class ReplicaPlace:
+    """A rank's place among tensor-parallel rollout replicas of ``tp`` consecutive ranks."""
+
+    index: int  # the replica (its data-parallel rank for generation)
+    count: int  # replicas in the group
+    tp_rank: int  # the rank's place inside its replica
+
+    @classmethod
+    def of(cls, rank: int, world_size: int, tp: int) -> ReplicaPlace:
+        """Rank ``rank`` of ``world_size`` with ``tp`` ranks per replica (``tp`` divides ``world_size``)."""
+        if tp < 1 or world_size % tp:
+            raise ValueError(f"rollout.tensor_parallel_size = {tp} does not divide the {world_size} ranks")
+        return cls(rank // tp, world_size // tp, rank % tp)
+
+
+def rollout_replica_mesh(device: torch.device, world_size: int, tp: int) -> Any:
+    """The 1-D ``DeviceMesh`` of this rank's replica: ranks ``tp * (rank // tp) .. + tp`` (collective:
+    every rank of the default process group calls it)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, (world_size // tp, tp), mesh_dim_names=("replica", "tp"))
+    return mesh["tp"]
 
 
 def generate_batch(rollout: RolloutEngine, batch: Batch, chunk_rows: int, dp_rank: int) -> Batch:
@@ -135,3 +165,11 @@ def pad_id(tokenizer: Any) -> int:
         if isinstance(value, int):
             return value
     return 0
+
+
+def rollout_weight_bytes(rollout: RolloutEngine) -> int | None:
+    """Bytes of weights the rollout holds on its device now, for engines that count them (the HF
+    engine's ``weight_bytes()``); ``None`` for the others."""
+    count = getattr(rollout, "weight_bytes", None)
+    held = count() if callable(count) else None
+    return None if held is None else int(held)

@@ -108,6 +108,16 @@ class AgentRollout(RolloutEngine):
         """The wrapped engine's default sampling parameters."""
         return self.engine.sampling
 
+    @property
+    def tensor_parallel_size(self) -> int:  # type: ignore[override]
+        """The wrapped engine's tensor-parallel size (the weight sync sends it slices when > 1)."""
+        return self.engine.tensor_parallel_size
+
+    def weight_bytes(self) -> int | None:
+        """The wrapped engine's weight bytes on its device, where it counts them."""
+        count = getattr(self.engine, "weight_bytes", None)
+        return int(count()) if callable(count) else None
+
     def set_seed(self, seed: int) -> None:
         """Restart the wrapped engine's random stream."""
         self.engine.set_seed(seed)
