@@ -16,6 +16,10 @@ weight                                      split dim   why
 norms and everything else                   --          replicated
 ==========================================  ==========  =====================================
 
+:func:`tp_slice_bounds` gives where a rank's slice lies under ``torch.chunk`` (what a ``DTensor``
+placed ``Shard(dim)`` holds; uneven sizes allowed); :func:`slice_for_tp` cuts it from a full
+tensor and requires the split size to divide by ``tp_size``.
+
 Grouped-query attention with fewer key/value heads than TP ranks: each k/v head is
 replicated on ``tp_size / num_kv_heads`` consecutive ranks, so rank ``r`` gets head
 ``r // (tp_size / num_kv_heads)``.
@@ -45,6 +49,36 @@ def tp_split_dim(name: str) -> int | None:
     if module in ROW_PARALLEL and leaf == "weight":
         return 1
     return None
+
+
+def tp_slice_bounds(
+    name: str, full_shape: tuple[int, ...] | torch.Size, tp_rank: int, tp_size: int
+) -> tuple[int, int, int] | None:
+    """Where TP rank ``tp_rank`` of ``tp_size`` finds its slice of weight ``name`` of shape ``full_shape``.
+
+    The slice follows ``torch.chunk`` along the split dim (what a ``DTensor`` placed
+    ``Shard(dim)`` over ``tp_size`` ranks holds): chunks of ``c = ceil(size / tp_size)``;
+    the last ranks may get fewer, or none (``length == 0``, ``start == size``). For sizes
+    divisible by ``tp_size`` this is the even split :func:`slice_for_tp` takes.
+
+    Returns:
+        ``(dim, start, length)`` in elements along ``dim``, or ``None`` when the weight is
+        replicated (see :func:`tp_split_dim`) or ``tp_size == 1``.
+
+    Raises:
+        ValueError: a bad ``tp_rank``/``tp_size``, or a split dim the shape does not have.
+    """
+    if tp_size <= 0 or not 0 <= tp_rank < tp_size:
+        raise ValueError(f"need 0 <= tp_rank < tp_size, got tp_rank={tp_rank}, tp_size={tp_size}")
+    dim = tp_split_dim(name)
+    if dim is None or tp_size == 1:
+        return None
+    if dim >= len(full_shape):
+        raise ValueError(f"{name}: cannot split dim {dim} of a tensor of shape {tuple(full_shape)}")
+    size = full_shape[dim]
+    chunk = -(-size // tp_size)
+    start = min(tp_rank * chunk, size)
+    return dim, start, max(0, min(chunk, size - start))
 
 
 def slice_for_tp(
@@ -92,5 +126,7 @@ def slice_for_tp(
     size = tensor.shape[dim]
     if size % tp_size != 0:
         raise ValueError(f"{name}: size {size} along dim {dim} is not divisible by tp_size={tp_size}")
-    part = size // tp_size
-    return tensor.narrow(dim, tp_rank * part, part).contiguous()
+    bounds = tp_slice_bounds(name, tuple(tensor.shape), tp_rank, tp_size)
+    assert bounds is not None
+    _, start, length = bounds
+    return tensor.narrow(dim, start, length).contiguous()
