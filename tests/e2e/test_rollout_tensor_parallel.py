@@ -86,6 +86,7 @@ def test_tp2_replicas_stay_inside_each_of_two_nodes(tiny_grpo_overrides, tmp_pat
                     str(tmp_path / "tp2"),
                     *joined,
                     "trainer.nnodes=2",
+                    "trainer.n_workers=4",
                     "trainer.n_workers_per_node=2",
                     "rollout.tensor_parallel_size=2",
                 )
@@ -94,8 +95,9 @@ def test_tp2_replicas_stay_inside_each_of_two_nodes(tiny_grpo_overrides, tmp_pat
         whole = run_training(
             load_config(tiny_grpo_overrides(str(tmp_path / "tp1"), *joined, "trainer.nnodes=1"))
         )
-    nodes = [span.rsplit(":", 1)[0] for span in split["ran"]["placement.actor"].split(",")]
-    assert len(nodes) == 4 and nodes[0] == nodes[1] != nodes[2] == nodes[3]  # one replica per node
+    # "node/a:0-1,node/b:2-3": ranks 0-1 (the first replica) on one node, 2-3 on the other
+    spans = [span.rsplit(":", 1) for span in split["ran"]["placement.actor"].split(",")]
+    assert [ranks for _, ranks in spans] == ["0-1", "2-3"] and spans[0][0] != spans[1][0]
     assert split["ran"]["rollout_tensor_parallel_size"] == "2"
     assert split["accuracy_after"] == whole["accuracy_after"]
     _same_training(tmp_path / "tp2", tmp_path / "tp1")

@@ -269,8 +269,18 @@ class TrainingEngine(abc.ABC):
                 self.model, tp_size, bucket_bytes, dtype=dtype, device=device, stats=stats
             )
             return
+
+        def counted(
+            buckets: Iterator[list[tuple[str, torch.Tensor]]],
+        ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+            for bucket in buckets:  # every full tensor reached this rank (counted whole: an upper bound)
+                if stats is not None:
+                    got = sum(t.numel() * t.element_size() for _, t in bucket)
+                    stats["received_bytes"] = stats.get("received_bytes", 0) + got
+                yield bucket
+
         full = self.iter_full_weights(bucket_bytes, dtype=dtype, device=device)
-        yield from slice_full_buckets(full, self.rank % tp_size, tp_size, stats=stats)
+        yield from slice_full_buckets(counted(full), self.rank % tp_size, tp_size)
 
     def adapter_free_reference(self) -> Any | None:
         """With adapters (LoRA): an object whose ``compute_logprobs`` (same arguments as
