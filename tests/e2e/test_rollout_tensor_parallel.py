@@ -102,3 +102,27 @@ def test_tp2_replicas_stay_inside_each_of_two_nodes(tiny_grpo_overrides, tmp_pat
     assert split["accuracy_after"] == whole["accuracy_after"]
     _same_training(tmp_path / "tp2", tmp_path / "tp1")
     _halved_weights(tmp_path / "tp2", tmp_path / "tp1")
+
+
+def test_async_rollout_group_forms_tp2_replicas(tiny_grpo_overrides, tmp_path):
+    """trainer.mode=async: the rollout's own 2 workers form one replica, read the model folder and each
+    published bucket as slices, and generate what one whole rollout worker generates."""
+    from verity.launch.run import run_training
+
+    reward = write_digit_reward(tmp_path)
+    common = [f"reward.custom_path={reward}", "trainer.mode=async", "trainer.n_workers=1"]
+    split = run_training(
+        load_config(
+            tiny_grpo_overrides(
+                str(tmp_path / "tp2"), *common, "rollout.n_workers=2", "rollout.tensor_parallel_size=2"
+            )
+        )
+    )
+    whole = run_training(
+        load_config(tiny_grpo_overrides(str(tmp_path / "tp1"), *common, "rollout.n_workers=1"))
+    )
+    assert split["ran"]["rollout_tensor_parallel_size"] == "2"
+    assert split["accuracy_after"] == whole["accuracy_after"]
+    _same_training(tmp_path / "tp2", tmp_path / "tp1")
+    a, b = _rows(tmp_path / "tp2")[-1], _rows(tmp_path / "tp1")[-1]
+    assert 0.45 < a["async/rollout_weight_bytes"] / b["async/rollout_weight_bytes"] < 0.55

@@ -9,6 +9,7 @@ evenly, and be served by an engine that splits the policy (registered with ``ten
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from verity.config.errors import ConfigError
@@ -62,13 +63,14 @@ def _check_replicas_fit_nodes(cfg: Any, tp: int) -> None:
 
 
 def _check_heads(cfg: Any, tp: int) -> None:
-    from verity.launch.memory_plan import policy_model
+    if cfg.model.path == "embedded":  # the preset's shape: a fresh model, built in memory
+        from verity.data.embedded import embedded_preset
 
-    model = policy_model(cfg)
-    if isinstance(model, str):
+        model = embedded_preset(cfg.model.embedded_preset).fresh_model(cfg.trainer.seed)[0].config
+    else:
         from transformers import AutoConfig
 
-        model = AutoConfig.from_pretrained(model, local_files_only=True)
+        model = AutoConfig.from_pretrained(os.path.expanduser(cfg.model.path), local_files_only=True)
     text = model.get_text_config() if hasattr(model, "get_text_config") else model
     if text is not model:
         raise ConfigError(

@@ -57,7 +57,6 @@ from torch.distributed.tensor.parallel import (
 )
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from verity.engines.hf_loading import decoder_layers, quiet_loading
 from verity.resharding.tp_slice import tp_split_dim
 from verity.rollout.hf_rollout import HFRollout
 from verity.rollout.sampling import SamplingParams
@@ -81,7 +80,8 @@ def tensor_parallel_plan(model: nn.Module) -> dict[str, ParallelStyle]:
     embeddings are not named ``embed_tokens`` / ``lm_head`` (the names the slicing rule knows).
     """
     names = {id(module): name for name, module in model.named_modules()}
-    layers = decoder_layers(model)
+    block_types = set(getattr(model, "_no_split_modules", None) or [])  # HF names its decoder layers here
+    layers = [m for m in model.modules() if type(m).__name__ in block_types]
     if not layers:
         raise ValueError(f"{type(model).__name__}: no decoder layers found to split for tensor parallelism")
     plan: dict[str, ParallelStyle] = {}
@@ -156,7 +156,7 @@ def build_tensor_parallel_model(
     check_tensor_parallel_size(config, tp_mesh.size())
     device = torch.device(device) if device is not None else _mesh_device(tp_mesh)
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    with quiet_loading(), torch.device("meta"):
+    with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, **extra)
     tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
     parallelize_module(model, tp_mesh, tensor_parallel_plan(model))

@@ -115,12 +115,16 @@ class AsyncRollout:
             raise RuntimeError(
                 f"weight sync incomplete: published {published['bytes']:.0f} bytes, rollout ranks loaded {loaded}"
             )
-        return {
+        out = {
             "async/weight_sync_seconds": float(published["seconds"])
             + max(float(a["seconds"]) for a in answers),
             "async/weight_sync_bytes": float(published["bytes"]),
             "async/rollout_version": float(version),
         }
+        held = [a["weight_bytes"] for a in answers if a.get("weight_bytes") is not None]
+        if held:  # the rollout rank holding the most (a tensor-parallel replica's ranks hold a slice each)
+            out["async/rollout_weight_bytes"] = float(max(held))
+        return out
 
     # ---------------------------------------------------------------- checkpoint
     def save_checkpoint(self, path: str) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ engine it builds and the way it walks a batch are the same in both.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,3 +173,18 @@ def rollout_weight_bytes(rollout: RolloutEngine) -> int | None:
     count = getattr(rollout, "weight_bytes", None)
     held = count() if callable(count) else None
     return None if held is None else int(held)
+
+
+def iter_folder_weights(model_path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of every weight in an HF model folder: read one at a time from its safetensors
+    files, so host memory holds one tensor; a folder without them is loaded whole on CPU first."""
+    from verity.engines.safetensors_files import CheckpointFiles, has_safetensors
+
+    if has_safetensors(model_path):
+        files = CheckpointFiles(model_path)
+        for name in files.names():
+            yield name, files.read(name)
+        return
+    from verity.engines.hf_loading import load_causal_lm
+
+    yield from load_causal_lm(model_path).state_dict().items()

@@ -6,7 +6,11 @@ In the default ``sync`` mode the rollout lives inside each actor process
 generates the next step's batch while the actor group trains on this step's, and
 receives the trainer's weights after each update through Ray's object store
 (:mod:`verity.resharding.object_store`). Each rank holds a full copy of the policy;
-batches are split over the ranks (``DP_SPLIT``) like the actor's.
+batches are split over the ranks (``DP_SPLIT``) like the actor's. With
+``rollout.tensor_parallel_size = tp > 1`` the group's ranks form replicas of ``tp``
+consecutive ranks (their own process group): each rank holds its slice of the policy, read
+from the model folder one tensor at a time and cut from each published bucket, and the
+batches are split over the replicas.
 """
 
 from __future__ import annotations
@@ -24,8 +28,17 @@ from verity.resharding.object_store import load_weight_buckets
 from verity.rollout import RolloutEngine
 from verity.testing.faults import maybe_stall
 from verity.workers.report import RolloutFacts, WorkerReport
-from verity.workers.role_training import role_device, rollout_dtype
-from verity.workers.rollout_side import build_role_rollout, generate_batch, pad_id, rows_for_driver
+from verity.workers.role_training import process_group_backend, role_device, rollout_dtype
+from verity.workers.rollout_side import (
+    ReplicaPlace,
+    build_role_rollout,
+    generate_batch,
+    iter_folder_weights,
+    pad_id,
+    rollout_replica_mesh,
+    rollout_weight_bytes,
+    rows_for_driver,
+)
 
 
 class RolloutWorker(Worker):
@@ -51,18 +64,28 @@ class RolloutWorker(Worker):
         dtype = rollout_dtype(cfg, device)
         tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.pad_token_id = pad_id(tokenizer)
+        tp = int(cfg.rollout.tensor_parallel_size)
+        replica = ReplicaPlace.of(self.rank, self.world_size, tp)
+        tp_mesh = None
+        if tp > 1:  # replicas of tp ranks: a process group of this group's own, batches split by replica
+            self.init_process_group(backend=process_group_backend(cfg, backend))
+            self.set_dp_layout(replica.index, replica.count, replica.tp_rank == 0)
+            tp_mesh = rollout_replica_mesh(device, self.world_size, tp)
         self.rollout = build_role_rollout(
             cfg,
             model_path=self.model_path,
             tokenizer=tokenizer,
             device=device,
             dtype=dtype,
-            rank=self.rank,
-            world_size=self.world_size,
+            rank=replica.index,
+            world_size=replica.count,
             load_policy=lambda: load_causal_lm(
                 self.model_path, dtype=dtype, attn_implementation=cfg.model.attn_implementation
             ).to(device),
+            tp_mesh=tp_mesh,
         )
+        if self.rollout.needs_weight_sync:  # built empty: each rank keeps its slice of every tensor read
+            self.rollout.load_weights(iter_folder_weights(self.model_path))
         return WorkerReport(rank=self.rank, device=str(device), rollout=RolloutFacts.of(self.rollout))
 
     @register(Dispatch.DP_SPLIT)
@@ -77,13 +100,20 @@ class RolloutWorker(Worker):
     def load_weights(self, refs: list[Any], version: int) -> dict[str, float]:
         """Fetch the published weight buckets (``refs``) into the rollout; now at policy ``version``.
 
-        Returns ``{"bytes": ..., "seconds": ..., "version": ...}`` for this rank.
+        Returns ``{"bytes": ..., "seconds": ..., "version": ..., "weight_bytes": ...}`` for this rank
+        (``weight_bytes``: the rollout's weights it holds now, None where the engine does not count them).
         """
         assert self.rollout is not None, "init_model() must run first"
         self.rollout.wake()
         num_bytes, seconds = load_weight_buckets(refs, self.rollout)
         self.policy_version = int(version)
-        return {"bytes": float(num_bytes), "seconds": seconds, "version": float(version)}
+        held = rollout_weight_bytes(self.rollout)  # what this rank keeps: a slice with tensor parallelism
+        return {
+            "bytes": float(num_bytes),
+            "seconds": seconds,
+            "version": float(version),
+            "weight_bytes": None if held is None else float(held),
+        }
 
     @register(Dispatch.BROADCAST, collect=Collect.RANK_ZERO)
     def named_weights(self) -> dict[str, torch.Tensor]:
