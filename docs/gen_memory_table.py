@@ -68,14 +68,17 @@ def qwen25_shape(name: str) -> Any:
     return ModelShape.from_hf_config(config)
 
 
-def plan(name: str, nodes: int, offload: bool) -> Any:
-    """The memory plan of one row: ``name`` on ``nodes x 8`` GPUs, FSDP2 offload on or off."""
+def plan(name: str, nodes: int, offload: bool, rollout_tp: int = 1) -> Any:
+    """The memory plan of one row: ``name`` on ``nodes x 8`` GPUs, FSDP2 offload on or off, the rollout
+    split over ``rollout_tp`` GPUs (``rollout.tensor_parallel_size``)."""
     from verity.config import load_config
     from verity.launch.memory_plan import MemoryCapacity, plan_memory, run_pools
 
     shape = [f"trainer.nnodes={nodes}", f"trainer.n_workers_per_node={GPUS_PER_NODE}"]
     cluster = ["trainer.ray_address=auto"] if nodes > 1 else []
     cfg = load_config([*OVERRIDES, *shape, *cluster])
+    # set after loading: the config's own model (embedded) is not the planned one, whose heads it divides
+    cfg.rollout.tensor_parallel_size = rollout_tp
     if offload:  # the FSDP2 offload settings (actor.fsdp2.offload_params), read as the plan reads them
         cfg.actor.fsdp2.offload_params = True
     capacity = MemoryCapacity.declared(DEVICE_GIB * 2**30)
@@ -83,24 +86,26 @@ def plan(name: str, nodes: int, offload: bool) -> Any:
 
 
 def render() -> str:
-    """The table's Markdown: one row per model, node count and offload setting."""
+    """The table's Markdown: one row per model, node count, offload setting and rollout split (whole, or
+    with offload over as many of a node's 8 GPUs as the model's key/value heads allow)."""
     from verity.launch.memory_terms import gib
 
     rows = [
-        "| model | parameters | GPUs | offload | peak per GPU (stage) | host per GPU | fits in 72 GiB | largest term |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | parameters | GPUs | offload | rollout TP | peak per GPU (stage) | host per GPU | fits in 72 GiB | largest term |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in QWEN25:
         n_params = qwen25_shape(name).n_params
         for nodes in NODES:
-            for offload in (False, True):
-                p = plan(name, nodes, offload)
+            split = min(GPUS_PER_NODE, QWEN25[name][3])  # TP must divide the KV heads
+            for offload, tp in ((False, 1), (True, 1), (True, split)):
+                p = plan(name, nodes, offload, tp)
                 worker = p.workers[0]
                 peak, stage = worker.peak("device")
                 host, _ = worker.peak("host")
                 largest = worker.largest("device")
                 rows.append(
-                    f"| {name} | {n_params / 1e9:.2f} B | {nodes} x {GPUS_PER_NODE} | {'params + optimizer' if offload else 'none'} "
+                    f"| {name} | {n_params / 1e9:.2f} B | {nodes} x {GPUS_PER_NODE} | {'params + optimizer' if offload else 'none'} | {tp} "
                     f"| {gib(peak):g} GiB ({stage}) | {gib(host):g} GiB | {'yes' if p.fits() else '**no**'} "
                     f"| {largest.name} {gib(largest.bytes):g} GiB |"
                 )

@@ -101,3 +101,31 @@ def test_a_second_run_into_a_busy_output_folder_fails_at_once_naming_the_holder(
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"in use by another run (pid {os.getpid()} on host" in done.stderr
     assert sorted(p.name for p in out.iterdir()) == [".verity.lock"]  # nothing of the refused run was written
+
+
+@pytest.mark.parametrize(
+    ("extra", "sentence"),
+    [
+        (
+            ["trainer.n_workers=2", "rollout.tensor_parallel_size=2"],
+            "does not divide the model's 2 attention heads and 1 key/value heads",
+        ),
+        (
+            ["trainer.n_workers=2", "rollout.engine=sglang", "rollout.tensor_parallel_size=2"],
+            "rollout engine does not split the policy",
+        ),
+    ],
+)
+def test_a_rollout_split_that_cannot_run_stops_before_workers_start(model_dir, tmp_path, extra, sentence):
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(good_row(i)) + "\n" for i in range(4)))
+    done = verity_train(
+        f"model.path={model_dir}",
+        f"data.train_files=[{train}]",
+        f"data.val_files=[{train}]",
+        f"trainer.output_dir={tmp_path / 'out'}",
+        *extra,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert sentence in done.stderr
+    assert "Started a local Ray instance" not in done.stderr

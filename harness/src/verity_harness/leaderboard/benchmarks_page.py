@@ -363,6 +363,14 @@ def render_benchmarks_page(root: Path, bench_dir: Path = BENCH_DIR, baseline: Pa
             ["what", "figure", "machine", "date, commit", "command", "report"],
             _figure_rows(figures, "memory"),
         ),
+        "## Tensor-parallel rollout\n\n"
+        "The HF rollout split over a replica of ranks (`rollout.tensor_parallel_size`) beside whole-model "
+        "replicas on the\nsame ranks and the same prompts, measured side by side in one run; "
+        "`transformers`' `generate` is the peer.\n\n"
+        + _table(
+            ["what", "figure", "machine", "date, commit", "command", "report"],
+            _figure_rows(figures, "rollout"),
+        ),
         "## The nightly and the quickstart\n\n" + other,
         _nightly_section(_read_json(base, root), _rel(base, root)),
         TAIL,
