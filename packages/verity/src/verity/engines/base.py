@@ -279,8 +279,12 @@ class TrainingEngine(abc.ABC):
                     stats["received_bytes"] = stats.get("received_bytes", 0) + got
                 yield bucket
 
+        import torch.distributed as dist
+
+        # the group's rank: an engine's own may count data-parallel replicas (Megatron's)
+        rank = dist.get_rank() if dist.is_initialized() else 0
         full = self.iter_full_weights(bucket_bytes, dtype=dtype, device=device)
-        yield from slice_full_buckets(counted(full), self.rank % tp_size, tp_size)
+        yield from slice_full_buckets(counted(full), rank % tp_size, tp_size)
 
     def adapter_free_reference(self) -> Any | None:
         """With adapters (LoRA): an object whose ``compute_logprobs`` (same arguments as
