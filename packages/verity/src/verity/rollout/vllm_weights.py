@@ -50,10 +50,24 @@ def with_tied_lm_head(
 
 
 def to_safetensors_bytes(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[bytes, int]:
-    """``(safetensors blob, tensor count)`` of the stream (tensors moved to CPU, made contiguous)."""
+    """``(safetensors blob, tensor count)`` of the stream (tensors moved to CPU, made contiguous).
+
+    A tensor whose storage an earlier one already uses is copied: ``to("cpu").contiguous()``
+    returns a CPU tensor itself, and safetensors refuses tensors that share memory (the
+    embedding that :func:`with_tied_lm_head` also sends as ``lm_head.weight``).
+    """
     from safetensors.torch import save
 
-    tensors = {name: tensor.detach().to("cpu").contiguous() for name, tensor in named_tensors}
+    tensors: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for name, tensor in named_tensors:
+        cpu = tensor.detach().to("cpu").contiguous()
+        storage = cpu.untyped_storage().data_ptr()
+        if storage in storages:
+            cpu = cpu.clone()
+        else:
+            storages.add(storage)
+        tensors[name] = cpu
     return save(tensors), len(tensors)
 
 
