@@ -133,3 +133,24 @@ def test_sync_weights_single_process_reports_stats():
     assert torch.equal(dst.proj.weight, src.proj.weight)
     with pytest.raises(TypeError, match=r"\.model module"):
         sync_weights(object(), None)
+
+
+def test_sync_weights_sends_full_tensors_to_a_tensor_parallel_rollout_that_slices_itself():
+    # vLLM inside the actor's ranks: tensor_parallel_size 2, but its loader takes checkpoint-sized tensors
+    class FullTaker:
+        tensor_parallel_size = 2
+        receives_slices = False
+
+        def __init__(self) -> None:
+            self.shapes: dict[str, tuple[int, ...]] = {}
+
+        def load_weights(self, named_tensors):
+            self.shapes.update({name: tuple(t.shape) for name, t in named_tensors})
+            return len(self.shapes)
+
+    src, taker = Tied(), FullTaker()
+    stats = sync_weights(src, taker)
+    assert taker.shapes == {
+        name: tuple(p.shape) for name, p in src.state_dict().items() if name != "head.weight"
+    }
+    assert stats.received_bytes is None  # no slicing took place

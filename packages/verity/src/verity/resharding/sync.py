@@ -17,7 +17,10 @@ Tensor-parallel rollout (``rollout.tensor_parallel_size > 1``): the training gro
 form replicas of ``tp`` consecutive ranks, and a rollout with ``tensor_parallel_size = tp``
 receives only its slice of each weight (:meth:`TrainingEngine.iter_rollout_slices
 <verity.engines.base.TrainingEngine.iter_rollout_slices>`: from FSDP2 shards each rank
-receives about ``1/tp`` of the weights' bytes, in the same bounded buckets).
+receives about ``1/tp`` of the weights' bytes, in the same bounded buckets). A rollout whose
+``receives_slices`` is False (vLLM, whose loader cuts its own slice out of each checkpoint
+tensor) gets the full tensors instead, as with ``tp = 1``; every rank of a training group
+builds the same engine, so every rank takes the same path.
 
 Every rank of the training group must call :func:`sync_weights` (gathering is a
 collective); ranks without a rollout pass ``rollout=None`` and only take part in the
@@ -157,6 +160,7 @@ def sync_weights(
         name_mapper: trainer name -> rollout name (``None`` skips a weight).
         tensor_parallel_size: ranks per rollout replica; each rank then receives only its slices
             (default: the rollout's ``tensor_parallel_size``, else 1). Every rank must pass the same.
+            A rollout with ``receives_slices = False`` gets full tensors whatever the size.
 
     Returns:
         :class:`SyncStats` for this rank.
@@ -172,6 +176,8 @@ def sync_weights(
             del tensor  # not held while the next tensor is gathered
 
     tp = int(tensor_parallel_size or getattr(rollout, "tensor_parallel_size", 1) or 1)
+    if not getattr(rollout, "receives_slices", True):
+        tp = 1  # the engine takes full tensors and slices them itself
     wire: dict[str, int] = {}
     if tp > 1:
         full = iter_engine_slices(engine, tp, bucket_bytes, dtype=dtype, device=device, stats=wire)

@@ -44,6 +44,9 @@ class RolloutEngine(abc.ABC):
     pad_token_id: int | None = None
     #: ranks the engine splits the policy over (a tensor-parallel replica); each receives its slices
     tensor_parallel_size: int = 1
+    #: with ``tensor_parallel_size > 1``: whether the weight sync sends each rank only its slices
+    #: (the HF engine); False: every rank gets the full tensors and the engine slices them (vLLM)
+    receives_slices: bool = True
     sampling: SamplingParams
 
     @abc.abstractmethod

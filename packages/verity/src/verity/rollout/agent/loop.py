@@ -113,6 +113,11 @@ class AgentRollout(RolloutEngine):
         """The wrapped engine's tensor-parallel size (the weight sync sends it slices when > 1)."""
         return self.engine.tensor_parallel_size
 
+    @property
+    def receives_slices(self) -> bool:  # type: ignore[override]
+        """Whether the wrapped engine takes only its tensor-parallel slices from the weight sync."""
+        return self.engine.receives_slices
+
     def weight_bytes(self) -> int | None:
         """The wrapped engine's weight bytes on its device, where it counts them."""
         count = getattr(self.engine, "weight_bytes", None)
