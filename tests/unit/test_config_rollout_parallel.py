@@ -46,6 +46,29 @@ def test_an_engine_without_tensor_parallelism_is_refused():
         load_config(["trainer.n_workers=2", "rollout.engine=sglang", "rollout.tensor_parallel_size=2"])
 
 
+def test_vllm_replicas_are_accepted_without_vllms_own_tensor_parallelism():
+    cfg = load_config(["trainer.n_workers=2", "rollout.engine=vllm", "rollout.tensor_parallel_size=2"])
+    assert cfg.rollout.tensor_parallel_size == 2
+    with pytest.raises(ConfigError, match=r"leave rollout.vllm.tensor_parallel_size at 1"):
+        load_config(
+            [
+                "trainer.n_workers=2",
+                "rollout.engine=vllm",
+                "rollout.tensor_parallel_size=2",
+                "rollout.vllm.tensor_parallel_size=2",
+            ]
+        )
+    with pytest.raises(ConfigError, match=r"rollout.vllm.in_process = false with rollout.tensor_parallel_size"):
+        load_config(
+            [
+                "trainer.n_workers=2",
+                "rollout.engine=vllm",
+                "rollout.tensor_parallel_size=2",
+                "rollout.vllm.in_process=false",
+            ]
+        )
+
+
 def test_async_replicas_come_from_the_rollout_group():
     with pytest.raises(
         ConfigError, match=r"rollout.n_workers = 3 is not a multiple of rollout.tensor_parallel_size = 2"

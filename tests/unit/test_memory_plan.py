@@ -223,6 +223,10 @@ def test_a_tensor_parallel_rollout_holds_a_slice_per_rank():
     # a replica of 2 ranks generates for twice the rows a rank alone would, over half the heads
     assert plans[2]["rollout.kv_cache"] == plans[1]["rollout.kv_cache"]
     assert plans[2]["actor.params"] == plans[1]["actor.params"]  # training is untouched
+    # vLLM in the replica's ranks (its external launcher): each rank loads 1/tp of the weights too
+    cfg = load_config([*base, "rollout.engine=vllm", "rollout.tensor_parallel_size=2"])
+    plan = plan_memory(cfg, {"actor": shape}, run_pools(cfg), "cpu", MemoryCapacity(8 * GIB, "test"))
+    assert {t.name: t.bytes for t in plan.workers[0].terms}["rollout.weights"] == plans[2]["rollout.weights"]
 
 
 def test_more_nodes_shrink_the_sharded_terms():

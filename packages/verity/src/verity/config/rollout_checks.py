@@ -4,7 +4,8 @@ A rollout replica is ``tensor_parallel_size`` consecutive ranks: of the actor's 
 ``trainer.mode=sync`` (they regroup into replicas between training stages), of the rollout's own
 group in ``async``. It must stay inside one node, split the model's attention and key/value heads
 evenly, and be served by an engine that splits the policy (registered with ``tensor_parallel=True``,
-:func:`verity.rollout.register_rollout_engine`).
+:func:`verity.rollout.register_rollout_engine`). The vLLM engine is then one TP rank in each rank's
+own process, so its own ``rollout.vllm.tensor_parallel_size`` stays 1 and ``in_process`` is not false.
 """
 
 from __future__ import annotations
@@ -37,8 +38,27 @@ def check_rollout_parallel(cfg: Any) -> None:
             f"rollout.tensor_parallel_size = {tp}: the {engine!r} rollout engine does not split the policy "
             f"over the actor's ranks; use rollout.engine={' or '.join(able) or 'hf'} or tensor_parallel_size=1"
         )
+    _check_engine_options(cfg, tp)
     _check_replicas_fit_nodes(cfg, tp)
     _check_heads(cfg, tp)
+
+
+def _check_engine_options(cfg: Any, tp: int) -> None:
+    """vLLM's replica runs in the ranks' own processes, one TP rank each (its external launcher)."""
+    if cfg.rollout.engine != "vllm":
+        return
+    options = cfg.rollout.vllm
+    if int(options.tensor_parallel_size) > 1:
+        raise ConfigError(
+            f"rollout.vllm.tensor_parallel_size = {options.tensor_parallel_size} with rollout.tensor_parallel_size "
+            f"= {tp}: the vLLM engine already spans its replica's {tp} ranks, one TP rank in each; "
+            "leave rollout.vllm.tensor_parallel_size at 1"
+        )
+    if options.in_process is False:
+        raise ConfigError(
+            f"rollout.vllm.in_process = false with rollout.tensor_parallel_size = {tp}: the tensor-parallel vLLM "
+            "engine runs inside the ranks' own processes; leave rollout.vllm.in_process null"
+        )
 
 
 def _check_replicas_fit_nodes(cfg: Any, tp: int) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verity.config.derived import rollout_dtype_name
+from verity.config.rollout_checks import rollout_replica_size
 from verity.engines.logprobs import DEFAULT_CHUNK_TOKENS
 from verity.launch.memory_terms import (
     GIB,
@@ -197,7 +198,8 @@ def rollout_terms(
     engine = r.engine
     if engine in ("vllm", "sglang"):
         opts = getattr(r, engine)
-        tp = int(getattr(opts, "tensor_parallel_size", 1))
+        # the engine's own GPUs, or (sync mode, vLLM) the replica of actor ranks it spans; one of them is 1
+        tp = int(getattr(opts, "tensor_parallel_size", 1)) * rollout_replica_size(cfg)
         weights = ceil_div(shape.n_params * run.rollout_bytes, tp)
         kv = getattr(opts, "kv_cache_bytes", None) if engine == "vllm" else None
         fraction = opts.gpu_memory_utilization if engine == "vllm" else opts.mem_fraction_static
