@@ -45,6 +45,18 @@ def _raises(fn) -> str:
     return "no error"
 
 
+def vllm_segments() -> set[str]:
+    """The names of the shared memory vLLM's groups broadcast through (``psm_*``), of this process."""
+    from vllm.distributed import parallel_state
+
+    names = set()
+    for group in vars(parallel_state).values():
+        buffer = getattr(getattr(group, "mq_broadcaster", None), "buffer", None)
+        if buffer is not None and hasattr(buffer, "shared_memory"):
+            names.add(buffer.shared_memory.name.lstrip("/"))
+    return names
+
+
 def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)  # two ranks on a 2-core machine
     from torch.distributed.device_mesh import init_device_mesh
@@ -75,7 +87,6 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     batch = prompt_batch(tokenizer)
     out: dict = {
         "tp": (rollout.tensor_parallel_size, rollout.tensor_parallel_rank, rollout.receives_slices),
-        "weight_bytes": rollout.weight_bytes(),
     }
     out["a"] = picked(rollout.generate(batch, GREEDY))
     rollout.set_seed(5)
@@ -85,11 +96,13 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     out["b"] = picked(rollout.generate(batch, GREEDY))
     other = {k: v[:3] if rank else v[3:] for k, v in batch.items()}  # the ranks disagree: both must raise
     out["lockstep"] = _raises(lambda: rollout.generate(other, GREEDY))
+    cpushm = {name for name in shm_segments() - segments_before if "cpushm" in name}
+    ours = vllm_segments() | cpushm  # unlinked at start-up already: none of them is listed
     rollout.close()
     total = torch.tensor([rank + 1.0])
     dist.all_reduce(total)  # the trainer's group outlives the engine
     out["after_close"] = total.item()
-    out["left_segments"] = sorted(n for n in shm_segments() - segments_before if "cpushm" in n)  # vLLM's
+    out["left_segments"] = sorted((shm_segments() - segments_before) & ours)
     torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
@@ -104,8 +117,7 @@ def results(tmp_path_factory):
         name: picked(HFRollout(model, tokenizer).generate(batch, GREEDY))
         for name, model in (("a", model_a), ("b", model_b))
     }
-    whole = sum(p.numel() * p.element_size() for p in model_a.parameters())
-    return {"ranks": spawn_and_load(_worker, 2, str(folder)), "hf": hf, "whole_bytes": whole}
+    return {"ranks": spawn_and_load(_worker, 2, str(folder)), "hf": hf}
 
 
 @pytest.mark.slow
@@ -122,11 +134,9 @@ def test_tp2_greedy_equals_hf_before_and_after_a_full_weight_sync(results):
 
 
 @pytest.mark.slow
-def test_tp2_ranks_sample_the_same_tokens_and_hold_part_of_the_weights(results):
+def test_tp2_ranks_sample_the_same_tokens(results):
     ranks = results["ranks"]
     assert torch.equal(ranks[0]["sampled"], ranks[1]["sampled"])
-    for r in ranks:
-        assert 0 < r["weight_bytes"] < 0.75 * results["whole_bytes"]
 
 
 @pytest.mark.slow

@@ -217,6 +217,7 @@ class VLLMRollout(RolloutEngine):
             llm = LLM(**kwargs)
         if token is not None:
             _unlink_shm_segments(token)
+            _unlink_broadcast_buffers()
         if not opts.runs_in_process:
             children = [(pid, created) for pid, created in child_processes() if pid not in children_before]
             self._reaper = OrphanReaper(children, shm_segments() - segments_before)
@@ -382,15 +383,6 @@ class VLLMRollout(RolloutEngine):
             raise RuntimeError("VLLMRollout.load_weights: vLLM refused to reset its prefix cache")
         return loaded
 
-    def weight_bytes(self) -> int | None:
-        """Bytes of the model's parameters in this process (a tensor-parallel rank's share); ``None`` when the
-        engine runs in worker processes."""
-        if not self.options.runs_in_process:
-            return None
-        model = self._engine().llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
-        storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
-        return sum(storages.values())
-
     def sleep(self) -> None:
         """Free the engine's device memory until :meth:`wake` (GPU sleep mode); a no-op on CPU."""
         llm = self._engine()
@@ -529,6 +521,24 @@ def _unlink_shm_segments(token: str) -> None:
         if f"verity{token}" in name:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(SHM_DIR / name)
+
+
+def _unlink_broadcast_buffers() -> None:
+    """Unlink the ``psm_*`` ring buffers this rank created for vLLM's group broadcasts (all ranks attached).
+
+    vLLM unlinks them when the buffer object is collected, which a Ray worker killed at the end of a
+    run never gets to (24 MiB a TP group was left in ``/dev/shm``); the mappings live on until close.
+    """
+    from vllm.distributed import parallel_state
+    from vllm.distributed.parallel_state import GroupCoordinator
+
+    for group in list(vars(parallel_state).values()):
+        broadcaster = getattr(group, "mq_broadcaster", None) if isinstance(group, GroupCoordinator) else None
+        buffer = getattr(broadcaster, "buffer", None)
+        if buffer is not None and getattr(buffer, "is_creator", False):
+            with contextlib.suppress(FileNotFoundError):
+                buffer.shared_memory.unlink()  # also forgets it in multiprocessing's resource tracker
+            buffer.is_creator = False  # its finalizer then only unmaps it
 
 
 def _job_token() -> str:
