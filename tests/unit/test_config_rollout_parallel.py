@@ -80,3 +80,10 @@ def test_verl_key_points_at_the_new_one():
     assert (
         alias_for("rollout.tensor_model_parallel_size", lambda key: True)[0] == "rollout.tensor_parallel_size"
     )
+
+
+def test_async_replicas_run_the_hf_engine_only():
+    with pytest.raises(ConfigError, match=r"the rollout group's replicas run the hf engine only"):
+        load_config(
+            ["trainer.mode=async", "rollout.n_workers=2", "rollout.engine=vllm", "rollout.tensor_parallel_size=2"]
+        )

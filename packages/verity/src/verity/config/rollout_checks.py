@@ -38,6 +38,12 @@ def check_rollout_parallel(cfg: Any) -> None:
             f"rollout.tensor_parallel_size = {tp}: the {engine!r} rollout engine does not split the policy "
             f"over the actor's ranks; use rollout.engine={' or '.join(able) or 'hf'} or tensor_parallel_size=1"
         )
+    if cfg.trainer.mode == "async" and engine != "hf":
+        raise ConfigError(
+            f"rollout.tensor_parallel_size = {tp} with trainer.mode=async: the rollout group's replicas run the "
+            f"hf engine only (the {engine!r} engine splits the actor's ranks in sync mode); use rollout.engine=hf "
+            "or trainer.mode=sync"
+        )
     _check_engine_options(cfg, tp)
     _check_replicas_fit_nodes(cfg, tp)
     _check_heads(cfg, tp)
