@@ -242,9 +242,10 @@ def rollout_terms(
         # one process: the buckets are views of the weights; several: the gathered chunks, the
         # collective's own staging copy (gloo; not NCCL) and the full tensors cut from them. A
         # tensor larger than the bucket (the embedding) comes alone and is gathered in place, once.
-        # With tp ranks per replica each rank sends, receives and keeps 1/tp of each bucket
+        # With tp ranks per replica each rank sends, receives and keeps 1/tp of each bucket; a lone
+        # tensor's slice is held twice, the all-to-all's send and receive buffers
         copies = 0 if dp == 1 else (2 if run.accelerator else 3)
-        lone = shape.vocab * shape.hidden * run.rollout_bytes
+        lone = shape.vocab * shape.hidden * run.rollout_bytes * (2 if tp > 1 else 1)
         largest = lone if dp > 1 and lone > bucket else 0
         terms.append(Term("rollout.sync_buckets", ceil_div(max(copies * bucket, largest), tp), "weight_sync"))
     if sleeps:
