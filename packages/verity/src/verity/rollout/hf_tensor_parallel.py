@@ -45,7 +45,6 @@ from os import PathLike
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -59,6 +58,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from verity.resharding.tp_slice import tp_split_dim
 from verity.rollout.hf_rollout import HFRollout
+from verity.rollout.replica_lockstep import check_replica_lockstep
 from verity.rollout.sampling import SamplingParams
 
 __all__ = [
@@ -315,32 +315,14 @@ class TensorParallelHFRollout(HFRollout):
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
     ) -> None:
         """Raise on every rank when the ranks' prompts, sampling parameters or generator states differ."""
-        if self.tensor_parallel_size == 1:
-            return
-        ids, mask = prompt_ids.long().cpu(), prompt_mask.long().cpu()
-        positions = torch.arange(1, ids.shape[1] + 1)
-        state = self._generator.get_state().long()
-        numbers = torch.tensor([float(v) for v in params.to_dict().values()], dtype=torch.float64)
-        mine = torch.cat(
-            [
-                torch.tensor(
-                    [
-                        *ids.shape,
-                        int((ids * mask * positions).sum()),
-                        int((mask * positions).sum()),
-                        int((state * torch.arange(1, state.numel() + 1)).sum()),
-                    ]
-                ),
-                numbers.view(torch.int64),  # the sampling parameters' bits
-            ]
-        ).to(self.device)
-        every = [torch.empty_like(mine) for _ in range(self.tensor_parallel_size)]
-        dist.all_gather(every, mine, group=self.tp_mesh.get_group())
-        if any(not torch.equal(other, every[0]) for other in every):
-            raise RuntimeError(
-                "tensor-parallel rollout: the ranks of the TP group were given different prompts, "
-                "sampling parameters or seeds; every rank must generate the same batch in lockstep"
-            )
+        parts = (
+            repr(tuple(prompt_ids.shape)).encode(),
+            prompt_ids.long().cpu().numpy().tobytes(),
+            prompt_mask.long().cpu().numpy().tobytes(),
+            repr(sorted(params.to_dict().items())).encode(),
+            self._generator.get_state().cpu().numpy().tobytes(),
+        )
+        check_replica_lockstep(self.tp_mesh, self.device, parts, "tensor-parallel HF rollout")
 
     # ------------------------------------------------------------------ weights and memory
 

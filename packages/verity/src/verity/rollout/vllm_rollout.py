@@ -58,9 +58,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
@@ -79,13 +78,21 @@ from verity.rollout.batch_io import (
 )
 from verity.rollout.options import VLLMOptions
 from verity.rollout.process_guard import (
-    SHM_DIR,
     OrphanReaper,
     child_processes,
     preserved_process_state,
     shm_segments,
 )
+from verity.rollout.replica_lockstep import check_replica_lockstep
 from verity.rollout.sampling import SamplingParams
+from verity.rollout.vllm_replica import (
+    check_tp_mesh,
+    external_launcher_ident,
+    job_token,
+    launcher_env,
+    unlink_broadcast_buffers,
+    unlink_shm_segments,
+)
 from verity.rollout.vllm_weights import VerityWorkerExtension, to_safetensors_bytes, with_tied_lm_head
 
 logger = logging.getLogger(__name__)
@@ -142,7 +149,7 @@ class VLLMRollout(RolloutEngine):
         self.options.validate()
         self.tp_mesh = tp_mesh
         if tp_mesh is not None:
-            self.tensor_parallel_size, self.tensor_parallel_rank = _check_tp_mesh(tp_mesh, self.options)
+            self.tensor_parallel_size, self.tensor_parallel_rank = check_tp_mesh(tp_mesh, self.options)
         self.model_path = str(model_path)
         self.dtype = _dtype_name(dtype)
         if not isinstance(max_model_len, int) or max_model_len < 2:
@@ -182,9 +189,9 @@ class VLLMRollout(RolloutEngine):
         self._process_group_existed = torch.distributed.is_available() and torch.distributed.is_initialized()
         launcher, token = contextlib.nullcontext(), None
         if self.tp_mesh is not None:
-            env.update(_launcher_env())
-            token = _job_token()
-            launcher = _external_launcher_ident(token)
+            env.update(launcher_env())
+            token = job_token()
+            launcher = external_launcher_ident(token)
         with preserved_process_state(env), _quiet_tokenizer_free_warmup(), launcher:
             from vllm import LLM
 
@@ -216,8 +223,8 @@ class VLLMRollout(RolloutEngine):
                 kwargs["worker_extension_cls"] = f"{VerityWorkerExtension.__module__}.VerityWorkerExtension"
             llm = LLM(**kwargs)
         if token is not None:
-            _unlink_shm_segments(token)
-            _unlink_broadcast_buffers()
+            unlink_shm_segments(token)
+            unlink_broadcast_buffers()
         if not opts.runs_in_process:
             children = [(pid, created) for pid, created in child_processes() if pid not in children_before]
             self._reaper = OrphanReaper(children, shm_segments() - segments_before)
@@ -291,27 +298,15 @@ class VLLMRollout(RolloutEngine):
         return build_rollout_output(rows, responses, response_mask, logprobs)
 
     def _check_lockstep(self, token_lists: list[list[int]], params: SamplingParams) -> None:
-        """Raise on every rank of the replica when its ranks were given different prompts, parameters or seeds.
-
-        vLLM's external launcher runs one scheduler per rank and relies on each making the same
-        choices; ranks that disagree would wait on each other's collectives forever.
-        """
-        import hashlib
-
-        digest = hashlib.blake2b(digest_size=8)
-        digest.update(repr((token_lists, sorted(params.to_dict().items()))).encode())
-        digest.update(self._generator.get_state().numpy().tobytes())
-        device = (
-            torch.device("cuda", torch.cuda.current_device()) if self.tp_mesh.device_type == "cuda" else "cpu"
+        """Raise on every rank of the replica when its ranks were given different prompts, parameters or
+        seeds (vLLM's external launcher runs one scheduler per rank; :mod:`verity.rollout.replica_lockstep`)."""
+        on_cuda = self.tp_mesh.device_type == "cuda"
+        device = torch.device("cuda", torch.cuda.current_device()) if on_cuda else "cpu"
+        parts = (
+            repr((token_lists, sorted(params.to_dict().items()))).encode(),
+            self._generator.get_state().numpy().tobytes(),
         )
-        mine = torch.tensor([int.from_bytes(digest.digest(), "little", signed=True)], device=device)
-        every = [torch.empty_like(mine) for _ in range(self.tensor_parallel_size)]
-        torch.distributed.all_gather(every, mine, group=self.tp_mesh.get_group())
-        if any(not torch.equal(other, mine) for other in every):
-            raise RuntimeError(
-                "VLLMRollout: the ranks of a tensor-parallel replica were given different prompts, sampling "
-                "parameters or seeds; every rank of a replica must generate the same batch in lockstep"
-            )
+        check_replica_lockstep(self.tp_mesh, device, parts, "VLLMRollout")
 
     def _request_params(self, params: SamplingParams, count: int) -> list[Any]:
         from vllm import SamplingParams as VSamplingParams
@@ -469,108 +464,6 @@ def _close_in_process(llm: Any, keep_process_group: bool) -> None:
         parallel_state._WORLD.destroy()  # vLLM's world coordinator: groups it created, not the default group
         parallel_state._WORLD = None
     envs.disable_envs_cache()
-
-
-def _check_tp_mesh(tp_mesh: Any, options: VLLMOptions) -> tuple[int, int]:
-    """``(size, this rank's place)`` of a replica mesh vLLM's external launcher can serve, else ValueError."""
-    if options.tensor_parallel_size > 1:
-        raise ValueError(
-            f"rollout.vllm.tensor_parallel_size = {options.tensor_parallel_size}: the engine already spans "
-            "the rollout.tensor_parallel_size ranks of its replica; leave rollout.vllm.tensor_parallel_size at 1"
-        )
-    if options.in_process is False:
-        raise ValueError(
-            "rollout.vllm.in_process = false: a tensor-parallel replica of the actor's ranks runs vLLM inside "
-            "those ranks' processes; leave it null"
-        )
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()):
-        raise ValueError(
-            "VLLMRollout(tp_mesh=...): the default torch process group must be initialised first"
-        )
-    size, rank = tp_mesh.size(), dist.get_rank()
-    first = rank - rank % size
-    ranks = [int(r) for r in tp_mesh.mesh.flatten().tolist()]
-    if tp_mesh.ndim != 1 or ranks != list(range(first, first + size)) or dist.get_world_size() % size:
-        raise ValueError(
-            f"VLLMRollout(tp_mesh=...): vLLM's replicas are {size} consecutive ranks of the default process "
-            f"group (rank {rank}: {list(range(first, first + size))}), got the mesh over ranks {ranks}"
-        )
-    return size, tp_mesh.get_local_rank()
-
-
-def _launcher_env() -> dict[str, str]:
-    """The torchrun variables vLLM's external launcher reads, from the default process group."""
-    rank = torch.distributed.get_rank()
-    return {
-        "RANK": str(rank),
-        "LOCAL_RANK": os.environ.get("LOCAL_RANK", str(rank)),
-        "WORLD_SIZE": str(torch.distributed.get_world_size()),
-    }
-
-
-def _unlink_shm_segments(token: str) -> None:
-    """Remove the names of vLLM's CPU shared-memory segments of this start-up from ``/dev/shm``.
-
-    Every rank of the replica has mapped every segment once the engine is built (vLLM's start-up
-    ends with a barrier after the ranks joined them), and a mapping outlives its name. vLLM
-    would unlink them only in a destructor at interpreter exit, which a killed or ``os._exit``-ed
-    worker never runs; without a name nothing is left behind.
-    """
-    for name in shm_segments():
-        if f"verity{token}" in name:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(SHM_DIR / name)
-
-
-def _unlink_broadcast_buffers() -> None:
-    """Unlink the ``psm_*`` ring buffers this rank created for vLLM's group broadcasts (all ranks attached).
-
-    vLLM unlinks them when the buffer object is collected, which a Ray worker killed at the end of a
-    run never gets to (24 MiB a TP group was left in ``/dev/shm``); the mappings live on until close.
-    """
-    from vllm.distributed import parallel_state
-    from vllm.distributed.parallel_state import GroupCoordinator
-
-    for group in list(vars(parallel_state).values()):
-        broadcaster = getattr(group, "mq_broadcaster", None) if isinstance(group, GroupCoordinator) else None
-        buffer = getattr(broadcaster, "buffer", None)
-        if buffer is not None and getattr(buffer, "is_creator", False):
-            with contextlib.suppress(FileNotFoundError):
-                buffer.shared_memory.unlink()  # also forgets it in multiprocessing's resource tracker
-            buffer.is_creator = False  # its finalizer then only unmaps it
-
-
-def _job_token() -> str:
-    """A random identifier of this engine's start-up, the same on every rank (a collective: rank 0's)."""
-    import uuid
-
-    token = [uuid.uuid4().hex[:12]]
-    torch.distributed.broadcast_object_list(token, src=0)
-    return str(token[0])
-
-
-@contextlib.contextmanager
-def _external_launcher_ident(token: str) -> Iterator[None]:
-    """Make vLLM's external launcher name its CPU shared-memory segments after ``token``.
-
-    The launcher's init method is ``env://`` and vLLM's CPU worker names its tensor-parallel
-    segments after ``init_method.split(":")[-1]`` — ``//`` for every job on the host, so a second
-    job (or a crashed run's leftovers) fails with ``create shm in SHMManager failed. errno: 17``.
-    The process group exists already, so the init method is never dialled; it only carries the name.
-    """
-    from vllm.v1.executor.uniproc_executor import ExecutorWithExternalLauncher
-
-    original = ExecutorWithExternalLauncher.__dict__["_distributed_args"]
-
-    def _distributed_args(self: Any) -> tuple[str, int, int]:
-        return f"tcp://127.0.0.1:0_verity{token}", int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-
-    ExecutorWithExternalLauncher._distributed_args = _distributed_args
-    try:
-        yield
-    finally:
-        ExecutorWithExternalLauncher._distributed_args = original
 
 
 def _dtype_name(dtype: str | torch.dtype) -> str:
