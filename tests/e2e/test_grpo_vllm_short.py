@@ -34,11 +34,10 @@ def vllm_model_and_task(tmp_path_factory) -> dict[str, str]:
     }
 
 
-@pytest.mark.slow
-def test_grpo_with_vllm_rollout_on_two_workers(vllm_model_and_task, tmp_path) -> None:
+def _run_grpo(paths: dict[str, str], tmp_path, *extra: str) -> tuple[dict, list[dict]]:
+    """A 2-step GRPO run on 2 workers with the vLLM rollout; ``(summary, metrics rows)``."""
     from verity.launch.run import run_training
 
-    paths = vllm_model_and_task
     out = tmp_path / "run"
     summary = run_training(
         load_config(
@@ -62,6 +61,7 @@ def test_grpo_with_vllm_rollout_on_two_workers(vllm_model_and_task, tmp_path) ->
                 "trainer.cpus_per_worker=0.5",
                 "trainer.progress=false",
                 f"trainer.output_dir={out}",
+                *extra,
             ]
         )
     )
@@ -74,3 +74,18 @@ def test_grpo_with_vllm_rollout_on_two_workers(vllm_model_and_task, tmp_path) ->
         assert 0.0 <= row["reward/mean"] <= 1.0
         assert row["timing/weight_sync_s"] > 0
     assert 0.0 <= summary["accuracy_before"] <= 1.0 and 0.0 <= summary["accuracy_after"] <= 1.0
+    return summary, rows
+
+
+@pytest.mark.slow
+def test_grpo_with_vllm_rollout_on_two_workers(vllm_model_and_task, tmp_path) -> None:
+    _run_grpo(vllm_model_and_task, tmp_path)
+
+
+@pytest.mark.slow
+def test_grpo_with_a_tensor_parallel_vllm_rollout_on_two_workers(vllm_model_and_task, tmp_path) -> None:
+    """One vLLM replica over both workers (vLLM's external launcher over their gloo group); the weight
+    sync sends every rank the full tensors."""
+    _, rows = _run_grpo(vllm_model_and_task, tmp_path, "rollout.tensor_parallel_size=2")
+    for row in rows:
+        assert "perf/weight_sync_received_bytes" not in row  # full tensors to both ranks: nothing sliced
