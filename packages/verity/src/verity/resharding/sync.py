@@ -125,13 +125,23 @@ def iter_engine_weights(
     if not isinstance(engine, nn.Module) and hasattr(engine, "iter_full_weights"):
         buckets = engine.iter_full_weights(bucket_bytes, dtype=dtype, device=device)
     else:
-        module = engine if isinstance(engine, nn.Module) else getattr(engine, "model", None)
-        if not isinstance(module, nn.Module):
-            raise TypeError(
-                "sync_weights needs a training engine with iter_full_weights() or a .model module, "
-                f"got {type(engine).__name__}"
-            )
+        module = _module_of(engine, "iter_full_weights")
         buckets = iter_full_state_dict_buckets(module, bucket_bytes, dtype=dtype, device=device)
+    yield from _emptied(buckets)
+
+
+def _module_of(engine: Any, method: str) -> nn.Module:
+    """``engine`` itself or its ``.model`` module, for an engine without ``method``; TypeError otherwise."""
+    module = engine if isinstance(engine, nn.Module) else getattr(engine, "model", None)
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"sync_weights needs a training engine with {method}() or a .model module, got {type(engine).__name__}"
+        )
+    return module
+
+
+def _emptied(buckets: Iterable[list[tuple[str, torch.Tensor]]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each bucket's ``(name, tensor)`` pairs, popped so the bucket holds no reference once consumed."""
     for bucket in buckets:
         while bucket:
             yield bucket.pop(0)
@@ -214,13 +224,6 @@ def iter_engine_slices(
     if not isinstance(engine, nn.Module) and hasattr(engine, "iter_rollout_slices"):
         buckets = engine.iter_rollout_slices(tp_size, bucket_bytes, dtype=dtype, device=device, stats=stats)
     else:
-        module = engine if isinstance(engine, nn.Module) else getattr(engine, "model", None)
-        if not isinstance(module, nn.Module):
-            raise TypeError(
-                "sync_weights needs a training engine with iter_rollout_slices() or a .model module, "
-                f"got {type(engine).__name__}"
-            )
+        module = _module_of(engine, "iter_rollout_slices")
         buckets = iter_tp_slice_buckets(module, tp_size, bucket_bytes, dtype=dtype, device=device, stats=stats)
-    for bucket in buckets:
-        while bucket:
-            yield bucket.pop(0)
+    yield from _emptied(buckets)
