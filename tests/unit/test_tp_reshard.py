@@ -319,12 +319,14 @@ def test_fsdp2_shards_to_tp_slices(tmp_path):
             if key == "mixed":  # its ignored parameter and buffer are sliced locally, not received
                 assert received < stats["sliced_bytes"] <= full_bytes, where
                 continue
-            # a rank receives exactly its slices' bytes: ~1/TP of the model, where the full gather gets it all
-            assert received == stats["sliced_bytes"], where
+            # a rank receives exactly its slices' bytes (and one spare element per source and
+            # exchange): ~1/TP of the model, where the full gather gets it all
+            spare = res["buckets"] * world * (2 if dtype == torch.bfloat16 else 4)
+            assert received - spare == stats["sliced_bytes"], where
             assert gathered >= full_bytes, where
-            assert received <= {1: 1.0, 2: 0.6, 4: 0.35}[tp] * full_bytes, where
+            assert received - spare <= {1: 1.0, 2: 0.6, 4: 0.35}[tp] * full_bytes, where
             if tp == 1:
-                assert received == full_bytes, where
+                assert received - spare == full_bytes, where
             if bucket_bytes == SMALL_BUCKET and dtype is None and rank in (0, 3):
                 lines.append(
                     f"rank {rank} W={world} {key:6} TP={tp}: received {received / 1e3:6.1f} kB, "

@@ -22,11 +22,12 @@ of more than one rank) of one process group and output dtype:
 
 Everything else (plain tensors, ``Replicate``, other placements, a 1-rank mesh) is taken
 whole (``full_tensor()``) and narrowed locally. ``all_to_all_single`` works on gloo (CPU,
-torch 2.13: uneven and zero splits, float32/bfloat16/int64) and NCCL.
+torch 2.13: uneven splits, float32/bfloat16/int64) and NCCL; no split is left empty (one
+spare element each), since empty ones corrupted gloo's heap under load.
 
 Memory: while a bucket is exchanged, a send and a receive buffer of about ``bucket / TP``
-each (a replicated weight counts whole); then the receive buffer and the slices cut from it
-(a bucket of one tensor is its receive buffer, no copy). The consumer should drop each
+each (a replicated weight counts whole); then the receive buffer and the slices cut from it.
+The consumer should drop each
 bucket's slices before asking for the next.
 
 Collective: every rank of the group must consume every bucket, in the same order.
@@ -132,10 +133,12 @@ def _exchange_dim0_shards(
         _, n, narrow = _piece(bounds[dest % tp_size], starts[source], per_rank[source])
         return math.prod(_piece_shape(n, rest, narrow))
 
-    in_splits = [sum(numel(me, q, lay) for lay in layouts) for q in range(world)]
-    out_splits = [sum(numel(s, me, lay) for lay in layouts) for s in range(world)]
+    # One spare element per source/destination pair: gloo's all_to_all with empty splits (an
+    # uneven model, whose slice misses some rank's shard) corrupted the heap under load.
+    in_splits = [sum(numel(me, q, lay) for lay in layouts) + 1 for q in range(world)]
+    out_splits = [sum(numel(s, me, lay) for lay in layouts) + 1 for s in range(world)]
     device = layouts[0][0].device
-    send = torch.empty(sum(in_splits), dtype=dtype, device=device)
+    send = torch.zeros(sum(in_splits), dtype=dtype, device=device)
     pos = 0
     for q in range(world):
         for local, per_rank, starts, rest, bounds in layouts:
@@ -148,6 +151,7 @@ def _exchange_dim0_shards(
                     part = part.narrow(narrow[0], narrow[1], narrow[2])
                 send[pos : pos + size].view(shape).copy_(part)
             pos += size
+        pos += 1  # the spare element
     received = torch.empty(sum(out_splits), dtype=dtype, device=device)
     if any(t.numel() for _, t in members):  # the same answer on every rank: shapes are global
         dist.all_to_all_single(received, send, out_splits, in_splits, group=group)
@@ -161,17 +165,15 @@ def _exchange_dim0_shards(
         for i, layout in enumerate(layouts):
             offsets[i][s] = pos
             pos += numel(s, me, layout)
+        pos += 1  # the spare element
     out = []
     for i, (_, tensor) in enumerate(members):
         bounds = layouts[i][4][me % tp_size]
         shape = list(tensor.shape)
         if bounds is not None:
             shape[bounds[0]] = bounds[2]
-        if len(members) == 1:  # the whole buffer, in order: the slice itself
-            out.append(received.view(shape))
-        else:
-            spans = [(offsets[i][s], numel(s, me, layouts[i])) for s in range(world)]
-            out.append(torch.cat([received[a : a + n] for a, n in spans]).view(shape))
+        spans = [(offsets[i][s], numel(s, me, layouts[i])) for s in range(world)]
+        out.append(torch.cat([received[a : a + n] for a, n in spans]).view(shape))
     return out
 
 
