@@ -53,6 +53,11 @@ class FSDP2Options:
     # (1 - 1/ranks) of the vocabulary's weights and gradients per rank; null: on for CPU (gloo) runs,
     # off on accelerators, where it is not measured yet (docs/engines.md, "Vocabulary sharding")
     shard_vocab: bool | None = None
+    # run log-prob, value and training passes on the packed (padding-free) layout: each micro-batch's
+    # real tokens back to back in one sequence, attention kept inside each row; micro_batch_tokens then
+    # counts real tokens. null: on for a CPU device (measured faster), off on accelerators (not measured
+    # yet); images keep the padded layout (docs/engines.md, "Packed sequences")
+    packed: bool | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that is out of range."""
@@ -78,6 +83,8 @@ class FSDP2Options:
                 "fsdp2.offload_params=true with fsdp2.cuda_graphs=true: the graphs replay fixed device "
                 "addresses of weights that offload keeps in host memory; switch one off"
             )
+        if self.packed is not None and not isinstance(self.packed, bool):
+            raise ValueError(f"fsdp2.packed must be true, false or null, got {self.packed!r}")
         if self.shard_vocab is not None and not isinstance(self.shard_vocab, bool):
             raise ValueError(f"fsdp2.shard_vocab must be true, false or null, got {self.shard_vocab!r}")
         if self.shard_vocab and (self.sharding != "full" or self.offload_params):
