@@ -128,10 +128,20 @@ def test_packed_attention_equals_dense_masked_sdpa(monkeypatch, kv_heads, tile):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_packed_attention_refuses_a_padded_call():
-    q = torch.zeros(1, 2, 3, 4)
-    with pytest.raises(ValueError, match="cu_seq_lens_q"):
-        packed_sdpa_attention(None, q, q, q, None)
+def test_packed_kernel_runs_a_padded_call_as_sdpa():
+    """Under the packed kernel a padded call (a mask, no cu_seq_lens) is transformers' sdpa: same values."""
+    batch = _batch(*MIXED)
+    model = _model(2).eval()
+    with torch.no_grad():
+        ref, _ = response_logprobs(model, batch, share_prompts=False)
+        packed_attention.use_packed_kernel(model, torch.device("cpu"))
+        assert model.config._attn_implementation == PACKED_SDPA
+        got, _ = response_logprobs(model, batch, share_prompts=False)
+        plain = model(input_ids=batch["input_ids"][:1, :5]).logits  # no mask at all: plain causal
+        with packed_attention.packed_attention(model, "sdpa"):
+            plain_ref = model(input_ids=batch["input_ids"][:1, :5]).logits
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(plain, plain_ref, atol=1e-6, rtol=1e-6)
 
 
 def _model(kv_heads: int):
@@ -226,3 +236,82 @@ def test_kernel_registered_with_transformers():
 
     packed_attention.register_packed_attention()
     assert AttentionInterface._global_mapping[PACKED_SDPA] is packed_sdpa_attention
+
+
+def test_token_cost_counts_real_tokens():
+    from verity.engines.micro_batches import micro_batch_ranges
+
+    mask = _batch([7, 1, 1, 1], [9, 1, 1, 1])["attention_mask"]  # row lengths 16, 2, 2, 2
+    assert micro_batch_ranges(mask, R, 8, max_tokens=20) == [(0, 1), (1, 4)]  # window cost: 16 x 3 rows
+    assert micro_batch_ranges(mask, R, 8, max_tokens=20, cost="tokens") == [(0, 3), (3, 4)]  # 16 + 2 + 2
+    with pytest.raises(ValueError, match="cost"):
+        micro_batch_ranges(mask, R, 8, max_tokens=20, cost="rows")
+
+
+def _engine_pair(build, **kwargs):
+    from verity.engines import FSDP2Engine, OptimConfig
+
+    padded = FSDP2Engine(build(), OptimConfig(lr=1e-2), packed=False, **kwargs)
+    packed = FSDP2Engine(build(), OptimConfig(lr=1e-2), packed=True, **kwargs)
+    assert (padded.packed, packed.packed) == (False, True)
+    assert packed.model.config._attn_implementation == PACKED_SDPA
+    return padded, packed
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_engine_packed_equals_padded_logprobs_and_gradients(checkpointing):
+    from helpers.tiny_models import seq_mean_token_mean_loss
+
+    batch = _batch(*MIXED, seed=7)
+    padded, packed = _engine_pair(
+        lambda: _model(2), gradient_checkpointing=checkpointing, micro_batch_tokens=30
+    )
+    lp_a, ent_a = padded.compute_logprobs(batch, micro_batch_size=4)
+    lp_b, ent_b = packed.compute_logprobs(batch, micro_batch_size=4)
+    torch.testing.assert_close(lp_b, lp_a, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_b, ent_a, atol=2e-5, rtol=1e-5)
+    out_a = padded.forward_backward(batch, seq_mean_token_mean_loss, 4)
+    out_b = packed.forward_backward(batch, seq_mean_token_mean_loss, 4)
+    assert out_b["loss"] == pytest.approx(out_a["loss"], rel=1e-5)
+    assert out_b["entropy"] == pytest.approx(out_a["entropy"], rel=1e-5)
+    grads_a, grads_b = padded.full_gradients(), packed.full_gradients()
+    for name, value in grads_a.items():
+        torch.testing.assert_close(grads_b[name], value, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_engine_packed_equals_padded_values_and_value_gradients():
+    batch = _batch(*MIXED, seed=9)
+
+    def value_loss(micro, values, agg):
+        return ((values - micro["advantages"]) ** 2 * micro["response_mask"]).sum() / agg.global_tokens, {}
+
+    padded, packed = _engine_pair(tiny_value_model)
+    torch.testing.assert_close(
+        packed.compute_values(batch, 3), padded.compute_values(batch, 3), atol=1e-5, rtol=1e-5
+    )
+    out_a = padded.forward_backward_values(batch, value_loss, 3)
+    out_b = packed.forward_backward_values(batch, value_loss, 3)
+    assert out_b["loss"] == pytest.approx(out_a["loss"], rel=1e-5)
+    grads_a, grads_b = padded.full_gradients(), packed.full_gradients()
+    for name, value in grads_a.items():
+        torch.testing.assert_close(grads_b[name], value, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_engine_default_is_packed_on_cpu_and_refused_for_a_plain_module():
+    from torch import nn
+    from verity.engines import FSDP2Engine
+
+    assert FSDP2Engine(tiny_qwen2(), None).packed is True
+    assert FSDP2Engine(nn.Linear(2, 2), None).packed is False  # not an HF model: padded
+    with pytest.raises(ValueError, match="packed=True"):
+        FSDP2Engine(nn.Linear(2, 2), None, packed=True)
+
+
+def test_the_run_records_that_packed_ran():
+    from verity.engines import FSDP2Engine
+    from verity.workers.report import TrainingFacts, WorkerReport
+
+    packed = WorkerReport(rank=0, training=TrainingFacts.of(FSDP2Engine(tiny_qwen2(), None))).ran("actor")
+    padded = WorkerReport(rank=0, training=TrainingFacts.of(FSDP2Engine(tiny_qwen2(), None, packed=False)))
+    assert packed["actor_packed"] == "true" and packed["actor_attention"] == PACKED_SDPA
+    assert "critic_packed" not in padded.ran("critic")

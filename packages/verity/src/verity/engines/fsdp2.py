@@ -54,7 +54,7 @@ from verity.engines.hf_loading import (
     enable_activation_checkpointing,
     use_attention_kernel,
 )
-from verity.engines.logprobs import DEFAULT_CHUNK_TOKENS, response_logprobs
+from verity.engines.logprobs import DEFAULT_CHUNK_TOKENS
 from verity.engines.micro_batches import (
     TRAIN_KEYS,
     get_tensor,
@@ -70,10 +70,11 @@ from verity.engines.micro_batches import (
 from verity.engines.model_source import ModelSource
 from verity.engines.offload import OptimizerStateOffload, check_offload, offload_policy
 from verity.engines.optim import OptimConfig, build_lr_scheduler, build_optimizer, clip_gradients
+from verity.engines.packed import micro_batch_logprobs, micro_batch_values, resolve_packed
+from verity.engines.packed_attention import use_packed_kernel
 from verity.engines.replicate import SHARDING_MODES, all_reduce_gradients
 from verity.engines.streamed_loading import fill_from_checkpoint, materialize
 from verity.engines.train_rows import rows_to_run, step_totals
-from verity.engines.values import response_values
 from verity.hardware.cpu_peak import cpu_has_native_bf16
 
 
@@ -151,6 +152,11 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             the input embedding and the output layer, never gathered; tokens and logits
             travel instead (:mod:`verity.engines.vocab_sharding`). Not with ``offload_params``.
             None: on for a CPU device under ``sharding="full"``, off on accelerators.
+        packed: run every pass on the packed layout (:mod:`verity.engines.packed`): a
+            micro-batch's real tokens back to back, attention kept inside each row;
+            ``micro_batch_tokens`` then counts real tokens. Micro-batches with images, and
+            those a shared-prompt pass computes in fewer positions, stay padded. None: on for
+            a CPU device with an HF model, off on accelerators.
     """
 
     name = "fsdp2"  # what a run records as the engine that trained
@@ -176,6 +182,7 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         offload_params: bool = False,
         offload_optimizer: bool = False,
         shard_vocab: bool | None = None,
+        packed: bool | None = None,
     ) -> None:
         if sharding not in SHARDING_MODES:
             raise ValueError(f"sharding must be one of {list(SHARDING_MODES)}, got {sharding!r}")
@@ -244,6 +251,9 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             module.to(self.device)
         if attn_implementation is not None:
             use_attention_kernel(module, attn_implementation)
+        self.packed = resolve_packed(packed, module, self.device)
+        if self.packed:  # once, so that recomputation (checkpointing) and padded passes see it too
+            use_packed_kernel(module, self.device)
         if getattr(module, "config", None) is not None and hasattr(module.config, "use_cache"):
             module.config.use_cache = False
         if gradient_checkpointing:
@@ -361,7 +371,10 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         """
         attention_mask = get_tensor(batch, "attention_mask")[:rows]
         response_len = int(get_tensor(batch, "responses").shape[1])
-        ranges = micro_batch_ranges(attention_mask, response_len, micro_batch_size, self.micro_batch_tokens)
+        cost = "tokens" if self.packed else "window"  # what a packed micro-batch computes: its real tokens
+        ranges = micro_batch_ranges(
+            attention_mask, response_len, micro_batch_size, self.micro_batch_tokens, cost
+        )
         if not self.fsdp_modules:
             return ranges, len(ranges)
         return ranges, int(self._all_reduce([float(len(ranges))], op="max")[0])
@@ -468,13 +481,16 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         """
         if isinstance(loss, ValueLoss):
             with self._autocast():
-                values = response_values(self._module, model_inputs(micro))
+                values = micro_batch_values(
+                    self._module, model_inputs(micro), packed=self.packed, layout=layout
+                )
             value, metrics = loss.fn(micro, values, agg)
             return value, metrics, {}
         with self._autocast():
-            logprobs, entropy = response_logprobs(
+            logprobs, entropy = micro_batch_logprobs(
                 self._module,
                 model_inputs(micro),
+                packed=self.packed,
                 temperature=loss.temperature,
                 compute_entropy=True,
                 chunk_tokens=self.logprob_chunk_tokens,

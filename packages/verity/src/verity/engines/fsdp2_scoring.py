@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from verity.engines.logprobs import response_logprobs
 from verity.engines.micro_batches import (
     LOGPROB_KEYS,
     host_layout,
@@ -24,14 +23,17 @@ from verity.engines.micro_batches import (
     take_rows,
     validate_layout,
 )
-from verity.engines.values import response_values
+from verity.engines.packed import micro_batch_logprobs, micro_batch_values
 
 __all__ = ["FSDP2ScoringMixin"]
 
 
 class FSDP2ScoringMixin:
     """``compute_logprobs`` and ``compute_values`` for an engine with ``_module``, ``device``,
-    ``_micro_ranges``, ``_autocast``, ``logprob_chunk_tokens`` and ``compiled_head``."""
+    ``_micro_ranges``, ``_autocast``, ``logprob_chunk_tokens``, ``compiled_head`` and ``packed``
+    (each micro-batch on the packed layout where it applies, :mod:`verity.engines.packed`)."""
+
+    packed: bool = False
 
     def _no_grad_passes(self, batch: Any, micro_batch_size: int, forward: Any) -> list[Any]:
         """Run ``forward(model_inputs)`` on each micro-batch; the answers of the real ones, in order.
@@ -66,9 +68,10 @@ class FSDP2ScoringMixin:
         validate_layout(batch, LOGPROB_KEYS)
 
         def forward(micro: dict[str, torch.Tensor], layout: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-            logprobs, entropy = response_logprobs(
+            logprobs, entropy = micro_batch_logprobs(
                 self._module,
                 micro,
+                packed=self.packed,
                 temperature=temperature,
                 compute_entropy=compute_entropy,
                 chunk_tokens=self.logprob_chunk_tokens,
@@ -89,7 +92,9 @@ class FSDP2ScoringMixin:
         :meth:`compute_logprobs`.
         """
         validate_layout(batch, LOGPROB_KEYS)
-        parts = self._no_grad_passes(
-            batch, micro_batch_size, lambda micro, _layout: response_values(self._module, micro).float()
-        )
+
+        def forward(micro: dict[str, torch.Tensor], layout: Any) -> torch.Tensor:
+            return micro_batch_values(self._module, micro, packed=self.packed, layout=layout).float()
+
+        parts = self._no_grad_passes(batch, micro_batch_size, forward)
         return torch.cat(parts).cpu()

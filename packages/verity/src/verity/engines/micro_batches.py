@@ -147,7 +147,11 @@ def model_inputs(micro_batch: Any) -> dict[str, Any]:
 
 
 def micro_batch_ranges(
-    attention_mask: torch.Tensor, response_len: int, micro_batch_size: int, max_tokens: int = 0
+    attention_mask: torch.Tensor,
+    response_len: int,
+    micro_batch_size: int,
+    max_tokens: int = 0,
+    cost: str = "window",
 ) -> list[tuple[int, int]]:
     """Consecutive row ranges ``[(start, end), ...]`` covering the rows of ``attention_mask``.
 
@@ -163,6 +167,9 @@ def micro_batch_ranges(
         response_len: ``R``.
         micro_batch_size: most rows per range, >= 1.
         max_tokens: most window positions per range (rows x window width); 0: no token budget.
+        cost: what ``max_tokens`` counts: ``window`` (rows x window width, the padded layout's
+            positions) or ``tokens`` (the rows' real tokens, the packed layout's,
+            :mod:`verity.engines.packed`).
 
     Returns:
         ``ceil``-style cover of ``range(B)``: the first starts at 0, each starts where the
@@ -172,6 +179,8 @@ def micro_batch_ranges(
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     if max_tokens < 0:
         raise ValueError(f"micro_batch_tokens must be >= 0 (0: rows only), got {max_tokens}")
+    if cost not in ("window", "tokens"):
+        raise ValueError(f"cost must be 'window' or 'tokens', got {cost!r}")
     rows = int(attention_mask.shape[0])
     if max_tokens == 0:
         return [(s, min(s + micro_batch_size, rows)) for s in range(0, rows, micro_batch_size)]
@@ -181,18 +190,20 @@ def micro_batch_ranges(
     # first real prompt column per row (at most P-1), one past the last real response column (at least P+1)
     first = torch.where(real[:, :prompt_len], columns[:prompt_len], prompt_len - 1).min(dim=1).values
     last = torch.where(real[:, prompt_len:], columns[prompt_len:] + 1, prompt_len + 1).max(dim=1).values
+    lengths = real.sum(dim=1).tolist()
     ranges: list[tuple[int, int]] = []
-    start, lo, hi = 0, 0, 0
+    start, lo, hi, tokens = 0, 0, 0, 0
     for row, (f, e) in enumerate(zip(first.tolist(), last.tolist(), strict=True)):
         if row > start:
             width = max(hi, e) - min(lo, f)
-            if row - start >= micro_batch_size or (row - start + 1) * width > max_tokens:
+            size = tokens + lengths[row] if cost == "tokens" else (row - start + 1) * width
+            if row - start >= micro_batch_size or size > max_tokens:
                 ranges.append((start, row))
                 start = row
         if row == start:
-            lo, hi = f, e
+            lo, hi, tokens = f, e, lengths[row]
         else:
-            lo, hi = min(lo, f), max(hi, e)
+            lo, hi, tokens = min(lo, f), max(hi, e), tokens + lengths[row]
     if rows:
         ranges.append((start, rows))
     return ranges

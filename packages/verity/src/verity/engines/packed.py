@@ -23,6 +23,7 @@ micro-batches, and those with images, keep the padded path.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,17 +38,22 @@ from verity.engines.logprobs import (
     _accepts_logits_to_keep,
     logprobs_and_entropy_from_logits,
     padding_free_window,
+    response_logprobs,
 )
 from verity.engines.packed_attention import packed_attention, packed_kernel
 from verity.engines.shared_prompt import find_prompt_groups, grouped_positions, should_share_prompts
+from verity.engines.values import response_values
 
 __all__ = [
     "PackedRows",
+    "micro_batch_logprobs",
+    "micro_batch_values",
     "packable",
     "packed_response_logprobs",
     "packed_response_values",
     "pack_rows",
     "prefer_packed",
+    "resolve_packed",
     "supports_packing",
     "unpack_kept",
     "unpack_responses",
@@ -228,8 +234,12 @@ def prefer_packed(
 
 
 def _packed_forward(model: nn.Module, packed: PackedRows, **extra: Any) -> Any:
+    """The model's forward on the packed sequence, under a kernel that keeps the rows apart."""
     kernel = packed_kernel(model, packed.input_ids.device)
-    with packed_attention(model, kernel):
+    current = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    # an engine switched its model once (use_packed_kernel); a plain model is switched for this pass
+    switch = contextlib.nullcontext() if current == kernel else packed_attention(model, kernel)
+    with switch:
         return model(
             input_ids=packed.input_ids,
             position_ids=packed.position_ids,
@@ -305,3 +315,51 @@ def packed_response_values(
             f"got {tuple(values.shape)} (a critic needs a scalar head, e.g. num_labels=1)"
         )
     return unpack_responses(values.float(), packed, int(inputs["responses"].shape[1]))
+
+
+def resolve_packed(packed: bool | None, model: nn.Module, device: torch.device) -> bool:
+    """Whether an engine runs its passes packed: ``packed``, or when None, on a CPU for a model that takes it.
+
+    On a CPU packing measured faster on long-tailed lengths (``ci/reports/2026-12-07-packed-layout.md``);
+    accelerators are not measured yet. ``packed=True`` for a model that cannot take it raises ``ValueError``.
+    """
+    if packed is None:
+        return device.type == "cpu" and supports_packing(model)
+    if packed and not supports_packing(model):
+        raise ValueError(
+            f"packed=True: {type(model).__name__} is not an HF model that dispatches attention by name "
+            "(transformers' AttentionInterface); set packed=false"
+        )
+    return bool(packed)
+
+
+def micro_batch_logprobs(
+    model: nn.Module,
+    micro_batch: Mapping[str, Any],
+    *,
+    packed: bool,
+    layout: Mapping[str, torch.Tensor] | None = None,
+    **head: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """An engine's log-probs of one micro-batch: packed where :func:`prefer_packed` says so, else padded.
+
+    ``head``: ``temperature``, ``compute_entropy``, ``chunk_tokens``, ``entropy_grad``,
+    ``compiled_head`` as for :func:`verity.engines.logprobs.response_logprobs`. Both layouts
+    give ``[B, R]`` float32 with response padding 0 and agree up to float rounding.
+    """
+    if packed and prefer_packed(model, micro_batch, layout):
+        return packed_response_logprobs(model, micro_batch, layout=layout, **head)
+    return response_logprobs(model, micro_batch, layout=layout, **head)
+
+
+def micro_batch_values(
+    module: nn.Module,
+    micro_batch: Mapping[str, Any],
+    *,
+    packed: bool,
+    layout: Mapping[str, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """An engine's values of one micro-batch, ``[B, R]`` float32: packed where :func:`prefer_packed` says so."""
+    if packed and prefer_packed(module, micro_batch, layout):
+        return packed_response_values(module, micro_batch, layout)
+    return response_values(module, micro_batch)

@@ -7,20 +7,23 @@ causally, to the tokens of its own row only. transformers 5 passes ``cu_seq_lens
 the attention function of every layer:
 
 - on CUDA with ``flash-attn`` installed, transformers' ``flash_attention_2`` consumes them
-  natively (variable-length flash attention); :func:`packed_kernel` picks it there;
-- elsewhere :func:`packed_sdpa_attention`, registered as :data:`PACKED_SDPA`, runs
+  natively (variable-length flash attention); :func:`packed_kernel` picks it there (not run
+  by verity yet: no GPU with flash-attn has been lent);
+- elsewhere :data:`PACKED_SDPA` (``verity_packed_sdpa``): transformers' ``sdpa`` for a padded
+  call (its masks, its kernel), and for a packed call (``cu_seq_lens_q`` given, no mask)
   PyTorch's SDPA over tiles of the packed sequence: a row at least :data:`TILE_TOKENS` long
   is one causal SDPA call with no mask (the CPU flash kernel: memory linear in its length),
-  and consecutive shorter rows are grouped into tiles of at most :data:`TILE_TOKENS`
-  tokens, each one SDPA call with a small block-diagonal causal mask ``[tile, tile]``. So
-  memory stays ``O(T x tile)``, never ``O(T^2)``, and no key of another row is ever read.
+  and consecutive shorter rows are grouped into tiles of at most :data:`TILE_TOKENS` tokens,
+  each one SDPA call with a small block-diagonal causal mask ``[tile, tile]``. So memory
+  stays ``O(T x tile)``, never ``O(T^2)``, and no key of another row is ever read.
 
 Grouped key/value heads (GQA, fewer KV heads than query heads) are read in place
 (``enable_gqa``) on the CPU and repeated on other devices when a mask is given.
 
-The model's attention is switched to the packed kernel for the packed pass only
-(:func:`packed_attention`) and back, so padded passes of the same model (images,
-shared prompts) keep their own kernel.
+An engine switches its model to the packed kernel once (:func:`use_packed_kernel`): padded
+passes (images, shared prompts) run as under ``sdpa``, and activation checkpointing's
+recomputation sees the same kernel as the forward. :func:`packed_attention` switches a
+model for one block instead (a direct call of the packed functions on a plain model).
 """
 
 from __future__ import annotations
@@ -36,17 +39,21 @@ from torch import nn
 
 __all__ = [
     "FLASH_VARLEN",
+    "PACKED_KERNELS",
     "PACKED_SDPA",
     "TILE_TOKENS",
     "attention_tiles",
     "packed_attention",
     "packed_kernel",
     "packed_sdpa_attention",
+    "packed_sdpa_mask",
     "register_packed_attention",
+    "use_packed_kernel",
 ]
 
 PACKED_SDPA = "verity_packed_sdpa"
 FLASH_VARLEN = ("flash_attention_2", "flash_attention_3")  # transformers' kernels that read cu_seq_lens
+PACKED_KERNELS = (PACKED_SDPA, *FLASH_VARLEN)  # kernels that keep a packed pass's rows apart
 TILE_TOKENS = 256  # rows shorter than this share tiles of at most this many tokens
 
 # one-entry cache: the tiles of the last cu_seqlens seen (every layer of a pass passes the same tensor)
@@ -125,7 +132,6 @@ def _repeat_heads(states: torch.Tensor, groups: int) -> torch.Tensor:
     return states[:, :, None].expand(one, kv, groups, length, dim).reshape(one, kv * groups, length, dim)
 
 
-@torch.compiler.disable
 def packed_sdpa_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -137,33 +143,51 @@ def packed_sdpa_attention(
     sliding_window: int | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """An HF attention function (``AttentionInterface``) for a packed batch: causal within each row.
+    """The HF attention function :data:`PACKED_SDPA`: packed calls kept inside each row, others as ``sdpa``.
 
     Args:
-        module: the attention layer (read for nothing but the HF signature).
-        query: ``[1, H, T, d]``; key, value: ``[1, KV, T, d]`` with ``H % KV == 0``.
-        attention_mask: must be None (the packed pass gives none; rows are cut by ``cu_seq_lens_q``).
+        module: the attention layer.
+        query: ``[B, H, T, d]``; key, value: ``[B, KV, T, d]`` with ``H % KV == 0``.
+        attention_mask: a padded call's mask (as transformers' ``sdpa`` takes it); a packed
+            call has none.
         dropout: attention dropout probability (0 outside training).
         scaling: softmax scale; None: ``d ** -0.5``.
-        sliding_window: a sliding-window layer's window; rows longer than it are refused.
-        kwargs: ``cu_seq_lens_q`` ``[n+1]`` int32 (required), ``max_length_q``; others ignored.
+        sliding_window: a sliding-window layer's window; packed rows longer than it are refused.
+        kwargs: a packed call's ``cu_seq_lens_q`` ``[n+1]`` int32 and ``max_length_q``; the rest
+            goes to ``sdpa`` in a padded call.
 
     Returns:
-        ``(out [1, T, H, d], None)``, as transformers' ``sdpa`` returns it.
+        ``(out [B, T, H, d], weights or None)``, as transformers' ``sdpa`` returns it.
     """
     cu_seqlens = kwargs.get("cu_seq_lens_q")
     if cu_seqlens is None or attention_mask is not None:
-        raise ValueError(
-            f"attention {PACKED_SDPA!r} runs packed passes only: it needs cu_seq_lens_q and no attention_mask "
-            "(verity.engines.packed builds them)"
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        if sliding_window is not None:
+            kwargs["sliding_window"] = sliding_window
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    if query.shape[0] != 1:
-        raise ValueError(f"a packed pass has one sequence, got a query batch of {query.shape[0]}")
     longest = kwargs.get("max_length_q")
     if sliding_window is not None and (longest is None or int(longest) > sliding_window):
         raise NotImplementedError(
             f"packed attention with a sliding window ({sliding_window}) and rows up to {longest} tokens"
         )
+    return _tiled_attention(query, key, value, cu_seqlens, dropout, scaling)
+
+
+@torch.compiler.disable  # host-planned tiles: compiled layers call it eagerly (one graph break)
+def _tiled_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    dropout: float,
+    scaling: float | None,
+) -> tuple[torch.Tensor, None]:
+    """Causal SDPA within each row of a packed ``[1, H, T, d]`` query; ``(out [1, T, H, d], None)``."""
+    if query.shape[0] != 1:
+        raise ValueError(f"a packed pass has one sequence, got a query batch of {query.shape[0]}")
     heads, kv_heads = query.shape[1], key.shape[1]
     groups = heads // kv_heads
     on_cpu = query.device.type == "cpu"
@@ -189,15 +213,29 @@ def packed_sdpa_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
-def register_packed_attention() -> None:
-    """Register :func:`packed_sdpa_attention` as :data:`PACKED_SDPA` with transformers (idempotent).
+def packed_sdpa_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """The mask function of :data:`PACKED_SDPA`: ``sdpa``'s for a padded call, none for a call without a mask.
 
-    No mask function is registered for it, so the model builds no ``[T, T]`` mask for a packed pass.
+    A packed pass gives no ``attention_mask``; transformers would otherwise build a
+    ``[T, T]`` mask from its restarting position ids. The attention function keeps the rows
+    apart (``cu_seq_lens_q``), or runs plain causal SDPA when there are none.
     """
+    if kwargs.get("attention_mask") is None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, **kwargs)
+
+
+def register_packed_attention() -> None:
+    """Register :data:`PACKED_SDPA` with transformers: its attention and mask functions (idempotent)."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
 
     if PACKED_SDPA not in AttentionInterface._global_mapping:
         AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)
+    if PACKED_SDPA not in AttentionMaskInterface._global_mapping:
+        AttentionMaskInterface.register(PACKED_SDPA, packed_sdpa_mask)
 
 
 def packed_kernel(model: nn.Module, device: torch.device) -> str:
@@ -208,7 +246,9 @@ def packed_kernel(model: nn.Module, device: torch.device) -> str:
     """
     config = getattr(model, "config", None)
     current = getattr(config, "_attn_implementation", None)
-    if current in FLASH_VARLEN:
+    if current in PACKED_KERNELS:
+        if current == PACKED_SDPA:
+            register_packed_attention()
         return current
     if device.type == "cuda" and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
@@ -224,6 +264,14 @@ def _configs(model: nn.Module) -> list[Any]:
         if config is not None and hasattr(config, "_attn_implementation_internal"):
             seen.setdefault(id(config), config)
     return list(seen.values())
+
+
+def use_packed_kernel(model: nn.Module, device: torch.device) -> str:
+    """Switch ``model`` for good to the kernel its packed passes need (:func:`packed_kernel`); returns it."""
+    kernel = packed_kernel(model, device)
+    for config in _configs(model):
+        config._attn_implementation_internal = kernel
+    return kernel
 
 
 @contextlib.contextmanager

@@ -149,6 +149,7 @@ def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
         "offload_params": bool(getattr(options, "offload_params", False)),
         "offload_optimizer": bool(getattr(options, "offload_optimizer", False)),
         "shard_vocab": getattr(options, "shard_vocab", None),
+        "packed": getattr(options, "packed", None),
     }
     if ctx.adapters:
         from verity.engines.fsdp2_lora import FSDP2LoRAEngine

@@ -40,7 +40,8 @@ import torch
 from torch import nn
 
 MIN_SAVING = 0.10  # use the grouped layout only when it computes at least 10% fewer positions
-MASK_IMPLEMENTATIONS = ("sdpa", "eager")  # attention that applies a custom 4-D mask as given
+# attention that applies a custom 4-D mask as given (verity_packed_sdpa: sdpa's, verity.engines.packed_attention)
+MASK_IMPLEMENTATIONS = ("sdpa", "eager", "verity_packed_sdpa")
 
 
 @dataclass(frozen=True)

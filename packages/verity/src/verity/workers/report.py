@@ -35,6 +35,8 @@ class TrainingFacts:
     weights_loaded: str = "whole"
     # fsdp2.shard_vocab in effect: the embedding and output layer kept in row shards on several ranks
     vocab_sharded: bool = False
+    # fsdp2.packed in effect: its passes run on the packed (padding-free) layout where a micro-batch packs
+    packed: bool = False
 
     @classmethod
     def of(cls, engine: TrainingEngine) -> TrainingFacts:
@@ -50,6 +52,7 @@ class TrainingFacts:
             cuda_graphs=bool(engine.cuda_graphs),
             weights_loaded="streamed" if getattr(engine, "streamed", False) else "whole",
             vocab_sharded=bool(getattr(engine, "vocab_sharded", False)),
+            packed=bool(getattr(engine, "packed", False)),
         )
 
 
@@ -146,6 +149,8 @@ class WorkerReport:
                 out[f"{role}_weights_loaded"] = "streamed"
             if t.vocab_sharded:
                 out[f"{role}_vocab_sharded"] = "true"
+            if t.packed:
+                out[f"{role}_packed"] = "true"
         r = self.rollout
         if r is not None:
             out["rollout"] = r.engine
