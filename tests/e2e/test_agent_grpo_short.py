@@ -127,7 +127,8 @@ def test_multi_turn_rl_on_two_workers_trains_only_the_models_tokens(tmp_path, mo
         "actor": "fsdp2_grad_probe",
         "actor_sharding": "full",
         "actor_compute_dtype": "float32",
-        "actor_attention": "sdpa",
+        "actor_attention": "verity_packed_sdpa",  # sdpa, rows kept apart in packed passes
+        "actor_packed": "true",  # fsdp2.packed: on by default on a CPU
         "actor_vocab_sharded": "true",  # two ranks on a CPU: the vocabulary in row shards by default
         "rollout": "scripted",
         "rollout_dtype": "float32",

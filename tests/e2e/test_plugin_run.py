@@ -80,7 +80,8 @@ def test_a_plugin_stage_estimator_role_and_section_run_in_the_workers(
         "actor": "fsdp2",
         "actor_sharding": "full",
         "actor_compute_dtype": "float32",
-        "actor_attention": "sdpa",
+        "actor_attention": "verity_packed_sdpa",  # sdpa, rows kept apart in packed passes
+        "actor_packed": "true",  # fsdp2.packed: on by default on a CPU
         "actor_weights_loaded": "streamed",  # built empty, each rank given its shard of the folder
         "actor_vocab_sharded": "true",  # two ranks on a CPU: the vocabulary in row shards by default
         "rollout": "hf",

@@ -183,7 +183,8 @@ def test_a_separate_prm_worker_group_trains_beside_the_actor(prime_tiny_model_an
         "actor": "fsdp2",
         "actor_sharding": "full",
         "actor_compute_dtype": "float32",
-        "actor_attention": "sdpa",
+        "actor_attention": "verity_packed_sdpa",  # sdpa, rows kept apart in packed passes
+        "actor_packed": "true",  # fsdp2.packed: on by default on a CPU
         "actor_weights_loaded": "streamed",  # built empty, each rank given its shard of the folder
         "rollout": "hf",
         "rollout_dtype": "float32",
@@ -191,7 +192,8 @@ def test_a_separate_prm_worker_group_trains_beside_the_actor(prime_tiny_model_an
         "prm": "fsdp2",
         "prm_sharding": "full",
         "prm_compute_dtype": "float32",
-        "prm_attention": "sdpa",
+        "prm_attention": "verity_packed_sdpa",  # sdpa, rows kept apart in packed passes
+        "prm_packed": "true",  # fsdp2.packed: on by default on a CPU
         "prm_weights_loaded": "streamed",
         "mode": "sync",  # no rollout worker group of its own
         "device": "cpu",
