@@ -251,7 +251,8 @@ def budget_scenario(rank: int, out: dict) -> None:
     batch = shard(add_rl_keys(make_padded_batch()), rank)
     rows = len(batch["input_ids"]) - batch.pad_rows
     out["budget/ranges"] = len(micro_batch_ranges(batch["attention_mask"][:rows], R, 4, BUDGET_TOKENS))
-    engine = FSDP2Engine(tiny_qwen2(), CFG, micro_batch_tokens=BUDGET_TOKENS)
+    # padded: the budget counts window positions (test_packed_layout_ranks.py runs the packed count)
+    engine = FSDP2Engine(tiny_qwen2(), CFG, micro_batch_tokens=BUDGET_TOKENS, packed=False)
     engine.forward_backward(batch, LOSSES["actor/token-mean"], 4, entropy_requires_grad=True)
     out["grad/budget"] = engine.full_gradients()
     out["budget/logprobs"] = engine.compute_logprobs(batch, micro_batch_size=4, temperature=0.8)
