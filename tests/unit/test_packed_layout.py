@@ -303,6 +303,9 @@ def test_engine_default_is_packed_on_cpu_and_refused_for_a_plain_module():
 
     assert FSDP2Engine(tiny_qwen2(), None).packed is True
     assert FSDP2Engine(nn.Linear(2, 2), None).packed is False  # not an HF model: padded
+    vision_language = tiny_qwen2()
+    vision_language.config.vision_config = {"depth": 1}  # a vision tower reads cu_seq_lens of its own
+    assert FSDP2Engine(vision_language, None).packed is False
     with pytest.raises(ValueError, match="packed=True"):
         FSDP2Engine(nn.Linear(2, 2), None, packed=True)
 

@@ -199,11 +199,16 @@ def unpack_responses(per_token: torch.Tensor, packed: PackedRows, response_len: 
 
 
 def supports_packing(model: nn.Module) -> bool:
-    """Whether ``model`` takes the packed pass: an HF model whose layers dispatch attention by name."""
+    """Whether ``model`` takes the packed pass: a text-only HF model whose layers dispatch attention by name.
+
+    Vision-language models keep the padded layout: their vision tower's attention reads
+    ``cu_seq_lens`` of its own (bidirectional, per image) through the same kernel name.
+    """
     config = getattr(model, "config", None)
     return (
         config is not None
         and hasattr(config, "_attn_implementation_internal")
+        and getattr(config, "vision_config", None) is None
         and bool(getattr(model, "_supports_attention_backend", False))
     )
 

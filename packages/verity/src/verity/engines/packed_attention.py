@@ -168,6 +168,8 @@ def packed_sdpa_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
+    if not getattr(module, "is_causal", True):
+        raise ValueError(f"attention {PACKED_SDPA!r} packs causal layers only, not {type(module).__name__}")
     longest = kwargs.get("max_length_q")
     if sliding_window is not None and (longest is None or int(longest) > sliding_window):
         raise NotImplementedError(
