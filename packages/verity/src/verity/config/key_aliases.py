@@ -81,6 +81,11 @@ KEYS: dict[str, str | tuple[str, ...]] = {
     "actor.fsdp_config.offload_policy": "actor.fsdp2.offload_params",
     "actor.fsdp_config.optimizer_offload": "actor.fsdp2.offload_optimizer",
     "actor.strategy": "actor.engine",
+    # verl's dynamic batch size: ranks balanced by tokens, micro-batches cut by a token budget
+    "actor.use_dynamic_bsz": ("actor.balance_tokens", "actor.fsdp2.micro_batch_tokens"),
+    "actor.log_prob_use_dynamic_bsz": ("actor.balance_tokens", "actor.fsdp2.micro_batch_tokens"),
+    "actor.ppo_max_token_len_per_gpu": "actor.fsdp2.micro_batch_tokens",
+    "actor.log_prob_max_token_len_per_gpu": "actor.fsdp2.micro_batch_tokens",
     # rollout
     "rollout.name": "rollout.engine",
     "rollout.response_length": "data.max_response_length",
@@ -92,6 +97,8 @@ KEYS: dict[str, str | tuple[str, ...]] = {
     "rollout.val_kwargs.top_p": "rollout.val_top_p",
     "rollout.val_kwargs.n": "rollout.val_n",
     "rollout.multi_turn": "rollout.agent",
+    "rollout.log_prob_use_dynamic_bsz": ("actor.balance_tokens", "actor.fsdp2.micro_batch_tokens"),
+    "rollout.log_prob_max_token_len_per_gpu": "actor.fsdp2.micro_batch_tokens",
     # critic
     "critic.model.path": "critic.model_path",
     "critic.ppo_micro_batch_size": "critic.micro_batch_size",
@@ -107,6 +114,9 @@ KEYS: dict[str, str | tuple[str, ...]] = {
     "critic.model.fsdp_config.offload_policy": "critic.fsdp2.offload_params",
     "critic.model.fsdp_config.optimizer_offload": "critic.fsdp2.offload_optimizer",
     "critic.strategy": "critic.engine",
+    "critic.use_dynamic_bsz": ("critic.balance_tokens", "critic.fsdp2.micro_batch_tokens"),
+    "critic.ppo_max_token_len_per_gpu": "critic.fsdp2.micro_batch_tokens",
+    "critic.forward_max_token_len_per_gpu": "critic.fsdp2.micro_batch_tokens",
     # algorithm
     "algorithm.adv_estimator": "algorithm.advantage.estimator",
     "algorithm.gamma": "algorithm.advantage.gamma",
@@ -148,6 +158,38 @@ NOTES: dict[str, str] = {
     "trainer.epochs": "verity counts RL steps: epochs x training rows / data.train_batch_size",
     "data.filter_overlong_prompts": "data.truncation=filter drops prompts over data.max_prompt_length",
 }
+# verl's dynamic batch size and its token budgets
+_DYNAMIC_BSZ_NOTE = (
+    "verl's use_dynamic_bsz is two settings here: balance_tokens (on by default) gives every rank about the "
+    "same tokens, fsdp2.micro_batch_tokens cuts micro-batches longest first under a token budget; docs/engines.md"
+)
+_TOKEN_LEN_NOTE = (
+    "fsdp2.micro_batch_tokens counts positions: rows x their padding-free window, the real tokens in a packed "
+    "layout; 0 (the default) cuts by micro_batch_size rows only; docs/engines.md"
+)
+NOTES.update(
+    {
+        key: _DYNAMIC_BSZ_NOTE
+        for key in (
+            "actor.use_dynamic_bsz",
+            "actor.log_prob_use_dynamic_bsz",
+            "rollout.log_prob_use_dynamic_bsz",
+            "critic.use_dynamic_bsz",
+        )
+    }
+)
+NOTES.update(
+    {
+        key: _TOKEN_LEN_NOTE
+        for key in (
+            "actor.ppo_max_token_len_per_gpu",
+            "actor.log_prob_max_token_len_per_gpu",
+            "rollout.log_prob_max_token_len_per_gpu",
+            "critic.ppo_max_token_len_per_gpu",
+            "critic.forward_max_token_len_per_gpu",
+        )
+    }
+)
 # verl's FSDP param_offload and verity's offload_params do not move the same thing at the same time
 _PARAM_OFFLOAD_NOTE = (
     "verl's param_offload moves the parameter shards to host memory between phases; offload_params keeps "

@@ -173,6 +173,10 @@ class ActorConfig:
     off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
     # the reference policy's own settings (the KL terms' log-probs)
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    # give every data-parallel rank about the same tokens in the update and the log-prob passes (the
+    # reference's too): rows reordered within each mini-batch, answers put back in order; the loss is
+    # unchanged (docs/engines.md, "Token-balanced batches")
+    balance_tokens: bool = True
 
     def idle_parts(self, cfg: Any) -> list[IdlePart]:
         """Other engines' options, FSDP2 resharding under replication, other policy losses' parameters,
@@ -220,6 +224,8 @@ class CriticConfig:
     loss_agg_mode: str = "token-mean"  # value-loss aggregation (see docs/algorithms.md)
     # RL steps at the start that train only the critic (the actor waits)
     warmup_steps: Annotated[int, AtLeast(0)] = 0
+    # every data-parallel rank about the same tokens in the value pass and the update, as actor.balance_tokens
+    balance_tokens: bool = True
 
     def idle_parts(self, cfg: Any) -> list[IdlePart]:
         """The whole section without a critic; otherwise other engines' options and resharding under replication."""

@@ -39,6 +39,12 @@ differently (a tensor-parallel rollout over data-parallel training ranks) declar
 second, named layout (``set_dp_layout(..., name="rollout")``); a method registered with
 ``register(Dispatch.DP_SPLIT, layout="rollout")`` is split and collected by it, and by
 the main layout where a worker declared no such name.
+
+A ``DP_SPLIT`` call whose batch carries a :class:`~verity.batch.balance.BalanceRequest` in
+``meta[BALANCE_META]`` is token-balanced: its rows are reordered before the split so that every
+data-parallel rank gets about the same tokens (:func:`~verity.batch.balance.balanced_order`, each
+row kept in its mini-batch), and a ``DP_CONCAT`` answer is put back in the batch's order. The
+request stays on the driver.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from typing import Any
 import torch
 
 from verity.batch import Batch, BatchError, BatchSchemaError, validate
+from verity.batch.balance import BALANCE_META, balanced_order, inverse_permutation, row_tokens
 from verity.controller.errors import DispatchError
 
 __all__ = [
@@ -183,6 +190,7 @@ class CallPlan:
     shard_rows: list[int] = field(default_factory=list)  # rows of each dp shard (DP_SPLIT only)
     shard_pads: list[int] = field(default_factory=list)  # padding rows of each dp shard
     payload: tuple = ()  # (args, kwargs) as sent, before any split or share
+    order: torch.Tensor | None = None  # [B] row order a token-balanced split sent (None: as given)
 
 
 def _check_batch(label: str, where: str, batch: Batch) -> None:
@@ -301,6 +309,10 @@ def _plan_dp_split(
     sizes = {name: len(b) for name, b in batches.items()}
     if len(set(sizes.values())) != 1:
         raise DispatchError(f"{label} (dispatch DP_SPLIT): Batch arguments have different sizes {sizes}")
+    order = _balanced_order(label, list(batches.values()), dp_size)
+    if any(BALANCE_META in b.meta for b in batches.values()):
+        args = tuple(_reordered(a, order) for a in args)
+        kwargs = {k: _reordered(v, order) if isinstance(v, Batch) else v for k, v in kwargs.items()}
     try:
         split_args = [a.split(dp_size) for a in args]
         split_kwargs = {k: v.split(dp_size) for k, v in kwargs.items() if isinstance(v, Batch)}
@@ -319,7 +331,36 @@ def _plan_dp_split(
         rank_args = tuple(parts[d] for parts in split_args)
         rank_kwargs = {k: (split_kwargs[k][d] if k in split_kwargs else v) for k, v in kwargs.items()}
         calls.append((rank, rank_args, rank_kwargs))
-    return CallPlan(calls, shard_rows, shard_pads)
+    return CallPlan(calls, shard_rows, shard_pads, order=order)
+
+
+def _balanced_order(label: str, batches: list[Batch], dp_size: int) -> torch.Tensor | None:
+    """The token-balanced row order a call's :class:`BalanceRequest` asks for, or None (rows as given:
+    no request, one rank, rows already padded, or token counts the driver does not have)."""
+    requests = [b.meta[BALANCE_META] for b in batches if BALANCE_META in b.meta]
+    if not requests or dp_size == 1 or any(b.pad_rows for b in batches):
+        return None
+    request = requests[0]
+    rows = len(batches[0])
+    costs = request.costs
+    if costs is None:
+        costs = next((t for t in map(row_tokens, batches) if t is not None), None)
+        if costs is None:
+            return None
+    if costs.shape != (rows,):
+        raise DispatchError(
+            f"{label}: the balance request's costs have shape {tuple(costs.shape)}, expected ({rows},)"
+        )
+    order = balanced_order(costs, dp_size, request.mini_batch_rows)
+    return None if torch.equal(order, torch.arange(rows)) else order
+
+
+def _reordered(batch: Batch, order: torch.Tensor | None) -> Batch:
+    """``batch`` in ``order`` (its meta without the balance request), or as it is without an order."""
+    out = batch.index(order) if order is not None else batch.select(*batch.keys())
+    out.pad_rows = batch.pad_rows if order is None else 0
+    out.meta.pop(BALANCE_META, None)
+    return out
 
 
 def answer_wanted(spec: MethodSpec, rank: int) -> bool:
@@ -364,14 +405,25 @@ def collect_results(
         joined = Batch.concat(answers)
         if spec.check_schema:
             _check_batch(label, "returned batch", joined)
-        return joined
+        return joined if plan.order is None else joined.index(_restore(label, plan.order, len(joined)))
     if all(isinstance(a, torch.Tensor) and a.dim() >= 1 for a in answers):
         keep = [
             len(a) - _answer_padding(label, d, collectors[d], len(a), rows[d], pads[d])
             for d, a in enumerate(answers)
         ]
-        return torch.cat([a[:k] for a, k in zip(answers, keep, strict=True)], dim=0)
+        tensor = torch.cat([a[:k] for a, k in zip(answers, keep, strict=True)], dim=0)
+        return tensor if plan.order is None else tensor[_restore(label, plan.order, len(tensor))]
     return answers
+
+
+def _restore(label: str, order: torch.Tensor, answer_rows: int) -> torch.Tensor:
+    """The index that puts a token-balanced call's answer back in the order of the batch it was given."""
+    if answer_rows != order.numel():
+        raise DispatchError(
+            f"{label}: a token-balanced call must answer one row per row sent; got {answer_rows} rows "
+            f"for {order.numel()}"
+        )
+    return inverse_permutation(order)
 
 
 def _answer_padding(

@@ -31,15 +31,18 @@ import torch
 from verity.algorithms.advantages import compute_advantages
 from verity.algorithms.kl_control import apply_kl_penalty
 from verity.batch import Batch, register_key
+from verity.batch.balance import BALANCE_META, BalanceRequest, row_tokens
 from verity.config.derived import (
     needs_baseline,
     needs_critic,
     needs_reference,
     old_logprobs_source,
     scores_on_workers,
+    skips_zero_advantage_rows,
 )
 from verity.config.schema import VerityConfig
 from verity.data.vision_inputs import VISION_KEYS
+from verity.engines.train_rows import rows_with_advantage
 from verity.rewards.manager import response_span, token_rewards_from_scores
 from verity.rewards.on_workers import FIRST_FAILURE, collect_worker_scores, scoring_request
 from verity.rollout.agent.metrics import agent_batch_metrics
@@ -202,6 +205,27 @@ def _model_keys(batch: Batch, *keys: str) -> Batch:
     return batch.select(*keys, *(k for k in VISION_KEYS if k in batch))
 
 
+def balanced(request: Batch, on: bool, mini_batch_rows: int = 0, costs: torch.Tensor | None = None) -> Batch:
+    """``request`` asking its group call for token-balanced ranks when ``on`` (``<role>.balance_tokens``).
+
+    The dispatch reorders the rows so that each data-parallel rank gets about the same tokens, each
+    row kept in its mini-batch of ``mini_batch_rows`` rows (0: no mini-batches), and puts the answer
+    back in order (:mod:`verity.batch.balance`). ``costs``: ``[B]`` per-row cost; default its tokens.
+    """
+    if on:
+        request.meta[BALANCE_META] = BalanceRequest(mini_batch_rows, costs)
+    return request
+
+
+def update_costs(cfg: VerityConfig, batch: Batch) -> torch.Tensor | None:
+    """``[B]`` tokens each row runs through the actor's update: its tokens, 0 for a row the update skips
+    (zero advantage, :func:`verity.config.derived.skips_zero_advantage_rows`); None when unknown."""
+    tokens = row_tokens(batch)
+    if tokens is None or not skips_zero_advantage_rows(cfg) or "advantages" not in batch:
+        return tokens
+    return tokens * rows_with_advantage(batch["advantages"], batch["response_mask"])
+
+
 def old_log_prob(ctx: StepContext, batch: Batch) -> Batch:
     """The behaviour log-probs ``old_logprobs [B, R]`` of the PPO ratio (``actor.old_logprobs``).
 
@@ -218,19 +242,22 @@ def old_log_prob(ctx: StepContext, batch: Batch) -> Batch:
         return batch
     if source == "policy":
         return batch
-    return batch.union(ctx.actor.compute_log_prob(_model_keys(batch, *SEQUENCE_KEYS)))
+    request = balanced(_model_keys(batch, *SEQUENCE_KEYS), ctx.cfg.actor.balance_tokens)
+    return batch.union(ctx.actor.compute_log_prob(request))
 
 
 def ref_log_prob(ctx: StepContext, batch: Batch) -> Batch:
-    """Log-probs under the frozen reference policy (for the KL terms)."""
-    return batch.union(ctx.actor.compute_ref_log_prob(_model_keys(batch, *SEQUENCE_KEYS)))
+    """Log-probs under the frozen reference policy (for the KL terms); balanced as the actor's."""
+    request = balanced(_model_keys(batch, *SEQUENCE_KEYS), ctx.cfg.actor.balance_tokens)
+    return batch.union(ctx.actor.compute_ref_log_prob(request))
 
 
 def values(ctx: StepContext, batch: Batch) -> Batch:
     """Critic values of the response tokens before this step's update: ``values [B, R]``."""
     if ctx.critic is None:
         raise RuntimeError("the values stage needs a critic worker group (critic.enabled or a gae estimator)")
-    return batch.union(ctx.critic.compute_values(_model_keys(batch, *SEQUENCE_KEYS)))
+    request = balanced(_model_keys(batch, *SEQUENCE_KEYS), ctx.cfg.critic.balance_tokens)
+    return batch.union(ctx.critic.compute_values(request))
 
 
 def advantage(ctx: StepContext, batch: Batch) -> Batch:
@@ -274,7 +301,9 @@ def update_critic(ctx: StepContext, batch: Batch) -> Batch:
     if ctx.critic is None:
         raise RuntimeError("the update_critic stage needs a critic worker group")
     keys = (*SEQUENCE_KEYS, "response_mask", "values", "returns")
-    ctx.metrics.update(ctx.critic.update_critic(_model_keys(batch, *keys)))
+    c = ctx.cfg.critic
+    request = balanced(_model_keys(batch, *keys), c.balance_tokens, c.ppo_mini_batch_size * ctx.cfg.rollout.n)
+    ctx.metrics.update(ctx.critic.update_critic(request))
     return batch
 
 
@@ -295,7 +324,11 @@ def update_actor(ctx: StepContext, batch: Batch) -> Batch:
                 "actor.off_policy.is_cap > 0: the rollout returned no rollout_logprobs for the importance weights"
             )
         keys.append("rollout_logprobs")
-    ctx.metrics.update(ctx.actor.update_actor(_model_keys(batch, *keys)))
+    a = ctx.cfg.actor
+    mini_batch_rows = a.ppo_mini_batch_size * ctx.cfg.rollout.n
+    costs = update_costs(ctx.cfg, batch) if a.balance_tokens else None
+    request = balanced(_model_keys(batch, *keys), a.balance_tokens, mini_batch_rows, costs)
+    ctx.metrics.update(ctx.actor.update_actor(request))
     return batch
 
 
