@@ -114,6 +114,11 @@ def test_a_second_run_into_a_busy_output_folder_fails_at_once_naming_the_holder(
             ["trainer.n_workers=2", "rollout.engine=sglang", "rollout.tensor_parallel_size=2"],
             "rollout engine does not split the policy",
         ),
+        (
+            ["actor.fsdp2.micro_batch_tokens=100", "data.max_prompt_length=64", "data.max_response_length=64"],
+            "actor.fsdp2.micro_batch_tokens=100 is smaller than the longest row, data.max_prompt_length + "
+            "data.max_response_length = 64 + 64 = 128 tokens",
+        ),
     ],
 )
 def test_a_rollout_split_that_cannot_run_stops_before_workers_start(model_dir, tmp_path, extra, sentence):

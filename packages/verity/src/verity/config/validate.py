@@ -24,6 +24,7 @@ from verity.config.offload_checks import check_offload
 from verity.config.optional_packages import check_optional_packages
 from verity.config.rollout_checks import check_rollout_parallel
 from verity.config.schema import VerityConfig
+from verity.config.token_checks import check_token_budgets
 from verity.config.trainer_checks import check_trainer
 
 
@@ -91,6 +92,7 @@ def validate_config(cfg: VerityConfig, user_keys: set[str] | None = None, source
     _validate_off_policy(cfg)
     validate_cluster_shape(cfg)
     _validate_engines(cfg)
+    check_token_budgets(cfg)
     _validate_lora(cfg)
     if r.val_n > 1 and r.val_temperature <= 0:
         raise ConfigError(

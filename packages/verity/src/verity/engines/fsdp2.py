@@ -55,16 +55,14 @@ from verity.engines.hf_loading import (
     use_attention_kernel,
 )
 from verity.engines.logprobs import DEFAULT_CHUNK_TOKENS
+from verity.engines.micro_batch_groups import host_rows, micro_batch_groups, take_group
 from verity.engines.micro_batches import (
     TRAIN_KEYS,
     get_tensor,
-    host_layout,
-    micro_batch_ranges,
     model_inputs,
     num_rows,
     on_device,
     padding_rows,
-    take_rows,
     validate_layout,
 )
 from verity.engines.model_source import ModelSource
@@ -128,8 +126,9 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         logprob_chunk_tokens: rows per chunk of the loss head over the vocabulary (no-grad
             log-prob passes and the training pass, :mod:`verity.engines.fused_logprobs`).
         micro_batch_tokens: most positions (rows x padding-free window width) per
-            micro-batch, on top of the ``micro_batch_size`` rows each call is given; 0: rows
-            only (see :func:`verity.engines.micro_batches.micro_batch_ranges`).
+            micro-batch, on top of the ``micro_batch_size`` rows each call is given, rows taken
+            longest first; 0: consecutive rows only (see
+            :func:`verity.engines.micro_batch_groups.micro_batch_groups`).
         attn_implementation: switch the model to this HF attention kernel (``eager``,
             ``sdpa``, ...); None keeps the one it was loaded with.
         compile_layers: compile each decoder layer with ``torch.compile`` (inductor), before
@@ -359,25 +358,20 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
         return t.tolist()
 
-    def _micro_ranges(
-        self, batch: Any, rows: int, micro_batch_size: int
-    ) -> tuple[list[tuple[int, int]], int]:
-        """(this rank's row ranges of the first ``rows`` rows, max range count over ranks).
+    def _micro_ranges(self, batch: Any, rows: int, micro_batch_size: int) -> tuple[list[torch.Tensor], int]:
+        """(this rank's micro-batches of the first ``rows`` rows as row indices, max count over ranks).
 
-        Ranges follow ``micro_batch_size`` rows and the engine's ``micro_batch_tokens``
-        budget (:func:`micro_batch_ranges`). Ranks below the max run zero-weight passes:
-        only sharded modules need matching passes (each pass all-gathers); unsharded,
-        every rank runs just its own (no collective here).
+        Micro-batches follow ``micro_batch_size`` rows and the engine's ``micro_batch_tokens``
+        budget, counted in real tokens when packed, else in window positions
+        (:func:`micro_batch_groups`). Ranks below the max run
+        zero-weight passes: only sharded modules need matching passes (each pass all-gathers);
+        unsharded, every rank runs just its own (no collective here).
         """
-        attention_mask = get_tensor(batch, "attention_mask")[:rows]
-        response_len = int(get_tensor(batch, "responses").shape[1])
         cost = "tokens" if self.packed else "window"  # what a packed micro-batch computes: its real tokens
-        ranges = micro_batch_ranges(
-            attention_mask, response_len, micro_batch_size, self.micro_batch_tokens, cost
-        )
+        groups = micro_batch_groups(batch, rows, micro_batch_size, self.micro_batch_tokens, cost)
         if not self.fsdp_modules:
-            return ranges, len(ranges)
-        return ranges, int(self._all_reduce([float(len(ranges))], op="max")[0])
+            return groups, len(groups)
+        return groups, int(self._all_reduce([float(len(groups))], op="max")[0])
 
     # --------------------------------------------------------------- log-probs
     # ---------------------------------------------------------------- training
@@ -426,7 +420,7 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         if token_sum <= 0:
             raise ValueError("response_mask is all zero over the whole mini-batch: nothing to train on")
         agg = make_aggregation_context(token_sum, seq_sum, max_response_len)
-        # 2. the micro-batches: row ranges (every rank runs as many passes as the busiest)
+        # 2. the micro-batches: row groups (every rank runs as many passes as the busiest)
         real_rows = rows
         batch, rows, row_counts = rows_to_run(batch, rows, train_rows)
         ranges, max_count = self._micro_ranges(batch, rows, micro_batch_size)
@@ -440,9 +434,9 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         extra_sums: dict[str, Any] = {}
         for i in range(max_count):
             real = i < local_count
-            start, end = ranges[i] if real else (0, 1)
-            micro = take_rows(resident, start, end, self.device)
-            value, metrics, sums = self._micro_batch_loss(micro, host_layout(batch, start, end), agg, loss)
+            rows_i = ranges[i] if real else torch.zeros(1, dtype=torch.long)
+            micro = take_group(resident, rows_i, self.device)
+            value, metrics, sums = self._micro_batch_loss(micro, host_rows(batch, rows_i), agg, loss)
             if not isinstance(value, torch.Tensor) or value.dim() != 0:
                 raise TypeError("loss_fn must return (scalar loss tensor, metrics dict)")
             weight = self._loss_scale if real else 0.0
@@ -477,7 +471,7 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
 
         A policy's ``sums`` are the response tokens' entropy and their count (for the token-mean
         entropy); a value model's are empty. ``layout``: the micro-batch's padding-free window,
-        :func:`verity.engines.micro_batches.host_layout`.
+        :func:`verity.engines.micro_batch_groups.host_rows`.
         """
         if isinstance(loss, ValueLoss):
             with self._autocast():

@@ -3,9 +3,10 @@
 :class:`FSDP2ScoringMixin` runs the model without a gradient over a mini-batch (the old
 and reference log-probs of a PPO step, a critic's values). The rows go to the device once
 per call (:func:`~verity.engines.micro_batches.on_device`), each micro-batch's window is
-planned from the host copy (:func:`~verity.engines.micro_batches.host_layout`), and the
+planned from the host copy (:func:`~verity.engines.micro_batch_groups.host_rows`), and the
 answers come back to the host in one copy at the end, so the host never waits on the
-device between micro-batches.
+device between micro-batches. Micro-batches cut by tokens take rows longest first
+(:mod:`verity.engines.micro_batch_groups`); the answers are put back in the rows' order.
 """
 
 from __future__ import annotations
@@ -14,13 +15,12 @@ from typing import Any
 
 import torch
 
+from verity.engines.micro_batch_groups import host_rows, restore_index, take_group
 from verity.engines.micro_batches import (
     LOGPROB_KEYS,
-    host_layout,
     model_inputs,
     num_rows,
     on_device,
-    take_rows,
     validate_layout,
 )
 from verity.engines.packed import micro_batch_logprobs, micro_batch_values
@@ -35,10 +35,13 @@ class FSDP2ScoringMixin:
 
     packed: bool = False
 
-    def _no_grad_passes(self, batch: Any, micro_batch_size: int, forward: Any) -> list[Any]:
-        """Run ``forward(model_inputs)`` on each micro-batch; the answers of the real ones, in order.
+    def _no_grad_passes(
+        self, batch: Any, micro_batch_size: int, forward: Any
+    ) -> tuple[list[Any], torch.Tensor | None]:
+        """Run ``forward(model_inputs)`` on each micro-batch: ``(the answers of the real ones, restore)``.
 
-        Every rank runs the same number of passes (FSDP2 all-gathers in each); a rank
+        ``restore``: the index that puts the answers, concatenated, back in the rows' order (None:
+        they are). Every rank runs the same number of passes (FSDP2 all-gathers in each); a rank
         with fewer rows repeats a one-row pass whose answer is dropped.
         """
         ranges, max_count = self._micro_ranges(batch, num_rows(batch), micro_batch_size)
@@ -48,13 +51,13 @@ class FSDP2ScoringMixin:
         answers = []
         with torch.no_grad():
             for i in range(max_count):
-                start, end = ranges[i] if i < local_count else (0, 1)
-                micro = model_inputs(take_rows(resident, start, end, self.device))
+                rows = ranges[i] if i < local_count else torch.zeros(1, dtype=torch.long)
+                micro = model_inputs(take_group(resident, rows, self.device))
                 with self._autocast():
-                    answer = forward(micro, host_layout(batch, start, end))
+                    answer = forward(micro, host_rows(batch, rows))
                 if i < local_count:
                     answers.append(answer)
-        return answers
+        return answers, restore_index(ranges)
 
     def compute_logprobs(
         self,
@@ -80,9 +83,11 @@ class FSDP2ScoringMixin:
             )
             return logprobs.float(), (entropy.float() if entropy is not None else None)
 
-        parts = self._no_grad_passes(batch, micro_batch_size, forward)  # on the device: one copy back
-        entropy_out = torch.cat([e for _, e in parts]).cpu() if compute_entropy else None
-        return torch.cat([lp for lp, _ in parts]).cpu(), entropy_out
+        # the answers stay on the device until one copy back
+        parts, restore = self._no_grad_passes(batch, micro_batch_size, forward)
+        logprobs = _in_order(torch.cat([lp for lp, _ in parts]).cpu(), restore)
+        entropy_out = _in_order(torch.cat([e for _, e in parts]).cpu(), restore) if compute_entropy else None
+        return logprobs, entropy_out
 
     def compute_values(self, batch: Any, micro_batch_size: int) -> torch.Tensor:
         """Values of the response tokens under a value model (a critic): float32 CPU ``[B, R]``, no grad.
@@ -96,5 +101,10 @@ class FSDP2ScoringMixin:
         def forward(micro: dict[str, torch.Tensor], layout: Any) -> torch.Tensor:
             return micro_batch_values(self._module, micro, packed=self.packed, layout=layout).float()
 
-        parts = self._no_grad_passes(batch, micro_batch_size, forward)
-        return torch.cat(parts).cpu()
+        parts, restore = self._no_grad_passes(batch, micro_batch_size, forward)
+        return _in_order(torch.cat(parts).cpu(), restore)
+
+
+def _in_order(answers: torch.Tensor, restore: torch.Tensor | None) -> torch.Tensor:
+    """``answers`` ``[B, ...]`` in the micro-batches' order, put back in the rows' order."""
+    return answers if restore is None else answers[restore]
