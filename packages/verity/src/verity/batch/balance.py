@@ -27,6 +27,7 @@ order of what comes back.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections.abc import Iterator, Sequence
@@ -137,8 +138,38 @@ def karmarkar_karp(
             (a + b, rows_a + rows_b) for (a, rows_a), (b, rows_b) in zip(first, reversed(second), strict=True)
         ]
         _push(heap, merged, tick)
-    final = heap[0][2]
-    return [sorted(rows) for _, rows in final]
+    parts = [list(rows) for _, rows in heap[0][2]]
+    _swap_down(parts, values)
+    parts.sort(key=lambda rows: -sum(values[i] for i in rows))
+    return [sorted(rows) for rows in parts]
+
+
+def _swap_down(parts: list[list[int]], values: list[int], rounds: int = 64) -> None:
+    """Swap one row of the heaviest part with one of the lightest while that narrows their gap
+    (row counts unchanged; the spread never grows, so the bound of :func:`karmarkar_karp` holds)."""
+    for _ in range(rounds):
+        sums = [sum(values[i] for i in rows) for rows in parts]
+        heavy = max(range(len(parts)), key=lambda j: sums[j])
+        light = min(range(len(parts)), key=lambda j: sums[j])
+        gap = sums[heavy] - sums[light]
+        if gap <= 1 or not parts[light]:
+            return
+        lights = sorted(parts[light], key=lambda i: values[i])
+        light_values = [values[i] for i in lights]
+        best: tuple[int, int, int] | None = None  # (new gap, heavy row, light row)
+        for a in parts[heavy]:
+            want = values[a] - gap / 2  # the light row that halves the gap
+            at = bisect.bisect_left(light_values, want)
+            for k in (at - 1, at):
+                if 0 <= k < len(lights):
+                    moved = values[a] - light_values[k]
+                    if 0 < moved < gap and (best is None or abs(gap - 2 * moved) < best[0]):
+                        best = (abs(gap - 2 * moved), a, lights[k])
+        if best is None or best[0] >= gap:
+            return
+        _, a, b = best
+        parts[heavy][parts[heavy].index(a)] = b
+        parts[light][parts[light].index(b)] = a
 
 
 def _push(heap: list, state: list[tuple[int, list[int]]], tick: Iterator[int]) -> None:
