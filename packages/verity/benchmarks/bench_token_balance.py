@@ -18,8 +18,9 @@ two layouts, side by side in one run:
 One pair of processes runs both layouts in turn (the order alternating by round, after a warm-up
 round), each one update (``train_step``: forward + backward of every row, one optimizer step) and
 one log-prob pass (``compute_logprobs``); a pass's figure is the slower rank's time (the ranks
-start together and meet in every pass's all-gather). On a shared machine the minimum over rounds
-is the figure least disturbed by other work; the median is printed beside it. Prints both layouts'
+start together and meet in every pass's all-gather): wall seconds (minimum and median over the
+rounds) and CPU seconds of the busier rank's process (median), which other work on a shared
+machine disturbs least. Prints both layouts'
 seconds and real tokens per second, the ratio, and per rank the real tokens, the positions the
 padded layout computes and the micro-batches, with each one's imbalance (heaviest rank / mean).
 """
@@ -143,19 +144,22 @@ def _rank(rank: int, store_file: str, args: argparse.Namespace, answers) -> None
     )
     loss = make_actor_loss(PolicyLossConfig(), KLConfig(), 0.0)
 
-    def timed(layout: str, phase: str) -> float:
+    def timed(layout: str, phase: str) -> tuple[float, float]:
+        """(wall seconds, CPU seconds) of one pass, each the larger of the two ranks'."""
         engine.layout, part = layout, parts[layout]
         dist.barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         if phase == "update":
             engine.train_step(part, loss, len(part))
         else:
             engine.compute_logprobs(part, len(part))
-        took = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        took = torch.tensor([time.perf_counter() - start, time.process_time() - cpu], dtype=torch.float64)
         dist.all_reduce(took, op=dist.ReduceOp.MAX)
-        return float(took)
+        return float(took[0]), float(took[1])
 
-    times: dict[tuple[str, str], list[float]] = {(lay, ph): [] for lay in LAYOUTS for ph in PHASES}
+    times: dict[tuple[str, str], list[tuple[float, float]]] = {
+        (lay, ph): [] for lay in LAYOUTS for ph in PHASES
+    }
     for round_ in range(args.rounds + 1):  # round 0 warms up: first-touch of every buffer
         for layout in LAYOUTS if round_ % 2 == 0 else LAYOUTS[::-1]:
             for phase in PHASES:
@@ -167,8 +171,8 @@ def _rank(rank: int, store_file: str, args: argparse.Namespace, answers) -> None
     dist.destroy_process_group()
 
 
-def run_both(args: argparse.Namespace) -> dict[tuple[str, str], list[float]]:
-    """Spawn the two ranks; each (layout, phase)'s slower-rank seconds per round."""
+def run_both(args: argparse.Namespace) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """Spawn the two ranks; each (layout, phase)'s slower-rank (wall, CPU) seconds per round."""
     ctx = mp.get_context("spawn")
     answers = ctx.Queue()
     with tempfile.TemporaryDirectory() as folder:
@@ -233,21 +237,27 @@ def main() -> None:
             f"micro-batches per rank {counts}"
         )
     times = run_both(args)
-    print(
-        f"slower rank per pass, min / median of {args.rounds} rounds (load {load_before:.1f} -> {os.getloadavg()[0]:.1f}):"
-    )
+    load = f"load {load_before:.1f} -> {os.getloadavg()[0]:.1f}"
+    print(f"slower rank per pass, {args.rounds} rounds ({load}): wall min / median, CPU seconds median")
+    summary = {}
     for phase in PHASES:
-        (b_min, b_med), (a_min, a_med) = (
-            (min(times[lay, phase]), statistics.median(times[lay, phase])) for lay in LAYOUTS
-        )
+        row = {}
+        for lay in LAYOUTS:
+            walls, cpus = [w for w, _ in times[lay, phase]], [c for _, c in times[lay, phase]]
+            row[lay] = (min(walls), statistics.median(walls), statistics.median(cpus))
+        summary[phase] = row
+        (b_min, b_med, b_cpu), (a_min, a_med, a_cpu) = row["consecutive"], row["balanced"]
         print(
-            f"  {phase:9s} consecutive {b_min:6.2f} / {b_med:6.2f} s ({total / b_min:6.0f} tok/s)   "
-            f"balanced {a_min:6.2f} / {a_med:6.2f} s ({total / a_min:6.0f} tok/s)   "
-            f"speed-up {b_min / a_min:.2f}x (median {b_med / a_med:.2f}x)"
+            f"  {phase:9s} consecutive {b_min:6.2f} / {b_med:6.2f} s, CPU {b_cpu:6.2f} s ({total / b_med:6.0f} tok/s)   "
+            f"balanced {a_min:6.2f} / {a_med:6.2f} s, CPU {a_cpu:6.2f} s ({total / a_med:6.0f} tok/s)   "
+            f"speed-up wall min {b_min / a_min:.2f}x, median {b_med / a_med:.2f}x, CPU {b_cpu / a_cpu:.2f}x"
         )
-    before = sum(min(times["consecutive", ph]) for ph in PHASES)
-    after = sum(min(times["balanced", ph]) for ph in PHASES)
-    print(f"  update + log-probs (min): {before:.2f} s -> {after:.2f} s, speed-up {before / after:.2f}x")
+    for k, name in ((0, "wall min"), (1, "wall median"), (2, "CPU median")):
+        before = sum(summary[ph]["consecutive"][k] for ph in PHASES)
+        after = sum(summary[ph]["balanced"][k] for ph in PHASES)
+        print(
+            f"  update + log-probs, {name}: {before:.2f} s -> {after:.2f} s, speed-up {before / after:.2f}x"
+        )
 
 
 if __name__ == "__main__":
