@@ -114,11 +114,6 @@ def test_a_second_run_into_a_busy_output_folder_fails_at_once_naming_the_holder(
             ["trainer.n_workers=2", "rollout.engine=sglang", "rollout.tensor_parallel_size=2"],
             "rollout engine does not split the policy",
         ),
-        (
-            ["actor.fsdp2.micro_batch_tokens=100", "data.max_prompt_length=64", "data.max_response_length=64"],
-            "actor.fsdp2.micro_batch_tokens=100 is smaller than the longest row, data.max_prompt_length + "
-            "data.max_response_length = 64 + 64 = 128 tokens",
-        ),
     ],
 )
 def test_a_rollout_split_that_cannot_run_stops_before_workers_start(model_dir, tmp_path, extra, sentence):
@@ -133,4 +128,24 @@ def test_a_rollout_split_that_cannot_run_stops_before_workers_start(model_dir, t
     )
     assert done.returncode == 2, done.stderr[-2000:]
     assert sentence in done.stderr
+    assert "Started a local Ray instance" not in done.stderr
+
+
+def test_a_token_budget_below_the_longest_row_stops_before_workers_start(model_dir, tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(good_row(i)) + "\n" for i in range(4)))
+    done = verity_train(
+        f"model.path={model_dir}",
+        f"data.train_files=[{train}]",
+        f"data.val_files=[{train}]",
+        f"trainer.output_dir={tmp_path / 'out'}",
+        "actor.fsdp2.micro_batch_tokens=100",
+        "data.max_prompt_length=64",
+        "data.max_response_length=64",
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert (
+        "actor.fsdp2.micro_batch_tokens=100 is smaller than the longest row, data.max_prompt_length + "
+        "data.max_response_length = 64 + 64 = 128 tokens; set it to at least 128, or 0 for rows only"
+    ) in done.stderr
     assert "Started a local Ray instance" not in done.stderr
