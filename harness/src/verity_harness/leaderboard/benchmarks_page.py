@@ -371,6 +371,13 @@ def render_benchmarks_page(root: Path, bench_dir: Path = BENCH_DIR, baseline: Pa
             ["what", "figure", "machine", "date, commit", "command", "report"],
             _figure_rows(figures, "rollout"),
         ),
+        "## Long traces\n\n"
+        "Long-tailed response lengths on data-parallel ranks (issue 57): each layout beside today's on the same "
+        "rows,\nmeasured side by side in one run.\n\n"
+        + _table(
+            ["what", "figure", "machine", "date, commit", "command", "report"],
+            _figure_rows(figures, "long_traces"),
+        ),
         "## The nightly and the quickstart\n\n" + other,
         _nightly_section(_read_json(base, root), _rel(base, root)),
         TAIL,
