@@ -241,16 +241,16 @@ def compile_scenario(rank: int, out: dict) -> None:
     out["compiled/sharded"] = type(next(iter(engine.model.parameters()))).__name__
 
 
-BUDGET_TOKENS = 20  # cuts rank 0's 4 rows into 3 micro-batches and rank 1's 3 into 2
+BUDGET_TOKENS = 20  # cuts rank 0's 4 rows into 3 micro-batches (not in row order) and rank 1's 3 into 2
 
 
 def budget_scenario(rank: int, out: dict) -> None:
     """Fully sharded, micro-batches cut by ``micro_batch_tokens``: the ranks run different counts."""
-    from verity.engines.micro_batches import micro_batch_ranges
+    from verity.engines.micro_batch_groups import micro_batch_groups
 
     batch = shard(add_rl_keys(make_padded_batch()), rank)
     rows = len(batch["input_ids"]) - batch.pad_rows
-    out["budget/ranges"] = len(micro_batch_ranges(batch["attention_mask"][:rows], R, 4, BUDGET_TOKENS))
+    out["budget/ranges"] = len(micro_batch_groups(batch, rows, 4, BUDGET_TOKENS))
     # padded: the budget counts window positions (test_packed_layout_ranks.py runs the packed count)
     engine = FSDP2Engine(tiny_qwen2(), CFG, micro_batch_tokens=BUDGET_TOKENS, packed=False)
     engine.forward_backward(batch, LOSSES["actor/token-mean"], 4, entropy_requires_grad=True)
