@@ -175,7 +175,7 @@ class ActorConfig:
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     # give every data-parallel rank about the same tokens in the update and the log-prob passes (the
     # reference's too): rows reordered within each mini-batch, answers put back in order; the loss is
-    # unchanged (docs/engines.md, "Token-balanced batches")
+    # unchanged (docs/engines.md, "Token-balanced ranks")
     balance_tokens: bool = True
 
     def idle_parts(self, cfg: Any) -> list[IdlePart]:
