@@ -1,13 +1,13 @@
 """Token-balanced ranks and longest-first micro-batches vs today's consecutive cut, on long-tailed lengths.
 
     python packages/verity/benchmarks/bench_token_balance.py [--rows 64] [--scale 4] [--budget 2048]
-                                                             [--rounds 3] [--hidden 256] [--layers 4]
+                                                             [--rounds 3] [--packed] [--hidden 256] [--layers 4]
 
 A GRPO-shaped batch of ``rows`` rows (prompts of 8-16 tokens, each repeated for 4 samples;
 response lengths long-tailed: lognormal with median ``256 / scale`` and 99th percentile
 ``4096 / scale`` tokens, capped at 1.5x that) is cut over two processes (one torch thread
 each, a 2-rank gloo group, FSDP2 ``sharding="full"``, ``fsdp2.micro_batch_tokens=budget``) in
-two layouts, side by side in one run:
+two layouts, side by side in one run (both padded, or both packed with ``--packed``):
 
 - ``consecutive`` (today before this change): ``Batch.split(2)`` of the rows as they come,
   micro-batches of consecutive rows under the budget;
@@ -83,15 +83,16 @@ def shards(batch: dict[str, torch.Tensor], layout: str) -> list:
     return whole.split(2)
 
 
-def micro_batches(part, layout: str, budget: int) -> list[torch.Tensor]:
-    """The rank's micro-batches in ``layout``: consecutive ranges (today) or longest first."""
+def micro_batches(part, layout: str, budget: int, packed: bool = False) -> list[torch.Tensor]:
+    """The rank's micro-batches in ``layout``: consecutive ranges (today) or longest first; the budget
+    counts real tokens when ``packed``, else rows x window."""
     from verity.engines.micro_batch_groups import micro_batch_groups
     from verity.engines.micro_batches import micro_batch_ranges
 
-    rows = len(part)
+    rows, cost = len(part), "tokens" if packed else "window"
     if layout == "balanced":
-        return micro_batch_groups(part, rows, rows, budget)
-    ranges = micro_batch_ranges(part["attention_mask"], part["responses"].shape[1], rows, budget)
+        return micro_batch_groups(part, rows, rows, budget, cost)
+    ranges = micro_batch_ranges(part["attention_mask"], part["responses"].shape[1], rows, budget, cost)
     return [torch.arange(s, e) for s, e in ranges]
 
 
@@ -132,7 +133,7 @@ def _rank(rank: int, store_file: str, args: argparse.Namespace, answers) -> None
         def _micro_ranges(self, b, rows, micro_batch_size):  # this layout's micro-batches
             if rows != len(b):
                 return super()._micro_ranges(b, rows, micro_batch_size)
-            groups = micro_batches(b, self.layout, self.micro_batch_tokens)
+            groups = micro_batches(b, self.layout, self.micro_batch_tokens, self.packed)
             return groups, int(self._all_reduce([float(len(groups))], op="max")[0])
 
     engine = Engine(
@@ -141,6 +142,7 @@ def _rank(rank: int, store_file: str, args: argparse.Namespace, answers) -> None
         total_steps=2 * (args.rounds + 1),
         device="cpu",
         micro_batch_tokens=args.budget,
+        packed=args.packed,
     )
     loss = make_actor_loss(PolicyLossConfig(), KLConfig(), 0.0)
 
@@ -202,6 +204,11 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=3, help="timed rounds of both layouts (after a warm-up round)"
     )
+    parser.add_argument(
+        "--packed",
+        action="store_true",
+        help="both layouts on the packed layout (fsdp2.packed); default padded",
+    )
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     args = parser.parse_args()
@@ -217,12 +224,13 @@ def main() -> None:
     print(
         f"{args.rows} rows, response tokens median {responses.median():.0f}, p99 {responses.quantile(0.99):.0f}, "
         f"max {responses.max():.0f} (lengths / {args.scale:g}); {total} real tokens; Qwen2 {args.hidden}x{args.layers}; "
-        f"2 ranks x 1 thread, FSDP2 full sharding, micro_batch_tokens={args.budget}"
+        f"2 ranks x 1 thread, FSDP2 full sharding, {'packed' if args.packed else 'padded'}, "
+        f"micro_batch_tokens={args.budget}"
     )
     for layout in LAYOUTS:
         tokens, counts, positions = [], [], []
         for part in shards(batch, layout):
-            groups = micro_batches(part, layout, args.budget)
+            groups = micro_batches(part, layout, args.budget, args.packed)
             tokens.append(int(part["attention_mask"][: len(part) - part.pad_rows].sum()))
             counts.append(len(groups))
             windows = [padding_free_window(part["attention_mask"][g], response_len) for g in groups]
@@ -233,7 +241,7 @@ def main() -> None:
             )
         print(
             f"  {layout:12s} tokens per rank {tokens} (imbalance {max(tokens) / (sum(tokens) / 2):.2f}), "
-            f"positions computed per rank {positions} (imbalance {max(positions) / (sum(positions) / 2):.2f}), "
+            f"padded-window positions per rank {positions} (imbalance {max(positions) / (sum(positions) / 2):.2f}), "
             f"micro-batches per rank {counts}"
         )
     times = run_both(args)
