@@ -1,13 +1,14 @@
 """Token-balanced ranks and longest-first micro-batches vs today's consecutive cut, on long-tailed lengths.
 
     python packages/verity/benchmarks/bench_token_balance.py [--rows 64] [--scale 4] [--budget 2048]
-                                                             [--rounds 3] [--packed] [--hidden 256] [--layers 4]
+        [--rounds 3] [--packed none|both|balanced] [--hidden 256] [--layers 4]
 
 A GRPO-shaped batch of ``rows`` rows (prompts of 8-16 tokens, each repeated for 4 samples;
 response lengths long-tailed: lognormal with median ``256 / scale`` and 99th percentile
 ``4096 / scale`` tokens, capped at 1.5x that) is cut over two processes (one torch thread
 each, a 2-rank gloo group, FSDP2 ``sharding="full"``, ``fsdp2.micro_batch_tokens=budget``) in
-two layouts, side by side in one run (both padded, or both packed with ``--packed``):
+two layouts, side by side in one run (both padded by default; ``--packed both``: both on the
+packed layout; ``--packed balanced``: the balanced one packed, against today's padded default):
 
 - ``consecutive`` (today before this change): ``Batch.split(2)`` of the rows as they come,
   micro-batches of consecutive rows under the budget;
@@ -20,9 +21,9 @@ round), each one update (``train_step``: forward + backward of every row, one op
 one log-prob pass (``compute_logprobs``); a pass's figure is the slower rank's time (the ranks
 start together and meet in every pass's all-gather): wall seconds (minimum and median over the
 rounds) and CPU seconds of the busier rank's process (median), which other work on a shared
-machine disturbs least. Prints both layouts'
-seconds and real tokens per second, the ratio, and per rank the real tokens, the positions the
-padded layout computes and the micro-batches, with each one's imbalance (heaviest rank / mean).
+machine disturbs least. Prints both layouts' seconds and real tokens per second, the ratio, and
+per rank the real tokens, the positions the padded layout computes and the micro-batches, with
+each one's imbalance (heaviest rank / mean).
 """
 
 from __future__ import annotations
@@ -113,6 +114,11 @@ def _model(hidden: int, layers: int, max_pos: int) -> torch.nn.Module:
     )
 
 
+def packed_in(layout: str, mode: str) -> bool:
+    """Whether ``layout`` runs packed under ``--packed`` ``mode`` (none | both | balanced)."""
+    return mode == "both" or (mode == "balanced" and layout == "balanced")
+
+
 def _rank(rank: int, store_file: str, args: argparse.Namespace, answers) -> None:
     """Both layouts' update and log-prob pass in turn, ``rounds`` times; rank 0 answers each pass's
     time on the slower rank (the ranks start each pass together)."""
@@ -136,19 +142,22 @@ def _rank(rank: int, store_file: str, args: argparse.Namespace, answers) -> None
             groups = micro_batches(b, self.layout, self.micro_batch_tokens, self.packed)
             return groups, int(self._all_reduce([float(len(groups))], op="max")[0])
 
-    engine = Engine(
-        _model(args.hidden, args.layers, batch["input_ids"].shape[1] + 8),
-        OptimConfig(lr=3e-5),
-        total_steps=2 * (args.rounds + 1),
-        device="cpu",
-        micro_batch_tokens=args.budget,
-        packed=args.packed,
-    )
+    engines = {}
+    for layout in LAYOUTS:  # the same weights (seed 0) in each layout's engine
+        engines[layout] = Engine(
+            _model(args.hidden, args.layers, batch["input_ids"].shape[1] + 8),
+            OptimConfig(lr=3e-5),
+            total_steps=2 * (args.rounds + 1),
+            device="cpu",
+            micro_batch_tokens=args.budget,
+            packed=packed_in(layout, args.packed),
+        )
+        engines[layout].layout = layout
     loss = make_actor_loss(PolicyLossConfig(), KLConfig(), 0.0)
 
     def timed(layout: str, phase: str) -> tuple[float, float]:
         """(wall seconds, CPU seconds) of one pass, each the larger of the two ranks'."""
-        engine.layout, part = layout, parts[layout]
+        engine, part = engines[layout], parts[layout]
         dist.barrier()
         start, cpu = time.perf_counter(), time.process_time()
         if phase == "update":
@@ -206,8 +215,10 @@ def main() -> None:
     )
     parser.add_argument(
         "--packed",
-        action="store_true",
-        help="both layouts on the packed layout (fsdp2.packed); default padded",
+        choices=("none", "both", "balanced"),
+        default="none",
+        help="which layouts run packed (fsdp2.packed): none (both padded), both, or the balanced one only "
+        "(packed + balanced against today's padded, consecutive)",
     )
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
@@ -224,13 +235,13 @@ def main() -> None:
     print(
         f"{args.rows} rows, response tokens median {responses.median():.0f}, p99 {responses.quantile(0.99):.0f}, "
         f"max {responses.max():.0f} (lengths / {args.scale:g}); {total} real tokens; Qwen2 {args.hidden}x{args.layers}; "
-        f"2 ranks x 1 thread, FSDP2 full sharding, {'packed' if args.packed else 'padded'}, "
+        f"2 ranks x 1 thread, FSDP2 full sharding, packed: {args.packed}, "
         f"micro_batch_tokens={args.budget}"
     )
     for layout in LAYOUTS:
         tokens, counts, positions = [], [], []
         for part in shards(batch, layout):
-            groups = micro_batches(part, layout, args.budget, args.packed)
+            groups = micro_batches(part, layout, args.budget, packed_in(layout, args.packed))
             tokens.append(int(part["attention_mask"][: len(part) - part.pad_rows].sum()))
             counts.append(len(groups))
             windows = [padding_free_window(part["attention_mask"][g], response_len) for g in groups]
