@@ -68,13 +68,12 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     try:
         torch.set_num_threads(1)
         batch = _shard(_batch(), rank)
-        from verity.engines.micro_batches import micro_batch_ranges
+        from verity.engines.micro_batch_groups import micro_batch_groups
 
         rows = len(batch["input_ids"]) - batch.pad_rows
-        mask, width = batch["attention_mask"][:rows], batch["responses"].shape[1]
         out: dict = {
             "pad_rows": batch.pad_rows,
-            "passes": len(micro_batch_ranges(mask, width, 4, BUDGET, "tokens")),
+            "passes": len(micro_batch_groups(batch, rows, 4, BUDGET, "tokens")),  # the engine's packed passes
         }
         for packed in (False, True):
             scenarios(batch, packed, out)
