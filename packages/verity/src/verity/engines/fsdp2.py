@@ -68,11 +68,12 @@ from verity.engines.micro_batches import (
 from verity.engines.model_source import ModelSource
 from verity.engines.offload import OptimizerStateOffload, check_offload, offload_policy
 from verity.engines.optim import OptimConfig, build_lr_scheduler, build_optimizer, clip_gradients
-from verity.engines.packed import micro_batch_logprobs, micro_batch_values, resolve_packed
+from verity.engines.packed import resolve_packed
 from verity.engines.packed_attention import use_packed_kernel
 from verity.engines.replicate import SHARDING_MODES, all_reduce_gradients
 from verity.engines.streamed_loading import fill_from_checkpoint, materialize
 from verity.engines.train_rows import rows_to_run, step_totals
+from verity.engines.ulysses_engine import sequence_parallel_packed, sequence_parallel_scoring
 from verity.hardware.cpu_peak import cpu_has_native_bf16
 
 
@@ -156,6 +157,10 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             ``micro_batch_tokens`` then counts real tokens. Micro-batches with images, and
             those a shared-prompt pass computes in fewer positions, stay padded. None: on for
             a CPU device with an HF model, off on accelerators.
+        ulysses_sequence_parallel_size: ``s`` consecutive ranks split each packed micro-batch by
+            tokens, heads exchanged around attention (:mod:`verity.engines.ulysses`); rows are
+            data-parallel over the ``world / s`` groups (:attr:`dp_layout`). Implies ``packed``
+            (``packed=False`` is refused); ``micro_batch_tokens`` counts a group's packed tokens. 1: off.
     """
 
     name = "fsdp2"  # what a run records as the engine that trained
@@ -182,6 +187,7 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         offload_optimizer: bool = False,
         shard_vocab: bool | None = None,
         packed: bool | None = None,
+        ulysses_sequence_parallel_size: int = 1,
     ) -> None:
         if sharding not in SHARDING_MODES:
             raise ValueError(f"sharding must be one of {list(SHARDING_MODES)}, got {sharding!r}")
@@ -250,11 +256,16 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             module.to(self.device)
         if attn_implementation is not None:
             use_attention_kernel(module, attn_implementation)
+        packed = sequence_parallel_packed(packed, ulysses_sequence_parallel_size, module)  # SP: packed
         self.packed = resolve_packed(packed, module, self.device)
         if self.packed:  # once, so that recomputation (checkpointing) and padded passes see it too
             use_packed_kernel(module, self.device)
         if getattr(module, "config", None) is not None and hasattr(module.config, "use_cache"):
             module.config.use_cache = False
+        # the scoring functions: padded / packed, or sequence-parallel (packed, heads exchanged)
+        self.sp, self._logprobs_fn, self._values_fn = sequence_parallel_scoring(
+            module, ulysses_sequence_parallel_size, self.packed, self.device
+        )
         if gradient_checkpointing:
             enable_activation_checkpointing(module)
         # layers compiled in place, before sharding: names and state_dict keys stay the model's
@@ -348,14 +359,23 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    @property
+    def dp_layout(self) -> tuple[int, int, bool]:
+        """``(dp_rank, dp_size, is_collector)``: the ranks of an SP group share rows, its first answers."""
+        return self.sp.index, self.sp.count, self.sp.rank == 0
+
     # ------------------------------------------------------------ collectives
     def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
+        """Sum (or max) ``values`` over the ranks; a sum counts each SP group's rows once (its ranks hold
+        the same rows and compute the same numbers, so the sum over ranks is divided by the SP size)."""
         if not self.distributed or self.world_size == 1:
             return list(values)
         # "nccl", or "cpu:gloo,cuda:nccl" when offloaded shards need collectives on host tensors
         comm_device = self.device if "nccl" in str(dist.get_backend()) else torch.device("cpu")
         t = torch.tensor(values, dtype=torch.float64, device=comm_device)
         dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        if op == "sum" and self.sp.size > 1:
+            t /= self.sp.size
         return t.tolist()
 
     def _micro_ranges(self, batch: Any, rows: int, micro_batch_size: int) -> tuple[list[torch.Tensor], int]:
@@ -475,16 +495,13 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         """
         if isinstance(loss, ValueLoss):
             with self._autocast():
-                values = micro_batch_values(
-                    self._module, model_inputs(micro), packed=self.packed, layout=layout
-                )
+                values = self._values_fn(self._module, model_inputs(micro), layout=layout)
             value, metrics = loss.fn(micro, values, agg)
             return value, metrics, {}
         with self._autocast():
-            logprobs, entropy = micro_batch_logprobs(
+            logprobs, entropy = self._logprobs_fn(
                 self._module,
                 model_inputs(micro),
-                packed=self.packed,
                 temperature=loss.temperature,
                 compute_entropy=True,
                 chunk_tokens=self.logprob_chunk_tokens,

@@ -23,15 +23,16 @@ from verity.engines.micro_batches import (
     on_device,
     validate_layout,
 )
-from verity.engines.packed import micro_batch_logprobs, micro_batch_values
 
 __all__ = ["FSDP2ScoringMixin"]
 
 
 class FSDP2ScoringMixin:
     """``compute_logprobs`` and ``compute_values`` for an engine with ``_module``, ``device``,
-    ``_micro_ranges``, ``_autocast``, ``logprob_chunk_tokens``, ``compiled_head`` and ``packed``
-    (each micro-batch on the packed layout where it applies, :mod:`verity.engines.packed`)."""
+    ``_micro_ranges``, ``_autocast``, ``logprob_chunk_tokens``, ``compiled_head``, ``packed`` and
+    the scoring functions ``_logprobs_fn`` / ``_values_fn`` (padded or packed per micro-batch,
+    :mod:`verity.engines.packed`, or their sequence-parallel forms,
+    :mod:`verity.engines.ulysses_scoring`; :func:`verity.engines.ulysses_engine.sequence_parallel_scoring`)."""
 
     packed: bool = False
 
@@ -71,10 +72,9 @@ class FSDP2ScoringMixin:
         validate_layout(batch, LOGPROB_KEYS)
 
         def forward(micro: dict[str, torch.Tensor], layout: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
-            logprobs, entropy = micro_batch_logprobs(
+            logprobs, entropy = self._logprobs_fn(
                 self._module,
                 micro,
-                packed=self.packed,
                 temperature=temperature,
                 compute_entropy=compute_entropy,
                 chunk_tokens=self.logprob_chunk_tokens,
@@ -99,7 +99,7 @@ class FSDP2ScoringMixin:
         validate_layout(batch, LOGPROB_KEYS)
 
         def forward(micro: dict[str, torch.Tensor], layout: Any) -> torch.Tensor:
-            return micro_batch_values(self._module, micro, packed=self.packed, layout=layout).float()
+            return self._values_fn(self._module, micro, layout=layout).float()
 
         parts, restore = self._no_grad_passes(batch, micro_batch_size, forward)
         return _in_order(torch.cat(parts).cpu(), restore)
