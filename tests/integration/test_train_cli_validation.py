@@ -114,6 +114,15 @@ def test_a_second_run_into_a_busy_output_folder_fails_at_once_naming_the_holder(
             ["trainer.n_workers=2", "rollout.engine=sglang", "rollout.tensor_parallel_size=2"],
             "rollout engine does not split the policy",
         ),
+        (
+            ["trainer.n_workers=2", "actor.fsdp2.ulysses_sequence_parallel_size=2"],
+            "must divide the model's 2 attention heads and 1 key/value heads",
+        ),
+        (
+            ["trainer.n_workers=3", "data.train_batch_size=6", "actor.ppo_mini_batch_size=6",
+             "actor.fsdp2.ulysses_sequence_parallel_size=2"],  # fmt: skip
+            "must divide trainer.n_workers = 3: every SP group needs 2 whole ranks",
+        ),
     ],
 )
 def test_a_rollout_split_that_cannot_run_stops_before_workers_start(model_dir, tmp_path, extra, sentence):

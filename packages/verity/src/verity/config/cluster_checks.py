@@ -36,12 +36,23 @@ def apply_cluster_shape(cfg: Any, explicit: set[str]) -> None:
 
 
 def model_parallel_size(cfg: Any) -> int:
-    """Consecutive actor ranks that must share a node: Megatron's TP x PP group (1 for FSDP2) and, in
-    sync mode, the tensor-parallel rollout replica (``rollout.tensor_parallel_size``); the least
-    common multiple of the two."""
+    """Consecutive actor ranks that must share a node: Megatron's TP x PP group (1 for FSDP2), in
+    sync mode the tensor-parallel rollout replica (``rollout.tensor_parallel_size``), and the FSDP2
+    sequence-parallel groups of the actor and of a colocated critic
+    (``fsdp2.ulysses_sequence_parallel_size``); the least common multiple of them."""
     from verity.config.rollout_checks import rollout_replica_size
 
-    return math.lcm(_megatron_group(cfg), rollout_replica_size(cfg))
+    return math.lcm(_megatron_group(cfg), rollout_replica_size(cfg), _sequence_parallel_group(cfg))
+
+
+def _sequence_parallel_group(cfg: Any) -> int:
+    """The actor's SP size and a colocated critic's, as their lcm (1 where the FSDP2 engine does not split)."""
+    from verity.config.derived import needs_critic
+
+    sizes = [int(cfg.actor.fsdp2.ulysses_sequence_parallel_size) if cfg.actor.engine == "fsdp2" else 1]
+    if needs_critic(cfg) and cfg.critic.placement == "colocated" and cfg.critic.engine == "fsdp2":
+        sizes.append(int(cfg.critic.fsdp2.ulysses_sequence_parallel_size))
+    return math.lcm(*sizes)
 
 
 def _megatron_group(cfg: Any) -> int:

@@ -77,6 +77,8 @@ KEYS: dict[str, str | tuple[str, ...]] = {
     "actor.optim.warmup_style": "actor.optim.scheduler",
     "actor.optim.lr_scheduler_type": "actor.optim.scheduler",
     "actor.fsdp_config": "actor.fsdp2",
+    "actor.ulysses_sequence_parallel_size": "actor.fsdp2.ulysses_sequence_parallel_size",
+    "critic.ulysses_sequence_parallel_size": "critic.fsdp2.ulysses_sequence_parallel_size",
     "actor.fsdp_config.param_offload": "actor.fsdp2.offload_params",
     "actor.fsdp_config.offload_policy": "actor.fsdp2.offload_params",
     "actor.fsdp_config.optimizer_offload": "actor.fsdp2.offload_optimizer",

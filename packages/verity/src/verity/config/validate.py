@@ -24,6 +24,7 @@ from verity.config.offload_checks import check_offload
 from verity.config.optional_packages import check_optional_packages
 from verity.config.rollout_checks import check_rollout_parallel
 from verity.config.schema import VerityConfig
+from verity.config.sequence_parallel_checks import check_sequence_parallel
 from verity.config.token_checks import check_token_budgets
 from verity.config.trainer_checks import check_trainer
 
@@ -118,6 +119,7 @@ def validate_config(cfg: VerityConfig, user_keys: set[str] | None = None, source
         raise ConfigError(f"model.tokenizer_path {cfg.model.tokenizer_path!r} is not a local folder")
     check_model_folders(cfg)  # config.json readable, model_type known to transformers
     check_rollout_parallel(cfg)  # after the folders: it reads the heads from config.json
+    check_sequence_parallel(cfg)  # likewise
     check_trainer(cfg)
     check_offload(cfg)  # after the device name is known to be valid
     from verity.data.verl_dataset import data_file_problem

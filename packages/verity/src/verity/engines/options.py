@@ -56,8 +56,14 @@ class FSDP2Options:
     # run log-prob, value and training passes on the packed (padding-free) layout: each micro-batch's
     # real tokens back to back in one sequence, attention kept inside each row; micro_batch_tokens then
     # counts real tokens. null: on for a CPU device (measured faster), off on accelerators (not measured
-    # yet); images keep the padded layout (docs/engines.md, "Packed sequences")
+    # yet); images keep the padded layout; forced on by ulysses_sequence_parallel_size > 1, which refuses
+    # false (docs/engines.md, "Packed sequences")
     packed: bool | None = None
+    # Ulysses sequence parallelism: this many consecutive ranks (inside a node) split each packed
+    # micro-batch by tokens and exchange heads around attention (the packed layout: packed=false is
+    # refused); rows are data-parallel, and token-balanced, over the n_workers / size groups. Must divide the workers, the workers per node, the attention heads and
+    # the key/value heads; text models only. 1: off (docs/engines.md, "Sequence parallelism (Ulysses)")
+    ulysses_sequence_parallel_size: int = 1
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that is out of range."""
@@ -96,6 +102,16 @@ class FSDP2Options:
             raise ValueError(
                 f"fsdp2.attn_implementation must be null or one of {'|'.join(ATTN_IMPLEMENTATIONS)}, "
                 f"got {self.attn_implementation!r}"
+            )
+        size = self.ulysses_sequence_parallel_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(
+                f"fsdp2.ulysses_sequence_parallel_size must be an int >= 1 (1: off), got {size!r}"
+            )
+        if size > 1 and self.compile:
+            raise ValueError(
+                f"fsdp2.ulysses_sequence_parallel_size={size} with fsdp2.compile=true is not supported yet "
+                "(the compiled layers would trace the all-to-all exchanges); set one of them off"
             )
         tokens = self.micro_batch_tokens
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:

@@ -150,6 +150,7 @@ def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
         "offload_optimizer": bool(getattr(options, "offload_optimizer", False)),
         "shard_vocab": getattr(options, "shard_vocab", None),
         "packed": getattr(options, "packed", None),
+        "ulysses_sequence_parallel_size": int(getattr(options, "ulysses_sequence_parallel_size", 1)),
     }
     if ctx.adapters:
         from verity.engines.fsdp2_lora import FSDP2LoRAEngine
