@@ -75,6 +75,43 @@ def test_balanced_update_keeps_each_row_in_its_mini_batch() -> None:
         assert abs(loads[0] - loads[1]) <= max(lengths)
 
 
+def sp_layouts(world: int, sp: int) -> list[DPLayout]:
+    """Ulysses SP groups of ``sp`` consecutive ranks sharing rows (the engine's ``dp_layout``), the
+    group's first rank collecting; each rank generating its own prompts (the ``rollout`` layout)."""
+    return [
+        DPLayout(r // sp, world // sp, r % sp == 0, named=(("rollout", DPLayout(r, world, True)),))
+        for r in range(world)
+    ]
+
+
+@pytest.mark.parametrize("mini_batch_rows", [0, 8])
+def test_balanced_call_under_sp_gives_each_sp_group_the_same_rows(mini_batch_rows: int) -> None:
+    lengths = long_tail(32, 5)
+    batch = rows_of(lengths)
+    request = batch.select(*batch.keys())
+    request.meta[BALANCE_META] = BalanceRequest(mini_batch_rows=mini_batch_rows)
+    world_layouts = sp_layouts(4, 2)
+    plan = plan_call("actor.update_actor", SPLIT, (request,), {}, world_layouts)
+    shards = {rank: args[0] for rank, args, _ in plan.calls}
+    # ranks 0, 1 form SP group 0 and ranks 2, 3 group 1: each pair holds identical rows, in the same order
+    for first in (0, 2):
+        assert torch.equal(shards[first]["scores"], shards[first + 1]["scores"])
+        assert torch.equal(shards[first]["attention_mask"], shards[first + 1]["attention_mask"])
+    # balanced over the 2 data-parallel groups, not the 4 ranks: 16 rows each, every row in one group
+    assert [len(shards[r]) for r in range(4)] == [16] * 4
+    assert sorted(torch.cat([shards[0]["scores"], shards[2]["scores"]]).tolist()) == list(range(32))
+    plain = plan_call("actor.update_actor", SPLIT, (batch,), {}, world_layouts)
+    before, after = shard_tokens(plain)[::2], shard_tokens(plan)[::2]
+    assert max(after) - min(after) <= min(max(before) - min(before), max(lengths))
+    # the answers of the groups' collectors, put back in the batch's order
+    joined = collect_results("actor.update_actor", SPLIT, plan, answer_each_rank(plan), world_layouts)
+    assert torch.equal(joined["scores"], 2 * batch["scores"])
+    # a method split by the rollout layout still reaches every rank with rows of its own
+    rollout = MethodSpec(Dispatch.DP_SPLIT, Collect.DP_CONCAT, layout="rollout")
+    generate = plan_call("actor.generate", rollout, (batch,), {}, world_layouts)
+    assert [len(args[0]) for _, args, _ in generate.calls] == [8] * 4
+
+
 def test_costs_given_and_nothing_to_balance() -> None:
     batch = rows_of([3, 3, 3, 3])
     request = batch.select(*batch.keys())

@@ -221,8 +221,11 @@ class ActorRolloutRefWorker(Worker):
         )
         # a sharding engine builds the actor empty and receives only its shard of the checkpoint
         self.actor = build_role_engine("actor", source, cfg, cfg.actor, device)
-        # with tensor/pipeline parallelism several ranks share one data-parallel shard of every batch
+        # with tensor/pipeline or sequence parallelism several ranks share one data-parallel shard of every batch
         self.set_dp_layout(*self.actor.dp_layout)
+        if tp == 1 and getattr(getattr(self.actor, "sp", None), "size", 1) > 1:
+            # an SP group shares its training rows, but each rank still generates its own prompts
+            self.set_dp_layout(self.rank, self.world_size, True, name="rollout")
         kl = cfg.algorithm.kl
         needs_reference = kl.use_kl_loss or kl.use_kl_in_reward
         if needs_reference and cfg.actor.lora.enabled:

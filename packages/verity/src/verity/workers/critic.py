@@ -155,6 +155,8 @@ class CriticWorker(Worker):
         )
         n_params = source.parameter_count()
         self.engine = build_role_engine("critic", source, cfg, cfg.critic, device)
+        # with sequence parallelism the ranks of an SP group share rows (its first answers)
+        self.set_dp_layout(*self.engine.dp_layout)
         c = cfg.critic
         self.loss_fn = make_value_loss(
             ValueLossConfig(cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode)
@@ -181,7 +183,8 @@ class CriticWorker(Worker):
 
         ``batch`` holds :data:`CRITIC_UPDATE_KEYS` (``values`` = the old values,
         ``returns`` = the regression targets). A mini-batch is
-        ``critic.ppo_mini_batch_size x rollout.n / n_workers`` rows here. Returns the
+        ``critic.ppo_mini_batch_size x rollout.n / dp_size`` rows here (``dp_size``: the workers, or
+        the SP groups under sequence parallelism, whose ranks share rows). Returns the
         means over all steps of the engine's metrics (reduced over ranks), prefixed
         ``critic/`` (``critic/value_loss`` is the mini-batch value loss), plus
         ``critic/optimizer_steps``.
@@ -194,7 +197,7 @@ class CriticWorker(Worker):
         c = self.cfg.critic
         schedule = UpdateSchedule(
             epochs=c.ppo_epochs,
-            rows_per_mini_batch=max(1, c.ppo_mini_batch_size * self.cfg.rollout.n // self.world_size),
+            rows_per_mini_batch=max(1, c.ppo_mini_batch_size * self.cfg.rollout.n // self.dp_size),
             micro_batch_size=c.micro_batch_size,
         )
         steps = update_epochs(self.engine, batch, self.loss_fn, schedule, values=True)

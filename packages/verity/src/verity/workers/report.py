@@ -37,6 +37,8 @@ class TrainingFacts:
     vocab_sharded: bool = False
     # fsdp2.packed in effect: its passes run on the packed (padding-free) layout where a micro-batch packs
     packed: bool = False
+    # fsdp2.ulysses_sequence_parallel_size in effect: ranks each packed micro-batch is split over
+    sequence_parallel_size: int = 1
 
     @classmethod
     def of(cls, engine: TrainingEngine) -> TrainingFacts:
@@ -53,6 +55,7 @@ class TrainingFacts:
             weights_loaded="streamed" if getattr(engine, "streamed", False) else "whole",
             vocab_sharded=bool(getattr(engine, "vocab_sharded", False)),
             packed=bool(getattr(engine, "packed", False)),
+            sequence_parallel_size=int(getattr(getattr(engine, "sp", None), "size", 1)),
         )
 
 
@@ -151,6 +154,8 @@ class WorkerReport:
                 out[f"{role}_vocab_sharded"] = "true"
             if t.packed:
                 out[f"{role}_packed"] = "true"
+            if t.sequence_parallel_size > 1:
+                out[f"{role}_sequence_parallel_size"] = str(t.sequence_parallel_size)
         r = self.rollout
         if r is not None:
             out["rollout"] = r.engine
