@@ -372,8 +372,9 @@ def render_benchmarks_page(root: Path, bench_dir: Path = BENCH_DIR, baseline: Pa
             _figure_rows(figures, "rollout"),
         ),
         "## Long traces\n\n"
-        "Long-tailed response lengths on data-parallel ranks (issue 57): each layout beside today's on the same "
-        "rows,\nmeasured side by side in one run.\n\n"
+        "Long-tailed response lengths: packed sequences (`fsdp2.packed`), token-balanced ranks\n"
+        "(`balance_tokens`) and Ulysses sequence parallelism, each beside the padded layout or the peer on the\n"
+        "same rows, measured side by side in one run.\n\n"
         + _table(
             ["what", "figure", "machine", "date, commit", "command", "report"],
             _figure_rows(figures, "long_traces"),
