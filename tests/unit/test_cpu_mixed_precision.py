@@ -7,6 +7,7 @@ import torch
 from helpers.tiny_models import make_padded_batch, tiny_qwen2
 from verity.config import ConfigError, load_config
 from verity.engines import FSDP2Engine, OptimConfig
+from verity.engines.options import FSDP2Options
 from verity.hardware import cpu_has_native_bf16, cpu_matmul_isa
 from verity.workers.role_training import rollout_dtype
 
@@ -137,10 +138,14 @@ def test_a_bf16_hf_rollout_serves_a_cast_copy_and_takes_float32_weights():
 
 
 def test_the_engine_can_train_with_its_own_attention_kernel():
-    sdpa = FSDP2Engine(tiny_qwen2(), OptimConfig(lr=1e-2), device="cpu")
+    sdpa = FSDP2Engine(tiny_qwen2(), OptimConfig(lr=1e-2), device="cpu", packed=False)
     eager = FSDP2Engine(tiny_qwen2(), OptimConfig(lr=1e-2), device="cpu", attn_implementation="eager")
     assert sdpa.model.config._attn_implementation == "sdpa"
-    assert eager.model.config._attn_implementation == "eager"
+    assert eager.model.config._attn_implementation == "eager" and not eager.packed  # the kernel asked for wins
+    with pytest.raises(ValueError, match="packed=True attends through its own kernel"):
+        FSDP2Engine(tiny_qwen2(), device="cpu", attn_implementation="eager", packed=True)
+    with pytest.raises(ValueError, match="fsdp2.packed=true attends through its own kernel"):
+        FSDP2Options(packed=True, attn_implementation="eager").validate()  # refused before any worker starts
     want, got = gradients(sdpa), gradients(eager)
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -257,7 +257,7 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         if attn_implementation is not None:
             use_attention_kernel(module, attn_implementation)
         packed = sequence_parallel_packed(packed, ulysses_sequence_parallel_size, module)  # SP: packed
-        self.packed = resolve_packed(packed, module, self.device)
+        self.packed = resolve_packed(packed, module, self.device, attn_implementation)
         if self.packed:  # once, so that recomputation (checkpointing) and padded passes see it too
             use_packed_kernel(module, self.device)
         if getattr(module, "config", None) is not None and hasattr(module.config, "use_cache"):

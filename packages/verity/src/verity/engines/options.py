@@ -56,7 +56,8 @@ class FSDP2Options:
     # run log-prob, value and training passes on the packed (padding-free) layout: each micro-batch's
     # real tokens back to back in one sequence, attention kept inside each row; micro_batch_tokens then
     # counts real tokens. null: on for a CPU device (measured faster), off on accelerators (not measured
-    # yet); images keep the padded layout; forced on by ulysses_sequence_parallel_size > 1, which refuses
+    # yet) and with an attn_implementation other than sdpa (packing attends through its own kernel);
+    # images keep the padded layout; forced on by ulysses_sequence_parallel_size > 1, which refuses
     # false (docs/engines.md, "Packed sequences")
     packed: bool | None = None
     # Ulysses sequence parallelism: this many consecutive ranks (inside a node) split each packed
@@ -102,6 +103,12 @@ class FSDP2Options:
             raise ValueError(
                 f"fsdp2.attn_implementation must be null or one of {'|'.join(ATTN_IMPLEMENTATIONS)}, "
                 f"got {self.attn_implementation!r}"
+            )
+        if self.packed and self.attn_implementation not in (None, "sdpa", "flash_attention_2", "flash_attention_3"):
+            raise ValueError(
+                f"fsdp2.packed=true attends through its own kernel, but fsdp2.attn_implementation="
+                f"{self.attn_implementation} was asked for: set fsdp2.packed=false to keep it, or "
+                "fsdp2.attn_implementation=null"
             )
         size = self.ulysses_sequence_parallel_size
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:

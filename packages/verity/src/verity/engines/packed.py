@@ -40,7 +40,7 @@ from verity.engines.logprobs import (
     padding_free_window,
     response_logprobs,
 )
-from verity.engines.packed_attention import packed_attention, packed_kernel
+from verity.engines.packed_attention import PACKED_KERNELS, packed_attention, packed_kernel
 from verity.engines.shared_prompt import find_prompt_groups, grouped_positions, should_share_prompts
 from verity.engines.values import response_values
 
@@ -322,14 +322,26 @@ def packed_response_values(
     return unpack_responses(values.float(), packed, int(inputs["responses"].shape[1]))
 
 
-def resolve_packed(packed: bool | None, model: nn.Module, device: torch.device) -> bool:
+def resolve_packed(
+    packed: bool | None, model: nn.Module, device: torch.device, attn_implementation: str | None = None
+) -> bool:
     """Whether an engine runs its passes packed: ``packed``, or when None, on a CPU for a model that takes it.
 
     On a CPU packing measured faster on long-tailed lengths (``ci/reports/2026-12-07-packed-layout.md``);
-    accelerators are not measured yet. ``packed=True`` for a model that cannot take it raises ``ValueError``.
+    accelerators are not measured yet. A packed pass attends through its own kernel
+    (:func:`verity.engines.packed_attention.packed_kernel`), so an ``attn_implementation`` asked
+    for explicitly other than ``sdpa`` or a flash kernel keeps the padded layout when ``packed``
+    is None, and ``packed=True`` with it raises ``ValueError``, as does ``packed=True`` for a
+    model that cannot take it.
     """
+    own_kernel = attn_implementation not in (None, "sdpa", *PACKED_KERNELS)
     if packed is None:
-        return device.type == "cpu" and supports_packing(model)
+        return device.type == "cpu" and supports_packing(model) and not own_kernel
+    if packed and own_kernel:
+        raise ValueError(
+            f"packed=True attends through its own kernel, but attn_implementation={attn_implementation!r} "
+            "was asked for: set packed=false to keep that kernel, or attn_implementation=null"
+        )
     if packed and not supports_packing(model):
         raise ValueError(
             f"packed=True: {type(model).__name__} is not an HF model that dispatches attention by name "
