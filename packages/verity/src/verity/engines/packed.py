@@ -57,6 +57,7 @@ __all__ = [
     "supports_packing",
     "unpack_kept",
     "unpack_responses",
+    "varlen_attention_kwargs",
 ]
 
 
@@ -98,12 +99,17 @@ class PackedRows:
 
     def attention_kwargs(self) -> dict[str, Any]:
         """The forward kwargs transformers hands to every layer's attention (``cu_seq_lens_q`` ...)."""
-        return {
-            "cu_seq_lens_q": self.cu_seqlens,
-            "cu_seq_lens_k": self.cu_seqlens,
-            "max_length_q": self.max_seqlen,
-            "max_length_k": self.max_seqlen,
-        }
+        return varlen_attention_kwargs(self.cu_seqlens, self.max_seqlen)
+
+
+def varlen_attention_kwargs(cu_seqlens: torch.Tensor, max_seqlen: int) -> dict[str, Any]:
+    """transformers' variable-length attention kwargs for rows ``[cu[i], cu[i+1])`` (``[n+1]``), the longest ``max_seqlen``."""
+    return {
+        "cu_seq_lens_q": cu_seqlens,
+        "cu_seq_lens_k": cu_seqlens,
+        "max_length_q": max_seqlen,
+        "max_length_k": max_seqlen,
+    }
 
 
 def packable(attention_mask: torch.Tensor, response_len: int) -> bool:

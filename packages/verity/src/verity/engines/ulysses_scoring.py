@@ -31,7 +31,7 @@ from torch import nn
 
 from verity.data.vision_inputs import has_images
 from verity.engines.logprobs import DEFAULT_CHUNK_TOKENS, logprobs_and_entropy_from_logits
-from verity.engines.packed import PackedRows, pack_rows, unpack_responses
+from verity.engines.packed import PackedRows, pack_rows, unpack_responses, varlen_attention_kwargs
 from verity.engines.ulysses import SequenceParallelGroup, gather_sequence, sequence_parallel, split_sequence
 
 __all__ = ["SPChunk", "split_for_sp", "sp_response_logprobs", "sp_response_values"]
@@ -57,12 +57,7 @@ class SPChunk:
 
     def attention_kwargs(self) -> dict[str, Any]:
         """The forward kwargs every layer's attention reads: the whole sequence's row boundaries."""
-        return {
-            "cu_seq_lens_q": self.cu_seqlens,
-            "cu_seq_lens_k": self.cu_seqlens,
-            "max_length_q": self.max_seqlen,
-            "max_length_k": self.max_seqlen,
-        }
+        return varlen_attention_kwargs(self.cu_seqlens, self.max_seqlen)
 
 
 def split_for_sp(packed: PackedRows, rank: int, size: int) -> SPChunk:
