@@ -333,7 +333,7 @@ def resolve_packed(
 ) -> bool:
     """Whether an engine runs its passes packed: ``packed``, or when None, on a CPU for a model that takes it.
 
-    On a CPU packing measured faster on long-tailed lengths (``ci/reports/2026-12-07-packed-layout.md``);
+    On a CPU packing measured faster on long-tailed lengths (docs/benchmarks.md, "Long traces");
     accelerators are not measured yet. A packed pass attends through its own kernel
     (:func:`verity.engines.packed_attention.packed_kernel`), so an ``attn_implementation`` asked
     for explicitly other than ``sdpa`` or a flash kernel keeps the padded layout when ``packed``
