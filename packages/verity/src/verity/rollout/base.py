@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Collection, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from verity.rollout.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from verity.rollout.requests import RequestScheduler
 
 
 class RolloutEngine(abc.ABC):
@@ -97,3 +100,15 @@ class RolloutEngine(abc.ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release what the engine holds for good (processes, memory); it is not used after this."""
+
+    def request_scheduler(self, params: SamplingParams) -> RequestScheduler:
+        """A scheduler that generates request by request with ``params`` (``n`` = 1).
+
+        The default runs one :meth:`generate` call per step over the queued requests
+        (:class:`~verity.rollout.requests.BatchedCallScheduler`); engines that decode step by
+        step return one that adds and retires requests between decode steps.
+        """
+        from verity.rollout.requests import BatchedCallScheduler
+
+        pad = self.pad_token_id if self.pad_token_id is not None else 0
+        return BatchedCallScheduler(self, params, pad)
