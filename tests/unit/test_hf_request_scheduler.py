@@ -251,3 +251,19 @@ def test_close_drops_everything(model):
     scheduler.add(GenerationRequest(1, CONTEXTS[1], 8))
     scheduler.close()
     assert scheduler.pending() == 0 and scheduler.step() == [] and scheduler._cache is None
+
+
+def test_the_model_is_switched_while_a_batch_is_held_and_put_back_after():
+    from verity.rollout.gqa_attention import GQA_SDPA
+
+    model = make_model(seed=2).train()
+    scheduler = engine_of(model).request_scheduler(GREEDY)
+    scheduler.add(GenerationRequest(0, CONTEXTS[0], 3))
+    scheduler.step()
+    assert not model.training and model.config._attn_implementation == GQA_SDPA
+    drive(scheduler, {})
+    assert model.training and model.config._attn_implementation == "sdpa"
+    scheduler.add(GenerationRequest(1, CONTEXTS[1], 3))
+    scheduler.step()
+    scheduler.close()  # mid-batch
+    assert model.training and model.config._attn_implementation == "sdpa"

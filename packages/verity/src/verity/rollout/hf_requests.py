@@ -21,6 +21,13 @@ live row has as padding make up that share of the width, or requests are admitte
 rebuild drops both, so the cache holds no more rows and columns than the live requests need
 plus that slack.
 
+While it holds a batch (from the step that admits into an empty one until the step that
+retires its last row, :meth:`~HFRequestScheduler.close`, or an error, which drops the batch)
+the model stays in eval mode with the grouped CPU attention switched on
+(:func:`~verity.rollout.gqa_attention.grouped_sdpa`), as ``generate`` runs it for one call:
+switching at every step walks every module. A user that abandons a scheduler holding requests
+calls ``close()``.
+
 Randomness: sampling draws from the engine's generator, one uniform per live row and step, so
 the same seed and the same sequence of ``add`` / ``step`` calls give the same tokens.
 
@@ -33,6 +40,7 @@ carry token ids only (no images).
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +102,7 @@ class HFRequestScheduler(RequestScheduler):
         self._next_logits: torch.Tensor | None = None  # [B, V]: each row's next-token logits
         self._fed: torch.Tensor | None = None  # [B, 1]: the tokens the next decode forward takes
         self._stop_ids = set() if params.ignore_eos else set(engine.eos_token_ids)
+        self._held = ExitStack()  # undoes _hold_model
         self.rebuilds = 0  # how many times the cache was rebuilt (admissions and compactions)
 
     # ------------------------------------------------------------------ the interface
@@ -126,21 +135,19 @@ class HFRequestScheduler(RequestScheduler):
                 "the HF rollout released its weights while asleep and has not received all of them since: "
                 "a weight sync must come before the next step"
             )
-        model = self.engine.model
-        was_training = model.training
-        model.eval()
+        self._hold_model()
         try:
-            with grouped_sdpa(model):  # as generate decodes (rollout.gqa_attention)
-                if self._queue:
-                    queue, self._queue = self._queue, []
-                    self._admit(queue)
-                finished = self._sample_and_retire()
-                if self._live():
-                    self._decode()
-                else:
-                    self._clear()
-        finally:
-            model.train(was_training)
+            if self._queue:
+                queue, self._queue = self._queue, []
+                self._admit(queue)
+            finished = self._sample_and_retire()
+            if self._live():
+                self._decode()
+            else:
+                self._clear()
+        except BaseException:
+            self._clear()
+            raise
         return finished
 
     def close(self) -> None:
@@ -154,8 +161,22 @@ class HFRequestScheduler(RequestScheduler):
         return [index for index, row in enumerate(self._rows) if row is not None]
 
     def _clear(self) -> None:
+        """Forget the batch and put the model back as it was."""
         self._rows, self._cache = [], None
         self._mask = self._next_position = self._next_logits = self._fed = None
+        self._held.close()
+
+    def _hold_model(self) -> None:
+        """From the first step of a batch until it empties (or :meth:`close`, or an error): the model
+        in eval mode with the grouped CPU attention (:func:`grouped_sdpa`), as ``generate`` runs it.
+        Held across steps, not switched at each: switching walks every module of the model."""
+        if self._rows:
+            return
+        model = self.engine.model
+        self._held.enter_context(grouped_sdpa(model))
+        if model.training:
+            model.eval()
+            self._held.callback(model.train)
 
     def _admit(self, queue: list[GenerationRequest]) -> None:
         """Prefill ``queue`` and rebuild the batch: live rows first (dead rows and all-padding
