@@ -267,3 +267,20 @@ def test_the_model_is_switched_while_a_batch_is_held_and_put_back_after():
     scheduler.step()
     scheduler.close()  # mid-batch
     assert model.training and model.config._attn_implementation == "sdpa"
+
+
+def test_the_benchmark_runs_and_prints_both_sides(monkeypatch, capsys):
+    import runpy
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "packages/verity/benchmarks/bench_hf_request_scheduler.py"
+    argv = [str(script), "--requests", "6", "--hidden", "32", "--layers", "1", "--plain-tokens", "3"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--repeats", "1", "--gap-ms", "1"])
+    threads = torch.get_num_threads()
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        torch.set_num_threads(threads)
+    printed = capsys.readouterr().out
+    assert "scheduler / waves: throughput" in printed and "overhead" in printed and "merges" in printed
