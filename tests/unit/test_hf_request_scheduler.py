@@ -284,3 +284,35 @@ def test_the_benchmark_runs_and_prints_both_sides(monkeypatch, capsys):
         torch.set_num_threads(threads)
     printed = capsys.readouterr().out
     assert "scheduler / waves: throughput" in printed and "overhead" in printed and "merges" in printed
+
+
+def test_padding_columns_alone_trigger_a_rebuild_and_tokens_do_not_change(model):
+    """Nine rows, one with a long context retiring: a ninth of the rows is dead (under the
+    compaction share) but most columns are padding for every live row, so they leave."""
+    ignore = SamplingParams(do_sample=False, ignore_eos=True)
+    scheduler = engine_of(model).request_scheduler(ignore)
+    scheduler.add(GenerationRequest(99, list(range(10, 50)), 2))
+    for i in range(8):
+        scheduler.add(GenerationRequest(i, CONTEXTS[i % 6], 6))
+    scheduler.step()
+    scheduler.step()  # request 99 retires; 1 of 9 rows dead, 31+ of 42 columns padding for the rest
+    assert scheduler._mask.shape[0] == 8 and scheduler._mask.shape[1] <= 9 + 2
+    done = drive(scheduler, {})
+    for i in range(8):
+        assert done[i][0].token_ids == alone(model, CONTEXTS[i % 6], 6, ignore)[0]
+
+
+def test_the_batch_stays_the_size_of_what_is_live(model):
+    """One request arriving per step, each decoding 5 tokens: rows and columns stay bounded."""
+    ignore = SamplingParams(do_sample=False, ignore_eos=True)
+    scheduler = engine_of(model).request_scheduler(ignore)
+    widest, most_rows = 0, 0
+    for step in range(40):
+        if step < 30:
+            scheduler.add(GenerationRequest(step, CONTEXTS[step % 6], 5))
+        scheduler.step()
+        if scheduler._mask is not None:
+            widest = max(widest, scheduler._mask.shape[1])
+            most_rows = max(most_rows, scheduler._mask.shape[0])
+    assert scheduler.pending() == 0
+    assert most_rows <= 6 and widest <= max(map(len, CONTEXTS)) + 5 + 2
