@@ -31,6 +31,7 @@ from verity.config.idle_settings import (
     reference_parts,
     replicated_parts,
 )
+from verity.config.moe import MoEConfig
 from verity.engines.lora import LoRAConfig
 from verity.engines.optim import OptimConfig
 from verity.engines.options import ATTN_IMPLEMENTATIONS, FSDP2Options, MegatronOptions
@@ -177,6 +178,8 @@ class ActorConfig:
     # reference's too): rows reordered within each mini-batch, answers put back in order; the loss is
     # unchanged (docs/engines.md, "Token-balanced ranks")
     balance_tokens: bool = True
+    # a mixture-of-experts policy's router losses and rollout routing replay (verity.config.moe)
+    moe: MoEConfig = field(default_factory=MoEConfig)
 
     def idle_parts(self, cfg: Any) -> list[IdlePart]:
         """Other engines' options, FSDP2 resharding under replication, other policy losses' parameters,
