@@ -51,7 +51,7 @@ class ModelConfig:
     gradient_checkpointing: bool = False  # recompute activations in backward (trained roles)
     # embedded default only: which preset (task, teacher, model shape, SFT; verity_toyworld.presets),
     # its SFT warm-start steps and the cache folder
-    embedded_preset: str = "default"  # default, multiply-tools, shape-count (tiny Qwen2.5-VL), a plug-in's
+    embedded_preset: str = "default"  # default, multiply-tools, shape-count (tiny Qwen2.5-VL), moe (tiny Qwen3-MoE), a plug-in's
     # None: the preset's own (see verity_toyworld.build)
     embedded_sft_steps: Annotated[int, AtLeast(0, "0: no warm-start")] | None = None
     embedded_cache_dir: str = "~/.cache/verity/embedded"  # where the embedded default is built and reused
