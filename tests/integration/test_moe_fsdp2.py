@@ -134,3 +134,38 @@ def test_router_settings_on_a_dense_model_are_refused():
 
     with pytest.raises(ValueError, match="mixture-of-experts"):
         FSDP2Engine(tiny_qwen2(), router=RouterSettings(routing_replay=True))
+
+
+def test_hf_rollout_records_routes_that_a_replayed_trainer_forward_reproduces():
+    from verity.rollout.hf_rollout import HFRollout
+    from verity.rollout.sampling import SamplingParams
+
+    model = tiny_moe("qwen3_moe").eval()
+    batch = make_padded_batch(rows=4)
+    prompts = {"input_ids": batch["input_ids"][:, :5], "attention_mask": batch["attention_mask"][:, :5]}
+    rollout = HFRollout(
+        copy.deepcopy(model),
+        pad_token_id=0,
+        eos_token_ids=[1],
+        record_routes=True,
+        sampling=SamplingParams(max_new_tokens=6, temperature=1.0, n=2),
+    )
+    out = rollout.generate(prompts)
+    routes = out["routed_experts"]
+    assert routes.shape == (8, 11, 2, 2) and routes.dtype == torch.int16
+    real = out["attention_mask"].bool()
+    assert bool((routes[~real] == -1).all())
+    # every fed position was recorded; only each row's last sampled token was never fed
+    recorded = (routes[..., 0, 0] >= 0) & real
+    last = real.long().cumsum(1).argmax(1)
+    assert bool(recorded.sum(1).eq(real.sum(1) - 1).all()) and not bool(recorded[torch.arange(8), last].any())
+    # HF's own routing of the whole sequence at once equals the decode loop's (float32, same model)
+    rows = {k: out[k] for k in ("input_ids", "attention_mask", "position_ids", "responses", "routed_experts")}
+    whole, _ = rollout_routes(model, rows)
+    assert torch.equal(whole[recorded].to(torch.int16), routes[recorded])
+    # the trainer replays them: its forward uses the recorded experts exactly
+    engine = FSDP2Engine(copy.deepcopy(model), router=RouterSettings(routing_replay=True))
+    engine.compute_logprobs(rows, micro_batch_size=8)
+    first = int(real.any(0).nonzero()[0])
+    trained = engine.router_terms.last_routes().reshape(8, -1, 2, 2)
+    assert torch.equal(trained[recorded[:, first:]].to(torch.int16), routes[:, first:][recorded[:, first:]])

@@ -13,11 +13,10 @@ from typing import Any
 import torch
 
 from verity.data.vision_inputs import has_images, per_row_images
+from verity.rollout.moe_routes import ROUTES_KEY
 
 LOGPROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 TRAIN_KEYS = (*LOGPROB_KEYS, "response_mask")
-#: ``[B, P+R, L, k]`` experts a mixture-of-experts rollout chose per column and MoE layer (routing replay)
-ROUTES_KEY = "routed_experts"
 
 
 def _has_key(batch: Any, key: str) -> bool:

@@ -23,7 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["RouterTap", "moe_routers"]
+__all__ = ["ROUTES_KEY", "RouteRecorder", "RouterTap", "moe_routers"]
+
+#: the rollout batch's ``[B, P+R, L, k]`` experts per column and MoE layer (-1: none recorded)
+ROUTES_KEY = "routed_experts"
 
 
 def moe_routers(model: nn.Module) -> list[nn.Module]:
@@ -68,7 +71,7 @@ class RouterTap:
 
     def replay(self, experts: torch.Tensor | None) -> None:
         """Use ``experts`` ``[N, L, k]`` (the next forward's N positions, L MoE layers) instead of the routers'
-        own choice; None: the routers choose."""
+        own choice, except at positions holding -1; None: the routers choose."""
         if experts is not None and (experts.dim() != 3 or experts.shape[1:] != (self.num_layers, self.top_k)):
             raise ValueError(
                 f"replayed experts must be [N, {self.num_layers}, {self.top_k}], got {list(experts.shape)}"
@@ -97,11 +100,13 @@ class RouterTap:
         def hook(router: nn.Module, args: Any, output: Any) -> Any:
             logits, weights, experts = output
             if self._replay is not None:
-                experts = self._replay[:, layer].to(logits.device, torch.long)
-                if experts.shape[0] != logits.shape[0]:
+                given = self._replay[:, layer].to(logits.device, torch.long)
+                if given.shape[0] != logits.shape[0]:
                     raise ValueError(
-                        f"replayed experts cover {experts.shape[0]} positions, the forward has {logits.shape[0]}"
+                        f"replayed experts cover {given.shape[0]} positions, the forward has {logits.shape[0]}"
                     )
+                # -1: nothing recorded at that position (padding, the last sampled token): the router's own
+                experts = torch.where(given[:, :1] >= 0, given, experts)
                 probs = torch.softmax(logits, dtype=torch.float32, dim=-1)
                 weights = probs.gather(1, experts)
                 if getattr(router, "norm_topk_prob", False):
@@ -113,3 +118,37 @@ class RouterTap:
             return logits, weights, experts
 
         return hook
+
+
+class RouteRecorder:
+    """The experts a decode loop's forwards chose, per row and column of ``input_ids``: ``[B, P+R, L, k]``.
+
+    The table is int16 (expert ids), ``-1`` where nothing was recorded: prompt padding, response
+    columns after a row finished and the last sampled token (sampled, never fed back). A replayed
+    forward lets the router choose at ``-1`` (:class:`RouterTap`). Memory: ``B x (P+R) x L x k x 2``
+    bytes (a 48-layer top-8 model: 768 bytes per token).
+    """
+
+    def __init__(self, model: nn.Module, rows: int, prompt_len: int, new_tokens: int) -> None:
+        self.tap = RouterTap(model)
+        self.prompt_len = prompt_len
+        shape = (rows, prompt_len + new_tokens, self.tap.num_layers, self.tap.top_k)
+        self.table = torch.full(shape, -1, dtype=torch.int16)
+
+    def prefill(self, inverse: torch.Tensor | None = None) -> None:
+        """Record the prompt forward's routes (``inverse``: row -> computed row, when rows shared a prompt)."""
+        routes = self.tap.routes().cpu()
+        computed = routes.reshape(-1, self.prompt_len, *routes.shape[1:])
+        self.table[:, : self.prompt_len] = computed if inverse is None else computed[inverse.cpu()]
+        self.tap.clear()
+
+    def step(self, batch_rows: torch.Tensor, step: int) -> None:
+        """Record the routes of response token ``step`` fed for the rows ``batch_rows`` (one position each)."""
+        self.table[batch_rows.cpu(), self.prompt_len + step] = self.tap.routes().cpu().to(torch.int16)
+        self.tap.clear()
+
+    def routes(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The table with ``-1`` wherever ``attention_mask`` ``[B, P+R]`` is 0 (padding never replays)."""
+        table = self.table.clone()
+        table[~attention_mask.cpu().bool()] = -1
+        return table
