@@ -220,8 +220,9 @@ class HFRollout(RolloutEngine):
                 mrope = prefill["position_ids"]  # [3, B, P]; padding columns read 0
                 next_position = (mrope.amax(dim=(0, 2)) + 1).reshape(-1, 1).unsqueeze(0).expand(3, -1, -1)
             cache = reserved_cache(prompt_ids.shape[1] + length)  # appends in place (rollout.kv_cache)
+            recording = {} if recorder is None else {"recorder": recorder}
             next_logits, cache = self._prefill(
-                prompt_ids, attention_mask, prefill, cache, shared=images is None, recorder=recorder
+                prompt_ids, attention_mask, prefill, cache, shared=images is None, **recording
             )
             banned = vision_token_ids(self.model) if images is not None else []
             for step in range(length):
