@@ -2,9 +2,11 @@
 
 Every key of the section needs a mixture-of-experts policy (a model whose config names routed
 experts: Qwen2-MoE, Qwen3-MoE); on a dense model a key set away from its default is refused.
+The keys are read by the ``fsdp2`` training engine (the Megatron-core engine does not read them yet).
 Rollout routing replay (``actor.moe.routing_replay``) needs a rollout that records routes (the
-``hf`` engine; vLLM and SGLang do not return them), the ``fsdp2`` training engine (the Megatron-core
-engine does not replay routes yet) and the synchronous loop (the rollout in the actor's workers).
+``hf`` engine without tensor parallelism; vLLM and SGLang do not return them), the synchronous loop
+(the rollout in the actor's workers) and no sequence parallelism (routes are replayed on the padded
+layout).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def check_moe(cfg: Any) -> None:
     """Refuse ``actor.moe`` settings the run cannot honour, naming the key (see the module docstring)."""
     moe = cfg.actor.moe
     set_keys = [
-        f"actor.moe.{name}={getattr(moe, name)}"
+        f"actor.moe.{name}={str(getattr(moe, name)).lower()}"
         for name, default in (("aux_loss_coef", 0.0), ("z_loss_coef", 0.0), ("routing_replay", False))
         if getattr(moe, name) != default
     ]
@@ -44,6 +46,10 @@ def check_moe(cfg: Any) -> None:
             f"{set_keys[0]} needs a mixture-of-experts model ({', '.join(MOE_MODEL_TYPES)}), but model.path is "
             f"a {model_type!r} model without routed experts; leave actor.moe at its defaults"
         )
+    if cfg.actor.engine != "fsdp2":
+        raise ConfigError(
+            f"{set_keys[0]} needs actor.engine=fsdp2: the {cfg.actor.engine!r} engine does not read actor.moe yet"
+        )
     if not moe.routing_replay:
         return
     key = "actor.moe.routing_replay=true"
@@ -52,13 +58,14 @@ def check_moe(cfg: Any) -> None:
             f"{key} needs a rollout that records each token's experts: rollout.engine=hf, "
             f"not {cfg.rollout.engine!r} (it returns no routes)"
         )
-    if cfg.actor.engine != "fsdp2":
-        raise ConfigError(
-            f"{key} needs actor.engine=fsdp2: the {cfg.actor.engine!r} engine does not replay routes yet"
-        )
     if cfg.trainer.mode != "sync":
         raise ConfigError(
             f"{key} needs trainer.mode=sync (the rollout in the actor's workers), not {cfg.trainer.mode!r}"
+        )
+    if cfg.actor.fsdp2.ulysses_sequence_parallel_size != 1:
+        raise ConfigError(
+            f"{key} replays routes on the padded layout, which sequence parallelism does not run: "
+            "actor.fsdp2.ulysses_sequence_parallel_size must be 1"
         )
     if cfg.rollout.tensor_parallel_size != 1:
         raise ConfigError(
