@@ -111,6 +111,12 @@ def test_routing_replay_uses_the_rollout_routes_and_narrows_the_logprob_gap():
             keep = real[:, first:].reshape(-1)
             assert torch.equal(trained[keep], window[keep])
     assert gaps[True] < gaps[False], gaps
+    # the perturbed sampler routed some tokens differently from the trainer: agreement below 1
+    engine = FSDP2Engine(
+        copy.deepcopy(trainer_model), OptimConfig(lr=1e-3), router=RouterSettings(routing_replay=True)
+    )
+    metrics = engine.forward_backward({**batch, "routed_experts": routes}, push_up_loss, micro_batch_size=6)
+    assert 0.3 < metrics["moe/replay_route_agreement"] < 1.0
     print(f"behaviour log-prob gap: without replay {gaps[False]:.4f}, with replay {gaps[True]:.4f}")
 
 

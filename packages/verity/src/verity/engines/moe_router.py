@@ -39,6 +39,8 @@ ROUTER_METRICS = (
     "moe/router_entropy",  # router distribution's entropy, mean over tokens and layers, nats
     "moe/expert_load_max_over_mean",  # most-loaded expert's tokens / mean tokens per expert, mean over layers
     "moe/expert_load_max_over_mean_max",  # the same, the worst layer
+    # with routing replay: share of (token, layer) whose own top-k experts equal the rollout's (1: no drift)
+    "moe/replay_route_agreement",
 )
 
 
@@ -112,6 +114,10 @@ class RouterTerms:
             "moe/expert_load_max_over_mean": load.mean(),
             "moe/expert_load_max_over_mean_max": load.max(),
         }
+        if self.tap.agreement:
+            same = torch.stack([a for a, _ in self.tap.agreement]).sum()
+            replayed = torch.stack([n for _, n in self.tap.agreement]).sum()
+            metrics["moe/replay_route_agreement"] = same / replayed.clamp(min=1)
         s = self.settings
         term: torch.Tensor | float = 0.0
         if s.aux_loss_coef > 0:

@@ -42,8 +42,9 @@ class RouterTap:
     """Forward hooks on every router of ``model`` while the ``with`` block runs (module docstring).
 
     After a forward, :attr:`logits` holds one ``[N, E]`` tensor per MoE layer (kept only with
-    ``keep_logits``) and :attr:`experts` one ``[N, k]`` int64 tensor per layer, in layer order;
-    :meth:`clear` empties both before the next forward.
+    ``keep_logits``) and :attr:`experts` one ``[N, k]`` int64 tensor per layer, in layer order; a
+    replayed forward also counts, per layer, the positions where the router's own top-k set equals
+    the replayed one (:attr:`agreement`). :meth:`clear` empties them before the next forward.
     """
 
     def __init__(self, model: nn.Module, *, keep_logits: bool = False) -> None:
@@ -51,6 +52,8 @@ class RouterTap:
         self.keep_logits = keep_logits
         self.logits: list[torch.Tensor] = []
         self.experts: list[torch.Tensor] = []
+        # per replayed layer: (positions whose own top-k set equals the replayed one, positions replayed)
+        self.agreement: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._replay: torch.Tensor | None = None
         self._handles: list[Any] = []
 
@@ -79,8 +82,8 @@ class RouterTap:
         self._replay = experts
 
     def clear(self) -> None:
-        """Forget the last forward's logits and experts."""
-        self.logits, self.experts = [], []
+        """Forget the last forward's logits, experts and agreement counts."""
+        self.logits, self.experts, self.agreement = [], [], []
 
     def routes(self) -> torch.Tensor:
         """The last forward's experts as ``[N, L, k]`` int64 (layers stacked in order)."""
@@ -106,7 +109,10 @@ class RouterTap:
                         f"replayed experts cover {given.shape[0]} positions, the forward has {logits.shape[0]}"
                     )
                 # -1: nothing recorded at that position (padding, the last sampled token): the router's own
-                experts = torch.where(given[:, :1] >= 0, given, experts)
+                recorded = given[:, :1] >= 0
+                same = (given.sort(-1).values == experts.sort(-1).values).all(-1, keepdim=True)
+                self.agreement.append((same[recorded].float().sum(), recorded.sum()))
+                experts = torch.where(recorded, given, experts)
                 probs = torch.softmax(logits, dtype=torch.float32, dim=-1)
                 weights = probs.gather(1, experts)
                 if getattr(router, "norm_topk_prob", False):
