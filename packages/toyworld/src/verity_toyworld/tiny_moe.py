@@ -7,7 +7,7 @@ and the layer adds their outputs weighted by the renormalised router probabiliti
 layer adds a shared expert behind a sigmoid gate as well.
 
 With the defaults (hidden 64, 2 layers, 8 experts of width 128, top-2) and the 260-token character
-vocabulary the Qwen3-MoE model has about 0.45M parameters of which about 0.17M are active per token.
+vocabulary the Qwen3-MoE model has about 0.44M parameters of which about 0.14M are active per token.
 """
 
 from __future__ import annotations
