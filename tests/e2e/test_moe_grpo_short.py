@@ -44,6 +44,9 @@ def test_moe_grpo_with_routing_replay_records_router_metrics(tmp_path) -> None:
         # the float32 rollout and trainer route alike; the replayed routes reached the update
         assert row["moe/replay_route_agreement"] > 0.95
         assert row["actor/behaviour_logprob_gap"] < 0.01
+    ran = summary["ran"]  # read back from the built engines
+    assert ran["actor_moe_layers"] == "2" and ran["actor_routing_replay"] == "true"
+    assert ran["rollout_records_routes"] == "true"
     client = MlflowClient(tracking_uri=summary["tracking_uri"])
     history = client.get_metric_history(summary["run_id"], "moe/aux_loss")
     assert [m.step for m in history] == [1, 2, 3]
