@@ -1,5 +1,6 @@
 """A 3-step GRPO run of the tiny Qwen3-MoE (model.embedded_preset=moe) through Ray, FSDP2 and the HF rollout,
-with the load-balancing loss and rollout routing replay on: the router metrics reach metrics.jsonl and MLflow."""
+with the load-balancing loss, rollout routing replay and a KL loss to the reference on: the router metrics reach
+metrics.jsonl and MLflow, and what ran says so."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def test_moe_grpo_with_routing_replay_records_router_metrics(tmp_path) -> None:
             "actor.moe.z_loss_coef=0.001",
             "actor.moe.routing_replay=true",
             "actor.old_logprobs=rollout",  # the update's behaviour log-probs are the sampler's: the gap is logged
+            "algorithm.kl.use_kl_loss=true",  # the reference policy (the MoE, routing on its own) runs too
             "trainer.total_steps=3",
             "trainer.val_every=0",
             "trainer.n_workers=2",
@@ -44,6 +46,7 @@ def test_moe_grpo_with_routing_replay_records_router_metrics(tmp_path) -> None:
         # the float32 rollout and trainer route alike; the replayed routes reached the update
         assert row["moe/replay_route_agreement"] > 0.95
         assert row["actor/behaviour_logprob_gap"] < 0.01
+        assert abs(row["actor/kl"]) < 0.05  # a few small steps away from the reference
     ran = summary["ran"]  # read back from the built engines
     assert ran["actor_moe_layers"] == "2" and ran["actor_routing_replay"] == "true"
     assert ran["rollout_records_routes"] == "true"
