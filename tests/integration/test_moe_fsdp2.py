@@ -175,3 +175,25 @@ def test_hf_rollout_records_routes_that_a_replayed_trainer_forward_reproduces():
     first = int(real.any(0).nonzero()[0])
     trained = engine.router_terms.last_routes().reshape(8, -1, 2, 2)
     assert torch.equal(trained[recorded[:, first:]].to(torch.int16), routes[:, first:][recorded[:, first:]])
+
+
+def test_replay_under_activation_checkpointing_gives_the_same_gradient():
+    """The recomputed forward in backward replays the same routes (the tap keeps them for the micro-batch)."""
+    model = tiny_moe("qwen3_moe")
+    batch = make_padded_batch(rows=6)
+    routes, _ = rollout_routes(model, batch)
+    routes[:, :, :, 0] = (routes[:, :, :, 0] + 1) % 8  # routes the model would not choose itself
+    routes[:, :, :, 1] = torch.where(
+        routes[..., 1] == routes[..., 0], (routes[..., 1] + 1) % 8, routes[..., 1]
+    )
+    grads = []
+    for checkpointing in (False, True):
+        engine = FSDP2Engine(
+            copy.deepcopy(model),
+            OptimConfig(lr=1e-3),
+            gradient_checkpointing=checkpointing,
+            router=RouterSettings(aux_loss_coef=0.1, routing_replay=True),
+        )
+        engine.forward_backward({**batch, "routed_experts": routes}, push_up_loss, micro_batch_size=3)
+        grads.append(torch.cat([p.grad.flatten() for p in engine.model.parameters() if p.grad is not None]))
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=1e-7)
