@@ -30,7 +30,10 @@ def test_moe_keys_on_a_dense_model_are_refused(key):
             "rollout.engine=vllm",
             r"routing_replay=true needs a rollout that records .* rollout.engine=hf, not 'vllm'",
         ),
-        ("actor.engine=megatron", r"routing_replay=true needs actor.engine=fsdp2: the 'megatron' engine does not read actor.moe"),
+        (
+            "actor.engine=megatron",
+            r"routing_replay=true needs actor.engine=fsdp2: the 'megatron' engine does not read actor.moe",
+        ),
     ],
 )
 def test_routing_replay_needs_an_engine_that_records_and_replays(override, message):
