@@ -19,14 +19,14 @@ __all__ = ["MoEConfig"]
 class MoEConfig:
     """Router losses and rollout routing replay of an MoE policy (docs/algorithms.md, "Mixture of experts")."""
 
-    # load-balancing loss added to the actor's loss: coef * E * sum_e f_e * p_e per MoE layer, averaged
-    # over layers (HF's router_aux_loss_coef plays this part in HF's own loss; verity adds its own term)
+    # load-balancing loss added to the actor's loss: coef * E * sum_e f_e * P_e per MoE layer, averaged
+    # over layers (verity's own term: the model config's router_aux_loss_coef is not read)
     aux_loss_coef: Annotated[float, AtLeast(0, "0: no load-balancing term")] = 0.0
     # router z-loss added to the actor's loss: coef * mean over tokens of logsumexp(router logits)^2
     z_loss_coef: Annotated[float, AtLeast(0, "0: no z-loss term")] = 0.0
     # rollout routing replay: the rollout records each token's top-k experts per MoE layer and the
     # trainer's forwards (old log-probs and the update) use those experts; the gate weights still come
-    # from the trainer's router (docs/algorithms.md, "Rollout routing replay"); needs rollout.engine=hf
+    # from the trainer's router (docs/algorithms.md, "Mixture of experts"); needs rollout.engine=hf
     routing_replay: bool = False
 
     @property
