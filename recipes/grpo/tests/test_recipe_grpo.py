@@ -103,3 +103,12 @@ def test_cpu_async_config_is_the_cpu_config_one_step_off_policy_and_its_promise_
     assert promise is not None and promise.source == "measured" and promise.trainer_mode == "async"
     assert {e.metric for e in promise.expectations} == {"accuracy_before", "accuracy_after", "accuracy_gain"}
     assert promise.check_mode("sync") is not None and promise.check_mode("async") is None
+
+
+def test_cpu_moe_config_runs_the_moe_preset_with_replay_and_its_measured_gain() -> None:
+    cfg = load_config([], config_file=PACKAGE / "configs" / "cpu-moe.yaml")
+    assert cfg.model.embedded_preset == "moe" and cfg.rollout.engine == "hf"
+    assert cfg.actor.moe.routing_replay and cfg.actor.moe.aux_loss_coef > 0
+    data = yaml.safe_load((PACKAGE / "expected" / "cpu-hf.yaml").read_text())
+    entry = data["configs"]["cpu-moe"]
+    assert entry["source"] == "measured" and entry["metrics"]["accuracy_gain"]["mode"] == "at_least"

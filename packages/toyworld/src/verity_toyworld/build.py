@@ -241,6 +241,11 @@ def _build_model(settings: EmbeddedSettings) -> tuple[Any, Any, Any]:
     from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
     tokenizer = CharTokenizer()
+    if settings.model_family in ("qwen3_moe", "qwen2_moe"):
+        from verity_toyworld.tiny_moe import build_tiny_moe_for
+
+        model = build_tiny_moe_for(tokenizer, family=settings.model_family, seed=settings.model_seed, **settings.model)
+        return tokenizer, model, None
     return tokenizer, build_tiny_qwen2_for(tokenizer, seed=settings.model_seed, **settings.model), None
 
 

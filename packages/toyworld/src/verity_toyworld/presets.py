@@ -71,10 +71,10 @@ _LATER_FIELDS: dict[str, Any] = {
     "model_family": "qwen2",
 }
 
-MODEL_FAMILIES = ("qwen2", "qwen2_5_vl")
-"""What an embedded model is built as: a tiny Qwen2 causal LM (:func:`verity_toyworld.tiny_model.build_tiny_qwen2_for`)
-or a tiny Qwen2.5-VL vision-language model (:func:`verity_toyworld.tiny_vlm.build_tiny_qwen2_5_vl`, for tasks
-whose rows carry images)."""
+MODEL_FAMILIES = ("qwen2", "qwen2_5_vl", "qwen3_moe", "qwen2_moe")
+"""What an embedded model is built as: a tiny Qwen2 causal LM (:func:`verity_toyworld.tiny_model.build_tiny_qwen2_for`),
+a tiny Qwen2.5-VL vision-language model (:func:`verity_toyworld.tiny_vlm.build_tiny_qwen2_5_vl`, for tasks
+whose rows carry images) or a tiny mixture-of-experts causal LM (:func:`verity_toyworld.tiny_moe.build_tiny_moe_for`)."""
 
 
 @dataclass(frozen=True)
@@ -164,11 +164,16 @@ class EmbeddedSettings:
         return ensure_embedded_default(cache_dir, sft_steps=sft_steps, settings=self)
 
     def fresh_model(self, seed: int = 0) -> tuple[Any, Any]:
-        """``(untrained model, tokenizer)``: a tiny Qwen2 of the builder's default shape, character tokenizer."""
+        """``(untrained model, tokenizer)``: a tiny Qwen2 of the builder's default shape (a tiny MoE of this
+        preset's shape for an MoE family), character tokenizer."""
         from verity_toyworld.char_tokenizer import CharTokenizer
         from verity_toyworld.tiny_model import build_tiny_qwen2_for
 
         tokenizer = CharTokenizer()
+        if self.model_family in ("qwen3_moe", "qwen2_moe"):
+            from verity_toyworld.tiny_moe import build_tiny_moe_for
+
+            return build_tiny_moe_for(tokenizer, family=self.model_family, seed=seed, **self.model), tokenizer
         return build_tiny_qwen2_for(tokenizer, seed=seed), tokenizer
 
     def task_rows(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -326,5 +331,24 @@ register_embedded_preset(
         teacher="shape_count",
         teacher_config={"slip_colour": "blue"},
         eval_max_new_tokens=4,
+    ),
+)
+# The tiny Qwen3-MoE (8 experts, top-2 per token, 2 sparse layers; verity_toyworld.tiny_moe) on the
+# default's arithmetic task and warm-start slip: the mixture-of-experts row of the grpo recipe (cpu-moe)
+register_embedded_preset(
+    "moe",
+    EmbeddedSettings(
+        model_family="qwen3_moe",
+        model={  # build_tiny_moe's shape, pinned here so that it is part of the cache key
+            "hidden": 64,
+            "layers": 2,
+            "heads": 4,
+            "kv_heads": 2,
+            "experts": 8,
+            "top_k": 2,
+            "expert_intermediate": 128,
+            "max_pos": 256,
+        },
+        sft_steps=1600,
     ),
 )

@@ -325,6 +325,12 @@ _CORE_KEYS = [
     ("response_mask", ("B", "R"), "mask", "1 on real response tokens up to and including EOS, 0 after"),
     ("rollout_logprobs", ("B", "R"), "float", "log-prob of each response token under the rollout engine"),
     (
+        "routed_experts",
+        ("B", "P+R", "L", "K"),
+        "int",
+        "experts the rollout chose per column and MoE layer (rollout routing replay; -1: none recorded)",
+    ),
+    (
         "old_logprobs",
         ("B", "R"),
         "float",

@@ -31,6 +31,7 @@ from verity.config.idle_settings import (
     reference_parts,
     replicated_parts,
 )
+from verity.config.moe import MoEConfig
 from verity.engines.lora import LoRAConfig
 from verity.engines.optim import OptimConfig
 from verity.engines.options import ATTN_IMPLEMENTATIONS, FSDP2Options, MegatronOptions
@@ -50,7 +51,7 @@ class ModelConfig:
     gradient_checkpointing: bool = False  # recompute activations in backward (trained roles)
     # embedded default only: which preset (task, teacher, model shape, SFT; verity_toyworld.presets),
     # its SFT warm-start steps and the cache folder
-    embedded_preset: str = "default"  # default, multiply-tools, shape-count (tiny Qwen2.5-VL), a plug-in's
+    embedded_preset: str = "default"  # default, multiply-tools, shape-count (tiny Qwen2.5-VL), moe (tiny Qwen3-MoE), a plug-in's
     # None: the preset's own (see verity_toyworld.build)
     embedded_sft_steps: Annotated[int, AtLeast(0, "0: no warm-start")] | None = None
     embedded_cache_dir: str = "~/.cache/verity/embedded"  # where the embedded default is built and reused
@@ -177,6 +178,8 @@ class ActorConfig:
     # reference's too): rows reordered within each mini-batch, answers put back in order; the loss is
     # unchanged (docs/engines.md, "Token-balanced ranks")
     balance_tokens: bool = True
+    # a mixture-of-experts policy's router losses and rollout routing replay (verity.config.moe)
+    moe: MoEConfig = field(default_factory=MoEConfig)
 
     def idle_parts(self, cfg: Any) -> list[IdlePart]:
         """Other engines' options, FSDP2 resharding under replication, other policy losses' parameters,

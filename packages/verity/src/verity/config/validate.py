@@ -20,6 +20,7 @@ from verity.config.errors import ConfigError
 from verity.config.fields import check_fields
 from verity.config.idle_settings import check_idle_settings
 from verity.config.model_checks import check_model_folders, reject_placeholders
+from verity.config.moe_checks import check_moe
 from verity.config.offload_checks import check_offload
 from verity.config.optional_packages import check_optional_packages
 from verity.config.rollout_checks import check_rollout_parallel
@@ -120,6 +121,7 @@ def validate_config(cfg: VerityConfig, user_keys: set[str] | None = None, source
     check_model_folders(cfg)  # config.json readable, model_type known to transformers
     check_rollout_parallel(cfg)  # after the folders: it reads the heads from config.json
     check_sequence_parallel(cfg)  # likewise
+    check_moe(cfg)  # likewise: the model's experts
     check_trainer(cfg)
     check_offload(cfg)  # after the device name is known to be valid
     from verity.data.verl_dataset import data_file_problem

@@ -66,6 +66,7 @@ from verity.engines.micro_batches import (
     validate_layout,
 )
 from verity.engines.model_source import ModelSource
+from verity.engines.moe_router import RouterSettings, router_terms_for
 from verity.engines.offload import OptimizerStateOffload, check_offload, offload_policy
 from verity.engines.optim import OptimConfig, build_lr_scheduler, build_optimizer, clip_gradients
 from verity.engines.packed import resolve_packed
@@ -161,6 +162,9 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             tokens, heads exchanged around attention (:mod:`verity.engines.ulysses`); rows are
             data-parallel over the ``world / s`` groups (:attr:`dp_layout`). Implies ``packed``
             (``packed=False`` is refused); ``micro_batch_tokens`` counts a group's packed tokens. 1: off.
+        router: a mixture-of-experts model's router losses and routing replay
+            (:mod:`verity.engines.moe_router`); the router metrics are recorded for every MoE model.
+            ``ValueError`` when set away from its defaults on a dense model.
     """
 
     name = "fsdp2"  # what a run records as the engine that trained
@@ -188,6 +192,7 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         shard_vocab: bool | None = None,
         packed: bool | None = None,
         ulysses_sequence_parallel_size: int = 1,
+        router: RouterSettings | None = None,
     ) -> None:
         if sharding not in SHARDING_MODES:
             raise ValueError(f"sharding must be one of {list(SHARDING_MODES)}, got {sharding!r}")
@@ -266,6 +271,10 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
         self.sp, self._logprobs_fn, self._values_fn = sequence_parallel_scoring(
             module, ulysses_sequence_parallel_size, self.packed, self.device
         )
+        # an MoE model's routers: logits kept per forward, routes replayed where a micro-batch has them
+        self.router_terms = router_terms_for(module, router)
+        if self.router_terms is not None:
+            self._logprobs_fn = self.router_terms.wrap(self._logprobs_fn)
         if gradient_checkpointing:
             enable_activation_checkpointing(module)
         # layers compiled in place, before sharding: names and state_dict keys stay the model's
@@ -513,6 +522,10 @@ class FSDP2Engine(FSDP2ScoringMixin, FSDP2StateMixin, TrainingEngine):
             entropy = entropy.detach()
         value, metrics = loss.fn(micro, logprobs, entropy, agg)
         mask = get_tensor(micro, "response_mask").to(entropy.device, torch.float32)
+        if self.router_terms is not None:  # the router losses, weighted by the micro-batch's share of tokens
+            term, router_metrics = self.router_terms.loss_and_metrics(mask.sum() / agg.global_tokens)
+            value = value + term
+            metrics = {**(metrics or {}), **router_metrics}
         return value, metrics, {"entropy_sum": (entropy.detach() * mask).sum(), "entropy_tokens": mask.sum()}
 
     def forward_backward(

@@ -114,15 +114,32 @@ def peft_available() -> bool:
     return True
 
 
-def peft_lora_config(config: LoRAConfig) -> Any:
-    """The ``peft.LoraConfig`` of ``config`` (task ``CAUSAL_LM``, biases frozen)."""
+def linear_targets(model: nn.Module) -> list[str] | str:
+    """What ``target_modules: null`` adapts in ``model``: ``"all-linear"`` (peft's every linear layer but the
+    output layer), or for a mixture-of-experts model the names of its ``nn.Linear`` layers only.
+
+    peft's ``all-linear`` also wraps a Qwen3-MoE router and its routed experts (3-D parameters, not
+    linear layers), which verity neither merges into the rollout nor exports; on an MoE model the
+    adapters therefore go on the attention projections (and a Qwen2-MoE shared expert's MLP and
+    gate), while the routers and the routed experts stay frozen (docs/lora.md).
+    """
+    if not any(type(m).__name__.endswith("TopKRouter") for m in model.modules()):
+        return "all-linear"
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear) and m is not output})
+
+
+def peft_lora_config(config: LoRAConfig, model: nn.Module | None = None) -> Any:
+    """The ``peft.LoraConfig`` of ``config`` (task ``CAUSAL_LM``, biases frozen); ``model`` decides what
+    ``target_modules: null`` adapts (:func:`linear_targets`; None: peft's ``all-linear``)."""
     from peft import LoraConfig
 
+    default = "all-linear" if model is None else linear_targets(model)
     return LoraConfig(
         r=config.rank,
         lora_alpha=config.alpha,
         lora_dropout=config.dropout,
-        target_modules=list(config.target_modules) if config.target_modules is not None else "all-linear",
+        target_modules=list(config.target_modules) if config.target_modules is not None else default,
         exclude_modules=list(config.exclude_modules) or None,
         bias="none",
         task_type="CAUSAL_LM",
@@ -149,7 +166,7 @@ def apply_lora(model: nn.Module, config: LoRAConfig, *, seed: int = 0) -> Any:
         # peft reads transformers' deprecated is_gradient_checkpointing (a FutureWarning per process)
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         torch.manual_seed(seed)
-        return get_peft_model(model, peft_lora_config(config), adapter_name=ADAPTER_NAME)
+        return get_peft_model(model, peft_lora_config(config, model), adapter_name=ADAPTER_NAME)
 
 
 def apply_lora_to_empty(

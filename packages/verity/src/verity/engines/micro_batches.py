@@ -13,9 +13,17 @@ from typing import Any
 import torch
 
 from verity.data.vision_inputs import has_images, per_row_images
+from verity.rollout.moe_routes import ROUTES_KEY
 
 LOGPROB_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 TRAIN_KEYS = (*LOGPROB_KEYS, "response_mask")
+
+
+def _has_key(batch: Any, key: str) -> bool:
+    try:
+        return key in batch
+    except TypeError:
+        return False
 
 
 def get_tensor(batch: Any, key: str) -> torch.Tensor:
@@ -135,12 +143,14 @@ def padding_rows(batch: Any) -> int:
 
 
 def model_inputs(micro_batch: Any) -> dict[str, Any]:
-    """The four tensors a causal-LM forward pass needs, from a micro-batch.
+    """The four tensors a causal-LM forward pass needs, from a micro-batch (and its ``routed_experts``, if any).
 
     A micro-batch with images also gives its per-row ``pixel_values`` and ``image_grid_thw``
     lists (:mod:`verity.data.vision_inputs`).
     """
     inputs: dict[str, Any] = {k: get_tensor(micro_batch, k) for k in LOGPROB_KEYS}
+    if _has_key(micro_batch, ROUTES_KEY):  # a mixture-of-experts rollout's routes, for routing replay
+        inputs[ROUTES_KEY] = get_tensor(micro_batch, ROUTES_KEY)
     if has_images(micro_batch):
         inputs["pixel_values"], inputs["image_grid_thw"] = per_row_images(micro_batch)
     return inputs

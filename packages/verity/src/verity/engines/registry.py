@@ -131,6 +131,16 @@ def build_training_engine(name: str, ctx: EngineBuildContext) -> TrainingEngine:
     return engine
 
 
+def _router_settings(ctx: EngineBuildContext) -> Any:
+    """``actor.moe`` for the actor's engine (the reference and the critic route on their own); None otherwise."""
+    moe = getattr(getattr(ctx.cfg, "actor", None), "moe", None)
+    if ctx.role != "actor" or moe is None:
+        return None
+    from verity.engines.moe_router import RouterSettings
+
+    return RouterSettings(float(moe.aux_loss_coef), float(moe.z_loss_coef), bool(moe.routing_replay))
+
+
 def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
     from verity.engines.fsdp2 import FSDP2Engine
 
@@ -151,6 +161,7 @@ def _build_fsdp2(ctx: EngineBuildContext) -> TrainingEngine:
         "shard_vocab": getattr(options, "shard_vocab", None),
         "packed": getattr(options, "packed", None),
         "ulysses_sequence_parallel_size": int(getattr(options, "ulysses_sequence_parallel_size", 1)),
+        "router": _router_settings(ctx),
     }
     if ctx.adapters:
         from verity.engines.fsdp2_lora import FSDP2LoRAEngine

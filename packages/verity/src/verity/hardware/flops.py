@@ -159,3 +159,37 @@ def mfu(
         raise ValueError(f"peak_flops must be > 0 FLOP/s, got {peak_flops}")
     per_token = 6.0 * n_params if flops_per_token is None else float(flops_per_token)
     return per_token * tokens_per_s / (peak_flops * num_devices)
+
+
+def moe_layer_count(config: object) -> int:
+    """Decoder layers of an HF mixture-of-experts config that route to experts (0 for a dense config).
+
+    Qwen2-MoE and Qwen3-MoE: layer ``i`` is sparse when it is not in ``mlp_only_layers`` and
+    ``(i + 1) % decoder_sparse_step == 0``.
+    """
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None) or 0
+    if experts <= 1:
+        return 0
+    step = int(getattr(config, "decoder_sparse_step", 1) or 1)
+    dense = set(getattr(config, "mlp_only_layers", None) or ())
+    layers = int(config.num_hidden_layers)  # type: ignore[attr-defined]
+    return sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
+
+
+def active_parameters(n_params: int, config: object) -> int:
+    """Parameters one token computes with: ``n_params`` less the routed experts it does not visit.
+
+    For a mixture-of-experts config (``num_experts`` E, ``num_experts_per_tok`` k, expert width
+    ``moe_intermediate_size`` I, hidden size H) each sparse layer holds E experts of ``3 H I`` weights
+    (gate, up, down projections) and a token runs k of them, so ``(E - k) 3 H I`` per sparse layer are
+    left out; shared experts, attention, routers and embeddings all count. A dense config: ``n_params``.
+    Pass the result as :func:`training_flops_per_token`'s ``n_params`` for an MoE model's MFU.
+    """
+    sparse = moe_layer_count(config)
+    if sparse == 0:
+        return int(n_params)
+    experts = int(getattr(config, "num_experts", None) or config.num_local_experts)
+    top_k = int(config.num_experts_per_tok)  # type: ignore[attr-defined]
+    width = int(getattr(config, "moe_intermediate_size", None) or config.intermediate_size)  # type: ignore[attr-defined]
+    idle = sparse * (experts - top_k) * 3 * int(config.hidden_size) * width  # type: ignore[attr-defined]
+    return int(n_params) - idle

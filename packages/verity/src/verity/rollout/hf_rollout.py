@@ -26,6 +26,7 @@ that repeats the batch itself calls with ``n=1``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -44,6 +45,7 @@ from verity.rollout.base import RolloutEngine
 from verity.rollout.batch_io import build_rollout_output, read_prompt_rows, resolve_sampling
 from verity.rollout.gqa_attention import grouped_attention_name, grouped_sdpa, takes_grouped_sdpa
 from verity.rollout.kv_cache import reserved_cache
+from verity.rollout.moe_routes import ROUTES_KEY, RouteRecorder
 from verity.rollout.prompts import position_ids_from_mask
 from verity.rollout.requests import RequestScheduler
 from verity.rollout.sampling import SamplingParams, sample_next_token
@@ -102,8 +104,11 @@ class HFRollout(RolloutEngine):
         seed: int = 0,
         pad_token_id: int | None = None,
         eos_token_ids: int | Sequence[int] | None = None,
+        record_routes: bool = False,
     ) -> None:
         self.model = model
+        # a mixture-of-experts model's routes, per row, column and MoE layer, in the output's routed_experts
+        self.record_routes = record_routes
         self.sampling = sampling or SamplingParams()
         self.eos_token_ids = _resolve_eos_ids(eos_token_ids, tokenizer, model)
         self.pad_token_id = _resolve_pad_id(pad_token_id, tokenizer, model, self.eos_token_ids)
@@ -182,9 +187,17 @@ class HFRollout(RolloutEngine):
         params = resolve_sampling(batch, self.sampling, params)
         rows = read_prompt_rows(batch, params.n, takes_images="hf")
         images = per_row_images(rows.non_tensors) if has_images(rows.non_tensors) else None
-        with grouped_sdpa(self.model):  # grouped KV heads read in place on CPU (rollout.gqa_attention)
-            responses, response_mask, logprobs = self._decode(rows.prompt_ids, rows.prompt_mask, params, images)
-        return build_rollout_output(rows, responses, response_mask, logprobs)
+        recorder = None
+        if self.record_routes:  # rollout routing replay: every forward's experts, per row and column
+            recorder = RouteRecorder(self.model, *rows.prompt_ids.shape, params.max_new_tokens)
+        with grouped_sdpa(self.model), recorder.tap if recorder else contextlib.nullcontext():
+            responses, response_mask, logprobs = self._decode(
+                rows.prompt_ids, rows.prompt_mask, params, images, recorder
+            )
+        out = build_rollout_output(rows, responses, response_mask, logprobs)
+        if recorder is not None:
+            out[ROUTES_KEY] = recorder.routes(out["attention_mask"])
+        return out
 
     @torch.no_grad()
     def _decode(
@@ -193,13 +206,15 @@ class HFRollout(RolloutEngine):
         prompt_mask: torch.Tensor,
         params: SamplingParams,
         images: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+        recorder: RouteRecorder | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The decode loop. Returns responses [B, R] int64, response_mask [B, R] int64, logprobs [B, R] float32.
 
         ``images``: per-row ``(pixel_values, image_grid_thw)`` lists for a vision-language
         model; the prefill then takes the image patches and M-RoPE positions ``[3, B, P]``
         (:mod:`verity.data.vision_inputs`), and decoded token ``t`` sits at position
-        ``max(prompt positions) + 1 + t`` on all three axes.
+        ``max(prompt positions) + 1 + t`` on all three axes. ``recorder``: the routes of every forward
+        are written into it (a mixture-of-experts model under rollout routing replay).
         """
         device = self.device
         self.sync_generator_device()
@@ -225,8 +240,9 @@ class HFRollout(RolloutEngine):
                 mrope = prefill["position_ids"]  # [3, B, P]; padding columns read 0
                 next_position = (mrope.amax(dim=(0, 2)) + 1).reshape(-1, 1).unsqueeze(0).expand(3, -1, -1)
             cache = reserved_cache(prompt_ids.shape[1] + length)  # appends in place (rollout.kv_cache)
+            recording = {} if recorder is None else {"recorder": recorder}
             next_logits, cache = self._prefill(
-                prompt_ids, attention_mask, prefill, cache, shared=images is None
+                prompt_ids, attention_mask, prefill, cache, shared=images is None, **recording
             )
             banned = vision_token_ids(self.model) if images is not None else []
             for step in range(length):
@@ -262,12 +278,21 @@ class HFRollout(RolloutEngine):
                 )
                 next_logits, cache = output.logits[:, -1, :], output.past_key_values
                 next_position = next_position + 1
+                if recorder is not None:
+                    recorder.step(batch_rows, step)
         finally:
             self.model.train(was_training)
         return responses, response_mask, logprobs
 
     def _prefill(
-        self, prompt_ids: torch.Tensor, attention_mask: torch.Tensor, inputs: dict, cache: Any, *, shared: bool
+        self,
+        prompt_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        inputs: dict,
+        cache: Any,
+        *,
+        shared: bool,
+        recorder: RouteRecorder | None = None,
     ) -> tuple[torch.Tensor, Any]:
         """The prompts' forward pass into ``cache``: ``(logits of the last position [B, V], KV cache of B rows)``.
 
@@ -293,6 +318,8 @@ class HFRollout(RolloutEngine):
                 )
                 cache = output.past_key_values
                 cache.reorder_cache(inverse)
+                if recorder is not None:
+                    recorder.prefill(inverse)
                 return output.logits[inverse, -1, :], cache
         output = self.model(
             input_ids=prompt_ids,
@@ -302,6 +329,8 @@ class HFRollout(RolloutEngine):
             logits_to_keep=1,
             **inputs,
         )
+        if recorder is not None:
+            recorder.prefill()
         return output.logits[:, -1, :], output.past_key_values
 
     # ------------------------------------------------------------------ weights and memory

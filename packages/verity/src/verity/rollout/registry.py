@@ -172,7 +172,10 @@ def _build_hf(ctx: RolloutBuildContext) -> RolloutEngine:
             "the hf rollout serves the policy in-process: RolloutBuildContext.load_policy is required"
         )
     model = ctx.load_policy().to(device=ctx.device, dtype=ctx.dtype).eval()
-    return HFRollout(model, ctx.tokenizer, seed=ctx.seed)
+    moe = getattr(getattr(ctx.cfg, "actor", None), "moe", None)  # rollout routing replay records routes
+    return HFRollout(
+        model, ctx.tokenizer, seed=ctx.seed, record_routes=bool(getattr(moe, "routing_replay", False))
+    )
 
 
 register_rollout_engine("hf", _build_hf, tensor_parallel=True)

@@ -18,6 +18,11 @@ Per-step training metrics (one value per RL step):
 | ``actor/grad_norm`` | global gradient L2 norm before clipping | — |
 | ``actor/lr`` | learning rate in effect | — |
 | ``critic/value_loss``, ``critic/vf_clip_frac`` | value loss and its clip fraction (PPO) | — |
+| ``actor/behaviour_logprob_gap`` | mean over response tokens of ``|log pi - log pi_old|`` in the update; with ``actor.old_logprobs=rollout`` the sampler-vs-trainer gap | nats |
+| ``moe/aux_loss``, ``moe/z_loss`` | a mixture-of-experts actor's load-balancing loss and router z-loss, means over its sparse layers, before ``actor.moe.*_coef`` (docs/algorithms.md, "Mixture of experts") | — |
+| ``moe/router_entropy`` | entropy of the router's distribution over experts, mean over tokens and sparse layers | nats |
+| ``moe/expert_load_max_over_mean``, ``/..._max`` | tokens routed to the busiest expert over the mean per expert, mean over sparse layers / the worst layer (1: balanced) | ratio |
+| ``moe/replay_route_agreement`` | with ``actor.moe.routing_replay``: share of (token, layer) whose own top-k experts equal the rollout's | 0..1 |
 | ``timing/<stage>_s`` | wall seconds spent in one stage of the step | s |
 | ``perf/tokens_per_s`` | tokens (prompt + response) processed per second of step time | tokens/s |
 | ``perf/generated_tokens_per_s`` | response tokens sampled per second of the generate stage | tokens/s |
@@ -61,6 +66,13 @@ ACTOR_GRAD_NORM = "actor/grad_norm"
 ACTOR_LR = "actor/lr"
 CRITIC_VALUE_LOSS = "critic/value_loss"
 CRITIC_VF_CLIP_FRAC = "critic/vf_clip_frac"
+ACTOR_BEHAVIOUR_LOGPROB_GAP = "actor/behaviour_logprob_gap"
+MOE_AUX_LOSS = "moe/aux_loss"
+MOE_Z_LOSS = "moe/z_loss"
+MOE_ROUTER_ENTROPY = "moe/router_entropy"
+MOE_EXPERT_LOAD_MAX_OVER_MEAN = "moe/expert_load_max_over_mean"
+MOE_EXPERT_LOAD_MAX_OVER_MEAN_MAX = "moe/expert_load_max_over_mean_max"
+MOE_REPLAY_ROUTE_AGREEMENT = "moe/replay_route_agreement"
 PERF_TOKENS_PER_S = "perf/tokens_per_s"
 PERF_GENERATED_TOKENS_PER_S = "perf/generated_tokens_per_s"
 PERF_TOTAL_TOKENS = "perf/total_tokens"

@@ -201,8 +201,10 @@ SEQUENCE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 
 def _model_keys(batch: Batch, *keys: str) -> Batch:
-    """``batch.select(keys)`` plus the per-row image keys when the prompts have images, as it goes to workers."""
-    return batch.select(*keys, *(k for k in VISION_KEYS if k in batch))
+    """``batch.select(keys)`` plus the per-row image keys when the prompts have images, and the rollout's
+    ``routed_experts`` when it recorded them (rollout routing replay), as it goes to workers."""
+    extra = [k for k in (*VISION_KEYS, "routed_experts") if k in batch]
+    return batch.select(*keys, *extra)
 
 
 def balanced(request: Batch, on: bool, mini_batch_rows: int = 0, costs: torch.Tensor | None = None) -> Batch:

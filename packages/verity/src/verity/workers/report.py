@@ -39,10 +39,14 @@ class TrainingFacts:
     packed: bool = False
     # fsdp2.ulysses_sequence_parallel_size in effect: ranks each packed micro-batch is split over
     sequence_parallel_size: int = 1
+    # a mixture-of-experts model: its sparse layers (routers found), and whether its passes replay routes
+    moe_layers: int = 0
+    routing_replay: bool = False
 
     @classmethod
     def of(cls, engine: TrainingEngine) -> TrainingFacts:
         """The facts of ``engine``."""
+        router = getattr(engine, "router_terms", None)
         return cls(
             engine=engine.name,
             compute_dtype=str(engine.compute_dtype).removeprefix("torch."),
@@ -56,6 +60,8 @@ class TrainingFacts:
             vocab_sharded=bool(getattr(engine, "vocab_sharded", False)),
             packed=bool(getattr(engine, "packed", False)),
             sequence_parallel_size=int(getattr(getattr(engine, "sp", None), "size", 1)),
+            moe_layers=0 if router is None else int(router.tap.num_layers),
+            routing_replay=router is not None and bool(router.settings.routing_replay),
         )
 
 
@@ -68,6 +74,7 @@ class RolloutFacts:
     attention: str | None
     wrappers: tuple[str, ...] = ()  # what wraps it, innermost first: ("agent",)
     tensor_parallel_size: int = 1  # ranks the built engine splits the policy over
+    records_routes: bool = False  # it returns a mixture-of-experts model's routes (routing replay)
 
     @classmethod
     def of(cls, rollout: RolloutEngine) -> RolloutFacts:
@@ -78,6 +85,7 @@ class RolloutFacts:
             rollout.serving_attention,
             tuple(rollout.wrappers),
             int(rollout.tensor_parallel_size),
+            bool(getattr(rollout, "record_routes", False)),
         )
 
 
@@ -156,6 +164,10 @@ class WorkerReport:
                 out[f"{role}_packed"] = "true"
             if t.sequence_parallel_size > 1:
                 out[f"{role}_sequence_parallel_size"] = str(t.sequence_parallel_size)
+            if t.moe_layers:
+                out[f"{role}_moe_layers"] = str(t.moe_layers)
+            if t.routing_replay:
+                out[f"{role}_routing_replay"] = "true"
         r = self.rollout
         if r is not None:
             out["rollout"] = r.engine
@@ -167,6 +179,8 @@ class WorkerReport:
                 out["rollout_wrappers"] = "+".join(r.wrappers)
             if r.tensor_parallel_size > 1:
                 out["rollout_tensor_parallel_size"] = str(r.tensor_parallel_size)
+            if r.records_routes:
+                out["rollout_records_routes"] = "true"
         if self.adapter:
             out[f"{role}_adapter"] = self.adapter
         if self.weights_loaded == "streamed":
