@@ -115,7 +115,7 @@ class MegatronEngine(TrainingEngine):
         if isinstance(model, (str, Path)):
             model = ModelSource(str(model))
         # a streaming folder: each rank reads only its stage's tensors, one at a time, keeping its TP slice
-        self.streamed = isinstance(model, ModelSource) and model.streams
+        self.streamed = isinstance(model, ModelSource) and (model.streams or model.experts_stored_apart)
         if isinstance(model, ModelSource) and not self.streamed:
             model = model.load_whole()
         if isinstance(model, ModelSource):

@@ -110,18 +110,23 @@ def initialize_layout(tp: int, pp: int, ep: int = 1) -> ParallelLayout:
 
 
 def model_parallel_nodes(layout: ParallelLayout) -> int:
-    """Distinct nodes this rank's model-parallel group (TP x PP) spans, from each rank's ``NODE_RANK``.
+    """Distinct nodes this rank's model-parallel group (TP x PP) spans, from each rank's ``NODE_RANK``;
+    with expert parallelism, the most of that and of its expert-parallel group.
 
-    1 means the group's collectives stay on one node's fast links; more means every layer's
-    tensor-parallel all-reduce crosses the network, which the placement plan exists to avoid.
+    1 means the groups' collectives stay on one node's fast links; more means every layer's
+    tensor-parallel all-reduce (or token all-to-all) crosses the network, which the placement
+    plan exists to avoid.
     """
     import os
 
     mine = os.environ.get("NODE_RANK", "0")
-    size = dist.get_world_size(layout.mp_group)
-    seen: list[str | None] = [None] * size
-    dist.all_gather_object(seen, mine, group=layout.mp_group)
-    return len(set(seen))
+    groups = [layout.mp_group] + ([layout.ep_group] if layout.ep > 1 else [])
+    spans = []
+    for group in groups:
+        seen: list[str | None] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(seen, mine, group=group)
+        spans.append(len(set(seen)))
+    return max(spans)
 
 
 def comm_device(device: torch.device) -> torch.device:
