@@ -1,8 +1,9 @@
-"""GRPO on a tiny Qwen3-MoE with ``actor.engine=megatron`` at EP=2 over 2 Ray workers (gloo), HF rollout.
+"""GRPO on a tiny Qwen3-MoE with ``actor.engine=megatron`` at EP=2 (gloo), HF rollout.
 
-A real `verity train` process, 3 steps: each worker holds 4 of the 8 experts of every layer,
-tokens cross between the two by all-to-all, the rollout gets the experts gathered back after
-every update. The dense digit reward makes every step move the weights.
+A real `verity train` process, 3 steps on 2 Ray workers: each worker holds 4 of the 8 experts of
+every layer, tokens cross between the two by all-to-all, the rollout gets the experts gathered
+back after every update. The dense digit reward makes every step move the weights. Then EP=2 x
+DP=2 on a simulated 2-node cluster (2 workers a node): each EP group is placed on one node.
 """
 
 from __future__ import annotations
@@ -82,3 +83,26 @@ def test_grpo_trains_an_moe_at_ep2(moe_paths, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ran"]["actor"] == "megatron"
     assert summary["ran"]["actor_model_parallel_nodes"] == "1"
+
+
+def test_ep2_x_dp2_on_two_nodes_keeps_each_expert_group_on_a_node(moe_paths, tmp_path):
+    from helpers.sim_cluster import simulated_cluster
+    from verity.config import load_config
+    from verity.launch.run import run_training
+
+    with simulated_cluster(head={"num_cpus": 2}, nodes=[{"num_cpus": 2}]) as cluster:
+        args = moe_args(moe_paths, tmp_path / "run", f"trainer.ray_address={cluster.address}")
+        args = [a for a in args if not a.startswith(("trainer.n_workers=", "trainer.total_steps="))]
+        args += [
+            "trainer.n_workers=4",
+            "trainer.nnodes=2",
+            "trainer.cpus_per_worker=1",
+            "trainer.total_steps=2",
+        ]
+        summary = run_training(load_config(args))
+    ran = summary["ran"]
+    spans = ran["placement.actor"].split(",")
+    assert [span.rsplit(":", 1)[1] for span in spans] == ["0-1", "2-3"]  # ranks node by node
+    assert len({span.rsplit(":", 1)[0] for span in spans}) == 2
+    # each rank all-gathered its EP group's NODE_RANKs: one node per group (rank 0's answer)
+    assert ran["actor"] == "megatron" and ran["actor_model_parallel_nodes"] == "1"
