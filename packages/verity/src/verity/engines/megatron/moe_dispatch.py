@@ -144,7 +144,9 @@ class HostAlltoAllDispatcher(MoEAlltoAllTokenDispatcher):
         self.input_splits = counts.reshape(self.ep_size, self.num_local_experts).sum(dim=1)
         gathered = [torch.empty_like(counts) for _ in range(self.ep_size * self.tp_size)]
         dist.all_gather(gathered, counts, group=self.tp_ep_group)
-        per_expert = torch.stack(gathered).reshape(self.ep_size, self.tp_size, self.num_experts).transpose(0, 1)
+        per_expert = (
+            torch.stack(gathered).reshape(self.ep_size, self.tp_size, self.num_experts).transpose(0, 1)
+        )
         first, last = self.local_expert_indices[0], self.local_expert_indices[-1] + 1
         mine = per_expert[:, :, first:last].contiguous()  # [TP, EP, local experts]: tokens from each rank
         per_rank = mine.sum(dim=2)
@@ -157,10 +159,12 @@ class HostAlltoAllDispatcher(MoEAlltoAllTokenDispatcher):
     def _maybe_dtoh_and_synchronize(
         self, point: str, tokens_per_expert: torch.Tensor | None = None
     ) -> torch.Tensor:
+        """Megatron's device-to-host copy of the split sizes on its CUDA stream; on a host they are there."""
         on_device = tokens_per_expert is not None and tokens_per_expert.is_cuda
-        if on_device or isinstance(self.input_splits, torch.Tensor) and self.input_splits.is_cuda:
+        splits_on_device = isinstance(self.input_splits, torch.Tensor) and self.input_splits.is_cuda
+        if on_device or splits_on_device:
             return super()._maybe_dtoh_and_synchronize(point, tokens_per_expert)
-        return tokens_per_expert  # type: ignore[return-value]  # already on the host
+        return tokens_per_expert  # type: ignore[return-value]
 
     def token_dispatch(self, permutated_local_input_tokens: torch.Tensor, permuted_probs: torch.Tensor):
         """Send each token (and its routing weight) to the EP rank of its expert."""
