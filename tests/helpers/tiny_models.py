@@ -35,6 +35,45 @@ def tiny_qwen2(seed: int = 0, tie_word_embeddings: bool = True):
     return Qwen2ForCausalLM(tiny_qwen2_config(tie_word_embeddings=tie_word_embeddings))
 
 
+def tiny_moe_config(**overrides):
+    """A 2-layer, 64-wide Qwen3-MoE config (8 experts of width 32, top-2) over ``VOCAB`` tokens."""
+    from transformers import Qwen3MoeConfig
+
+    settings = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    settings.update(overrides)
+    return Qwen3MoeConfig(**settings)
+
+
+def tiny_moe(seed: int = 0, **overrides):
+    """The tiny Qwen3-MoE causal LM (float32), initialised from ``torch.manual_seed(seed)``; the router
+    and the q/k norms get random weights so that routing and normalisation are exercised."""
+    from transformers import Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(tiny_moe_config(**overrides))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                param.normal_(0.0, 0.5)
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.uniform_(0.5, 1.5)
+    return model
+
+
 def tiny_value_model(seed: int = 0):
     """The tiny Qwen2 backbone with a scalar head (a critic), as ``workers.critic`` builds it."""
     from transformers import Qwen2ForTokenClassification

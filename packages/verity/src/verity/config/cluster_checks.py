@@ -39,10 +39,14 @@ def model_parallel_size(cfg: Any) -> int:
     """Consecutive actor ranks that must share a node: Megatron's TP x PP group (1 for FSDP2), in
     sync mode the tensor-parallel rollout replica (``rollout.tensor_parallel_size``), and the FSDP2
     sequence-parallel groups of the actor and of a colocated critic
-    (``fsdp2.ulysses_sequence_parallel_size``); the least common multiple of them."""
+    (``fsdp2.ulysses_sequence_parallel_size``), Megatron's expert-parallel group (EP x TP); the least
+    common multiple of them."""
+    from verity.config.megatron_checks import expert_group_size
     from verity.config.rollout_checks import rollout_replica_size
 
-    return math.lcm(_megatron_group(cfg), rollout_replica_size(cfg), _sequence_parallel_group(cfg))
+    return math.lcm(
+        _megatron_group(cfg), rollout_replica_size(cfg), _sequence_parallel_group(cfg), expert_group_size(cfg)
+    )
 
 
 def _sequence_parallel_group(cfg: Any) -> int:
@@ -96,6 +100,7 @@ def validate_cluster_shape(cfg: Any) -> None:
             f"{per_node} actor workers per node is not a multiple of actor.megatron.tensor_parallel_size x "
             f"pipeline_parallel_size = {group}: a model-parallel group must stay inside one node"
         )
+    _check_expert_group_in_node(cfg, per_node)
     sections = {"critic": cfg.critic, "reward_model": cfg.reward_model}
     for name, section in sections.items():
         validate_role_nnodes(name, section.placement, section.n_workers or t.n_workers, section.nnodes)
@@ -111,6 +116,18 @@ def validate_cluster_shape(cfg: Any) -> None:
             f"{', '.join(multi_node)} spans several nodes, which needs a Ray cluster to join: set "
             "trainer.ray_address (auto on a node of the cluster; docs/multi-node.md) or RAY_ADDRESS; without either verity starts "
             "a private cluster of this machine alone"
+        )
+
+
+def _check_expert_group_in_node(cfg: Any, per_node: int | None) -> None:
+    """An expert-parallel group's all-to-all stays on one node's fast links (EP x TP consecutive ranks)."""
+    from verity.config.megatron_checks import expert_group_size
+
+    group = expert_group_size(cfg)
+    if group > 1 and per_node is not None and per_node % group and not cfg.trainer.n_workers % group:
+        raise ConfigError(
+            f"{per_node} actor workers per node is not a multiple of actor.megatron.expert_parallel_size x "
+            f"tensor_parallel_size = {group}: an expert-parallel group's token all-to-all must stay inside one node"
         )
 
 

@@ -19,6 +19,7 @@ from verity.config.cluster_checks import validate_cluster_shape
 from verity.config.errors import ConfigError
 from verity.config.fields import check_fields
 from verity.config.idle_settings import check_idle_settings
+from verity.config.megatron_checks import check_expert_sizes, check_megatron_model
 from verity.config.model_checks import check_model_folders, reject_placeholders
 from verity.config.moe_checks import check_moe
 from verity.config.offload_checks import check_offload
@@ -122,6 +123,7 @@ def validate_config(cfg: VerityConfig, user_keys: set[str] | None = None, source
     check_rollout_parallel(cfg)  # after the folders: it reads the heads from config.json
     check_sequence_parallel(cfg)  # likewise
     check_moe(cfg)  # likewise: the model's experts
+    check_megatron_model(cfg)  # likewise: a mixture of experts that expert_parallel_size divides
     check_trainer(cfg)
     check_offload(cfg)  # after the device name is known to be valid
     from verity.data.verl_dataset import data_file_problem
@@ -362,6 +364,7 @@ def _validate_megatron(cfg: VerityConfig, has_critic: bool) -> None:
             f"trainer.n_workers = {cfg.trainer.n_workers} is not a multiple of actor.megatron."
             f"tensor_parallel_size x pipeline_parallel_size = {model_parallel}"
         )
+    check_expert_sizes(cfg)
     if has_critic:
         raise ConfigError(
             "actor.engine=megatron: runs with a critic are not supported yet (the critic's engine would "

@@ -14,7 +14,10 @@ It can
 
 ``streams`` says whether the second path applies to this folder: it needs the weights in
 safetensors form under the names the module uses. Vision-language checkpoints are renamed
-by transformers while loading, so they load whole.
+by transformers while loading, so they load whole; so are mixture-of-experts checkpoints,
+whose files hold each expert apart and whose modules hold a layer's experts in one 3-D
+tensor (``experts_stored_apart``: the Megatron engine reads those files itself,
+:mod:`verity.engines.megatron.moe_files`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ __all__ = ["KINDS", "ModelSource", "parameters_on_meta"]
 
 # what a role builds from the checkpoint: the transformers auto class and the config changes
 KINDS = ("causal_lm", "value_model", "reward_model")
+# mixture-of-experts models whose transformers module fuses the experts that their files keep apart
+MERGED_EXPERT_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")
 
 
 @contextlib.contextmanager
@@ -102,7 +107,17 @@ class ModelSource:
     @property
     def streams(self) -> bool:
         """Whether a sharding engine can build this model empty and fill it from the files directly."""
-        return has_safetensors(self.path) and self.model_type() not in VISION_LANGUAGE_MODEL_TYPES
+        return (
+            has_safetensors(self.path)
+            and self.model_type() not in VISION_LANGUAGE_MODEL_TYPES
+            and not self.experts_stored_apart
+        )
+
+    @property
+    def experts_stored_apart(self) -> bool:
+        """Whether this is a mixture-of-experts folder whose files may hold each expert's weights apart
+        (``mlp.experts.{e}.gate_proj.weight``) while the module fuses them (``mlp.experts.gate_up_proj``)."""
+        return has_safetensors(self.path) and self.model_type() in MERGED_EXPERT_MODEL_TYPES
 
     @property
     def fresh_parameters(self) -> tuple[str, ...]:

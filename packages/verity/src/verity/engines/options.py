@@ -145,21 +145,40 @@ class MegatronOptions:
             norm and output layer). Must divide the number of layers.
         seed: the seed of Megatron's model-parallel RNG on GPUs (dropout is off; kept for
             reproducible layer construction).
+        expert_parallel_size: for mixture-of-experts models, consecutive data-parallel ranks
+            that split each MoE layer's experts (rank ``r`` of an EP group holds experts
+            ``[r E/EP, (r+1) E/EP)``); each token's hidden state is sent to its top-k
+            experts' ranks and back (all-to-all). Must divide the experts and the
+            data-parallel size; expert gradients are summed over the ``dp / EP`` ranks that
+            hold the same experts.
+        expert_tensor_parallel_size: ranks splitting one expert's weights; ``None`` or 1 only.
     """
 
     tensor_parallel_size: int = 1  # ranks splitting each weight matrix (heads, MLP width, vocabulary)
     pipeline_parallel_size: int = 1  # stages the decoder layers are cut into
     seed: int = 1234  # Megatron's model-parallel RNG seed on GPUs
+    # mixture-of-experts models: consecutive data-parallel ranks (inside a node) that split each MoE
+    # layer's experts, tokens sent to their experts' ranks by an all-to-all. Must divide the number of
+    # experts and the data-parallel size; 1: every rank holds every expert (docs/engines.md, "Mixture of experts")
+    expert_parallel_size: int = 1
+    # ranks splitting each expert's weights; only null or 1 (whole experts) in this version
+    expert_tensor_parallel_size: int | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first setting that is out of range."""
-        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "expert_parallel_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"megatron.{name} must be an int >= 1, got {value!r}")
+        if self.expert_tensor_parallel_size not in (None, 1) or isinstance(self.expert_tensor_parallel_size, bool):
+            raise ValueError(
+                "megatron.expert_tensor_parallel_size must be null or 1 (each expert kept whole on its rank), "
+                f"got {self.expert_tensor_parallel_size!r}"
+            )
 
     def data_parallel_size(self, world_size: int) -> int:
-        """``world_size / (TP * PP)``; ``ValueError`` when it does not divide."""
+        """``world_size / (TP * PP)``; ``ValueError`` when it does not divide, or when
+        ``expert_parallel_size`` does not divide the result (EP groups are cut from data-parallel ranks)."""
         model_parallel = self.tensor_parallel_size * self.pipeline_parallel_size
         if world_size % model_parallel != 0:
             raise ValueError(
@@ -167,4 +186,10 @@ class MegatronOptions:
                 f"x pipeline_parallel_size={self.pipeline_parallel_size} groups: "
                 f"{world_size} is not a multiple of {model_parallel}"
             )
-        return world_size // model_parallel
+        dp = world_size // model_parallel
+        if dp % self.expert_parallel_size:
+            raise ValueError(
+                f"megatron.expert_parallel_size={self.expert_parallel_size} must divide the data-parallel size "
+                f"{dp} (= {world_size} ranks / (tensor_parallel_size x pipeline_parallel_size))"
+            )
+        return dp

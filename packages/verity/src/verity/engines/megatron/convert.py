@@ -16,7 +16,19 @@ Megatron parameter                  HF tensors                         HF dim cu
 ``...linear_fc1.weight``            ``gate_proj``, ``up_proj``         0           ``[gate_r; up_r]``
 ``...linear_fc2.weight``            ``down_proj``                      1           as is
 norms                               ``*layernorm``, ``model.norm``     --          replicated
+``...q_layernorm``/``k_layernorm``  ``q_norm``, ``k_norm`` (Qwen3)     --          replicated
+``...mlp.router.weight``            ``mlp.gate`` ``[E, H]``            --          replicated
+``...local_experts.j.linear_fc1``   ``mlp.experts.gate_up_proj[e]``    --          ``[gate_e; up_e]`` as is
+``...local_experts.j.linear_fc2``   ``mlp.experts.down_proj[e]``       --          as is
 ==================================  =================================  ==========  ===========================
+
+Mixture-of-experts layers (Qwen3-MoE; tensor parallelism 1): HF keeps every expert of a
+layer in two 3-D tensors, ``gate_up_proj [E, 2I, H]`` (gate rows first) and
+``down_proj [E, H, I]``; Megatron's local expert ``j`` on expert-parallel rank ``q`` is
+global expert ``e = q E/EP + j`` (the layer's ``local_expert_indices``) and holds
+``gate_up_proj[e]`` as its ``linear_fc1`` and ``down_proj[e]`` as its ``linear_fc2``
+unchanged. Its :class:`ParamLayout` has kind ``expert`` and that ``e``; the EP rank's
+experts together are the contiguous rows ``[q E/EP, (q+1) E/EP)`` of the HF tensor.
 
 ``q_g`` is the ``H/G`` query heads that share key/value head ``g`` (``G`` KV heads);
 rank ``r`` holds the groups ``[rG/T, (r+1)G/T)``. The vocabulary is padded to
@@ -45,9 +57,11 @@ from torch import nn
 from verity.engines.megatron.model import Qwen2Shape
 
 #: HF dimension each kind is cut along over TP ranks (``None``: replicated)
-SHARD_DIM = {"qkv": 0, "fc1": 0, "column": 0, "vocab": 0, "row": 1, "replicated": None}
+SHARD_DIM = {"qkv": 0, "fc1": 0, "column": 0, "vocab": 0, "row": 1, "replicated": None, "expert": None}
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.linear_fc([12])\.weight$")
+_EXPERT_HF = {"1": "mlp.experts.gate_up_proj", "2": "mlp.experts.down_proj"}
 _LAYER_PARAMS = {
     "input_layernorm.weight": ("replicated", ("input_layernorm.weight",)),
     "self_attention.linear_qkv.weight": (
@@ -62,6 +76,9 @@ _LAYER_PARAMS = {
     "pre_mlp_layernorm.weight": ("replicated", ("post_attention_layernorm.weight",)),
     "mlp.linear_fc1.weight": ("fc1", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
     "mlp.linear_fc2.weight": ("row", ("mlp.down_proj.weight",)),
+    "self_attention.q_layernorm.weight": ("replicated", ("self_attn.q_norm.weight",)),
+    "self_attention.k_layernorm.weight": ("replicated", ("self_attn.k_norm.weight",)),
+    "mlp.router.weight": ("replicated", ("mlp.gate.weight",)),
 }
 
 
@@ -73,6 +90,8 @@ class ParamLayout:
     kind: str
     hf_names: tuple[str, ...]
     duplicate: bool = False
+    #: kind ``expert``: the global expert index ``e`` whose slice ``hf[e]`` this parameter is
+    expert: int | None = None
 
     @property
     def shard_dim(self) -> int | None:
@@ -91,10 +110,15 @@ def param_layouts(model: nn.Module, shape: Qwen2Shape) -> list[ParamLayout]:
         match = _LAYER.match(name)
         if match:
             local, rest = int(match.group(1)), match.group(2)
+            prefix = f"model.layers.{layer_numbers[local] - 1}."
+            expert = _EXPERT.match(rest)
+            if expert:
+                index = int(model.decoder.layers[local].mlp.local_expert_indices[int(expert.group(1))])
+                out.append(ParamLayout(name, "expert", (prefix + _EXPERT_HF[expert.group(2)],), expert=index))
+                continue
             if rest not in _LAYER_PARAMS:
                 raise ValueError(f"megatron engine: no HF name for parameter {name!r}")
             kind, suffixes = _LAYER_PARAMS[rest]
-            prefix = f"model.layers.{layer_numbers[local] - 1}."
             out.append(ParamLayout(name, kind, tuple(prefix + s for s in suffixes)))
         elif name == "embedding.word_embeddings.weight":
             out.append(ParamLayout(name, "vocab", ("model.embed_tokens.weight",)))
@@ -115,22 +139,30 @@ def hf_shapes(shape: Qwen2Shape) -> dict[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (shape.vocab_size, h)}
     for i in range(shape.num_layers):
         p = f"model.layers.{i}."
-        out.update(
-            {
-                p + "self_attn.q_proj.weight": (shape.num_heads * d, h),
-                p + "self_attn.q_proj.bias": (shape.num_heads * d,),
-                p + "self_attn.k_proj.weight": (shape.num_kv_heads * d, h),
-                p + "self_attn.k_proj.bias": (shape.num_kv_heads * d,),
-                p + "self_attn.v_proj.weight": (shape.num_kv_heads * d, h),
-                p + "self_attn.v_proj.bias": (shape.num_kv_heads * d,),
-                p + "self_attn.o_proj.weight": (h, shape.num_heads * d),
-                p + "mlp.gate_proj.weight": (shape.ffn_hidden_size, h),
-                p + "mlp.up_proj.weight": (shape.ffn_hidden_size, h),
-                p + "mlp.down_proj.weight": (h, shape.ffn_hidden_size),
-                p + "input_layernorm.weight": (h,),
-                p + "post_attention_layernorm.weight": (h,),
-            }
-        )
+        out[p + "self_attn.q_proj.weight"] = (shape.num_heads * d, h)
+        if shape.qkv_bias:
+            out[p + "self_attn.q_proj.bias"] = (shape.num_heads * d,)
+        out[p + "self_attn.k_proj.weight"] = (shape.num_kv_heads * d, h)
+        if shape.qkv_bias:
+            out[p + "self_attn.k_proj.bias"] = (shape.num_kv_heads * d,)
+        out[p + "self_attn.v_proj.weight"] = (shape.num_kv_heads * d, h)
+        if shape.qkv_bias:
+            out[p + "self_attn.v_proj.bias"] = (shape.num_kv_heads * d,)
+        out[p + "self_attn.o_proj.weight"] = (h, shape.num_heads * d)
+        if shape.qk_norm:
+            out[p + "self_attn.q_norm.weight"] = (d,)
+            out[p + "self_attn.k_norm.weight"] = (d,)
+        if shape.is_moe:
+            e, f = shape.num_experts, shape.moe_ffn_hidden_size
+            out[p + "mlp.gate.weight"] = (e, h)
+            out[p + "mlp.experts.gate_up_proj"] = (e, 2 * f, h)
+            out[p + "mlp.experts.down_proj"] = (e, h, f)
+        else:
+            out[p + "mlp.gate_proj.weight"] = (shape.ffn_hidden_size, h)
+            out[p + "mlp.up_proj.weight"] = (shape.ffn_hidden_size, h)
+            out[p + "mlp.down_proj.weight"] = (h, shape.ffn_hidden_size)
+        out[p + "input_layernorm.weight"] = (h,)
+        out[p + "post_attention_layernorm.weight"] = (h,)
     out["model.norm.weight"] = (h,)
     if not shape.tie_word_embeddings:
         out["lm_head.weight"] = (shape.vocab_size, h)
@@ -161,7 +193,7 @@ def local_pieces(
     :func:`hf_chunk` of that HF tensor (views where the layout allows, else copies).
     """
     kind = layout.kind
-    if kind in ("replicated", "column", "row"):
+    if kind in ("replicated", "column", "row", "expert"):
         return {layout.hf_names[0]: local}
     if kind == "vocab":
         start, end = _chunk_bounds(shape.vocab_size, tp, tp_rank)
@@ -189,7 +221,7 @@ def join_pieces(
 ) -> torch.Tensor:
     """The rank-local Megatron tensor from this rank's HF pieces (inverse of :func:`local_pieces`)."""
     kind = layout.kind
-    if kind in ("replicated", "column", "row"):
+    if kind in ("replicated", "column", "row", "expert"):
         return pieces[layout.hf_names[0]]
     if kind == "vocab":
         piece = pieces[layout.hf_names[0]]
@@ -222,6 +254,11 @@ def local_from_full(
     missing = [n for n in layout.hf_names if n not in full]
     if missing:
         raise KeyError(f"HF state dict has no {missing} (needed for Megatron parameter {layout.name!r})")
+    if layout.kind == "expert":
+        expert_slice = getattr(full, "expert_slice", None)  # files that hold experts one by one: moe_files
+        if expert_slice is not None:
+            return expert_slice(layout.hf_names[0], layout.expert)
+        return full[layout.hf_names[0]][layout.expert]
     pieces = {n: hf_chunk(full[n], layout.shard_dim, tp, tp_rank) for n in layout.hf_names}
     return join_pieces(layout, pieces, shape, tp, local_shape)
 
@@ -229,7 +266,10 @@ def local_from_full(
 def full_from_locals(
     layout: ParamLayout, locals_by_rank: list[torch.Tensor], shape: Qwen2Shape
 ) -> dict[str, torch.Tensor]:
-    """Full HF tensors from the Megatron tensors of all ``len(locals_by_rank)`` TP ranks, in rank order."""
+    """Full HF tensors from the Megatron tensors of all ``len(locals_by_rank)`` TP ranks, in rank order
+    (an ``expert`` parameter: its one expert's slice, ``[1, ...]``)."""
+    if layout.kind == "expert":
+        return {layout.hf_names[0]: locals_by_rank[0].unsqueeze(0)}
     tp = len(locals_by_rank)
     per_rank = [local_pieces(layout, t, shape, tp, r) for r, t in enumerate(locals_by_rank)]
     dim = layout.shard_dim

@@ -41,10 +41,12 @@ from verity.data.vision_inputs import has_images
 from verity.engines.base import LossFn, TrainingEngine, make_aggregation_context
 from verity.engines.logprobs import logprobs_and_entropy_from_logits
 from verity.engines.megatron import convert
-from verity.engines.megatron.checkpoint import StageMesh, build_state, restore_state
+from verity.engines.megatron.checkpoint import ExpertMesh, StageMesh, build_state, restore_state
 from verity.engines.megatron.full_tensors import iter_full_tensor_buckets
 from verity.engines.megatron.imports import quiet_megatron_import
-from verity.engines.megatron.model import build_gpt_model, qwen2_shape, rotary_inv_freq
+from verity.engines.megatron.model import build_gpt_model, check_divisible, qwen2_shape, rotary_inv_freq
+from verity.engines.megatron.moe_files import ExpertTensors, expected_file_shapes
+from verity.engines.megatron.moe_steps import even_micro_batches, is_expert, real_results, split_expert_params
 from verity.engines.megatron.options import MegatronOptions
 from verity.engines.megatron.parallel import (
     all_reduce_floats,
@@ -113,7 +115,7 @@ class MegatronEngine(TrainingEngine):
         if isinstance(model, (str, Path)):
             model = ModelSource(str(model))
         # a streaming folder: each rank reads only its stage's tensors, one at a time, keeping its TP slice
-        self.streamed = isinstance(model, ModelSource) and model.streams
+        self.streamed = isinstance(model, ModelSource) and (model.streams or model.experts_stored_apart)
         if isinstance(model, ModelSource) and not self.streamed:
             model = model.load_whole()
         if isinstance(model, ModelSource):
@@ -131,18 +133,20 @@ class MegatronEngine(TrainingEngine):
         else:
             weights = convert.hf_state_dict(model)
         tp, pp = self.options.tensor_parallel_size, self.options.pipeline_parallel_size
+        ep = self.options.expert_parallel_size
+        check_divisible(self.shape, tp, pp, ep)
         with quiet_megatron_import():
             import torch.distributed as dist
 
             if dist.is_available() and dist.is_initialized():
                 self.options.data_parallel_size(dist.get_world_size())
-            self.layout = initialize_layout(tp, pp)
+            self.layout = initialize_layout(tp, pp, ep)
             self.model_parallel_nodes = model_parallel_nodes(self.layout)
             if self.device.type == "cuda":
                 from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
                 model_parallel_cuda_manual_seed(self.options.seed)
-            self._module = build_gpt_model(self.shape, tp, pp, self.device, dtype)
+            self._module = build_gpt_model(self.shape, tp, pp, self.device, dtype, ep=ep)
         self.layouts = convert.param_layouts(self._module, self.shape)
         convert.load_hf_into_stage(self._module, self.layouts, weights, self.shape, tp, self.layout.tp_rank)
         del weights
@@ -151,6 +155,7 @@ class MegatronEngine(TrainingEngine):
         self.inv_freq = rotary_inv_freq(self.shape, self.device)
         self.rank, self.world_size = self.layout.dp_rank, self.layout.dp
         self._mesh = StageMesh(self.layout, self.device.type)
+        self._expert_mesh = ExpertMesh(self.layout, self.device.type)
         self.optim_config = optim_config
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
@@ -184,10 +189,14 @@ class MegatronEngine(TrainingEngine):
         full = gather_vocab_parallel(logits, self.layout)[..., : self.shape.vocab_size]
         return full.transpose(0, 1)[:, :-1]
 
-    def _run(self, micros: list[Any], last_fn: Any, backward: bool) -> list[Any]:
+    def _run(self, micros: list[Any], last_fn: Any, backward: bool, spare: Any = None) -> list[Any]:
+        """Run ``micros`` through the stage; with experts split over ranks, every rank of the EP group runs
+        as many micro-batches as the busiest (``spare``'s first row, with a zero loss, fills the gap)."""
         inputs = [model_inputs(m) for m in micros]
-        response_len = get_tensor(micros[0], "responses").shape[1]
-        return run_micro_batches(
+        if self.layout.ep > 1:
+            inputs, last_fn = even_micro_batches(inputs, last_fn, spare, self.layout, self.device, backward)
+        response_len = get_tensor(micros[0] if micros else spare, "responses").shape[1]
+        results = run_micro_batches(
             self._module,
             self.layout,
             inputs,
@@ -198,6 +207,7 @@ class MegatronEngine(TrainingEngine):
             dtype=self.dtype,
             backward=backward,
         )
+        return real_results(results)
 
     # --------------------------------------------------------------- log-probs
     def compute_logprobs(
@@ -225,7 +235,7 @@ class MegatronEngine(TrainingEngine):
 
         self._module.eval()
         with torch.no_grad():
-            parts = self._run(micros, last_fn, backward=False)
+            parts = self._run(micros, last_fn, backward=False, spare=batch)
         parts = broadcast_from_last_stage(parts if self.layout.is_last_stage else None, self.layout)
         logprobs = torch.cat([lp for lp, _ in parts])
         return logprobs, (torch.cat([e for _, e in parts]) if compute_entropy else None)
@@ -301,8 +311,13 @@ class MegatronEngine(TrainingEngine):
         earlier = [p.grad for p in trainable]
         for p in trainable:
             p.grad = None
-        results = self._run(micros, last_fn, backward=True) if rows > 0 else []
-        all_reduce_gradients(trainable, lay.dp_group)
+        if rows > 0 or lay.ep > 1:
+            results = self._run(micros, last_fn, backward=True, spare=batch)
+        else:
+            results = []
+        dense, experts = split_expert_params(self._module, trainable)
+        all_reduce_gradients(dense, lay.dp_group)
+        all_reduce_gradients(experts, lay.expert_dp_group)
         sum_tied_embedding_gradients(*self._tied_pair(), lay)
         for p, grad in zip(trainable, earlier, strict=True):
             if grad is not None:
@@ -346,15 +361,18 @@ class MegatronEngine(TrainingEngine):
 
     def _grad_norm(self) -> float:
         params = dict(self._module.named_parameters())
-        counted = []
+        counted, experts = [], []
         for lay in self.layouts:
             grad = params[lay.name].grad
             if grad is None or lay.duplicate:
                 continue
+            if is_expert(lay):
+                experts.append(grad)  # each EP rank holds other experts: summed over the EP group
+                continue
             if lay.shard_dim is None and self.layout.tp_rank != 0:
                 continue  # replicated over TP: counted on TP rank 0 only
             counted.append(grad)
-        return global_grad_norm(counted, self.layout, self.device)
+        return global_grad_norm(counted, self.layout, self.device, experts if self.shape.is_moe else None)
 
     def optimizer_step(self) -> dict[str, float]:
         """Clip by the global gradient norm, step AdamW and the LR schedule, zero gradients.
@@ -417,7 +435,14 @@ class MegatronEngine(TrainingEngine):
     def state_dict_for_checkpoint(self) -> dict[str, Any]:
         """HF-named ``{"model", "optimizer", "lr_scheduler", "global_step"}`` (see :mod:`.checkpoint`)."""
         state = build_state(
-            self._module, self.layouts, self.shape, self.hf_shapes, self.layout, self._mesh, self.optimizer
+            self._module,
+            self.layouts,
+            self.shape,
+            self.hf_shapes,
+            self.layout,
+            self._mesh,
+            self.optimizer,
+            self._expert_mesh,
         )
         state["global_step"] = self.global_step
         if self.optimizer is not None:
@@ -434,14 +459,17 @@ class MegatronEngine(TrainingEngine):
         self.global_step = int(state.get("global_step", 0))
 
 
-def stage_tensors(source: ModelSource, shape: Any, dtype: torch.dtype) -> TensorsOnDemand:
+def stage_tensors(source: ModelSource, shape: Any, dtype: torch.dtype) -> Mapping[str, torch.Tensor]:
     """``source``'s tensors, read on demand in ``dtype``, after checking every shape against ``shape``.
 
     Raises :class:`~verity.engines.safetensors_files.CheckpointError` naming the first HF
     tensor the files lack or hold at another shape than the config gives.
     """
     files = CheckpointFiles(source.path)
-    for name, expected in convert.hf_shapes(shape).items():
+    expected_shapes = convert.hf_shapes(shape)
+    if shape.is_moe:  # experts may be stored one by one (save_pretrained's layout): moe_files
+        expected_shapes = expected_file_shapes(expected_shapes, set(files.names()))
+    for name, expected in expected_shapes.items():
         if name not in files:
             raise CheckpointError(
                 f"{source.path}: the checkpoint has no tensor {name!r}; a shard is missing or the files "
@@ -453,7 +481,8 @@ def stage_tensors(source: ModelSource, shape: Any, dtype: torch.dtype) -> Tensor
                 f"{source.path}: tensor {name!r} has shape {list(found)} in {files.entries[name].file.name}, "
                 f"but the folder's config.json makes it {list(expected)}"
             )
-    return TensorsOnDemand(files, dtype)
+    tensors = TensorsOnDemand(files, dtype)
+    return ExpertTensors(tensors, shape.num_experts) if shape.is_moe else tensors
 
 
 def _refuse_images(batch: Any) -> None:

@@ -7,7 +7,10 @@ HF tensors: ``[q, k, v]``, ``[gate, up]``, ...), the final norm and the untied
 ``lm_head``. The plan is cut into buckets of at most ``bucket_bytes`` (a group larger
 than that is a bucket alone). For each bucket:
 
-1. the stage owning a group all-gathers its TP pieces (``full_from_locals``);
+1. the stage owning a group all-gathers its TP pieces (``full_from_locals``); a
+   mixture-of-experts layer's ``gate_up_proj`` / ``down_proj`` ``[E, ...]`` is the stack
+   of this rank's experts all-gathered over the expert-parallel group (rank order is
+   expert order);
 2. with pipeline parallelism, each owning stage broadcasts its part of the bucket,
    flattened into one buffer, to the other stages of the same TP/DP coordinates;
 3. the bucket is yielded; peak extra memory is about one bucket of full tensors.
@@ -43,15 +46,20 @@ def global_plan(shape: Qwen2Shape, pp: int) -> list[Unit]:
     """Every non-duplicate parameter group of the whole model, in a fixed order (same on all ranks)."""
     per_stage = shape.num_layers // pp
     units = [Unit("embed", ("model.embed_tokens.weight",), 0)]
-    groups = (
+    groups = [
         ("input_layernorm.weight",),
         ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-        ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"),
-        ("self_attn.o_proj.weight",),
-        ("post_attention_layernorm.weight",),
-        ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
-        ("mlp.down_proj.weight",),
-    )
+    ]
+    if shape.qkv_bias:
+        groups.append(("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"))
+    groups.append(("self_attn.o_proj.weight",))
+    if shape.qk_norm:
+        groups.extend([("self_attn.q_norm.weight",), ("self_attn.k_norm.weight",)])
+    groups.append(("post_attention_layernorm.weight",))
+    if shape.is_moe:
+        groups.extend([("mlp.gate.weight",), ("mlp.experts.gate_up_proj",), ("mlp.experts.down_proj",)])
+    else:
+        groups.extend([("mlp.gate_proj.weight", "mlp.up_proj.weight"), ("mlp.down_proj.weight",)])
     for i in range(shape.num_layers):
         for names in groups:
             hf = tuple(f"model.layers.{i}.{n}" for n in names)
@@ -81,7 +89,10 @@ def iter_full_tensor_buckets(
         device: where the yielded tensors go (default: the compute device).
     """
     params = dict(model.named_parameters())
-    mine = {lay.hf_names[0]: lay for lay in layouts if not lay.duplicate}
+    mine = {lay.hf_names[0]: lay for lay in layouts if not lay.duplicate and lay.kind != "expert"}
+    experts: dict[str, list[ParamLayout]] = {}
+    for lay in sorted((lay for lay in layouts if lay.kind == "expert"), key=lambda lay: lay.expert or 0):
+        experts.setdefault(lay.hf_names[0], []).append(lay)
     shapes = hf_shapes(shape)
     compute_device = next(iter(params.values())).device
     param_dtype = next(iter(params.values())).dtype
@@ -95,6 +106,10 @@ def iter_full_tensor_buckets(
         full: dict[str, torch.Tensor] = {}
         for unit in bucket_units:
             if unit.stage != layout.pp_rank:
+                continue
+            if unit.hf_names[0] in experts:
+                local = torch.stack([select(params[lay.name]).detach() for lay in experts[unit.hf_names[0]]])
+                full[unit.hf_names[0]] = _gather_experts(local, layout)
                 continue
             lay = mine[unit.hf_names[0]]
             local = select(params[lay.name]).detach()
@@ -127,6 +142,15 @@ def _gather_tp(
     parts = [torch.empty_like(local) for _ in range(layout.tp)]
     dist.all_gather(parts, local.contiguous(), group=layout.tp_group)
     return full_from_locals(lay, parts, shape)
+
+
+def _gather_experts(local: torch.Tensor, layout: ParallelLayout) -> torch.Tensor:
+    """``[E/EP, ...]`` experts of this EP rank joined over the EP group to ``[E, ...]`` (rank order)."""
+    if layout.ep == 1:
+        return local
+    parts = [torch.empty_like(local) for _ in range(layout.ep)]
+    dist.all_gather(parts, local.contiguous(), group=layout.ep_group)
+    return torch.cat(parts)
 
 
 def _exchange_stages(

@@ -46,19 +46,38 @@ class Qwen2Shape:
     rms_norm_eps: float
     rope_theta: float
     tie_word_embeddings: bool
+    #: bias on the query/key/value projections (Qwen2), none with Qwen3's per-head q/k RMSNorm
+    qkv_bias: bool = True
+    qk_norm: bool = False
+    #: mixture of experts (Qwen3-MoE: every layer's MLP); 0 experts: a dense model
+    num_experts: int = 0
+    moe_top_k: int = 0
+    moe_ffn_hidden_size: int = 0
+    #: the top-k routing weights renormalised to sum to 1 (HF ``norm_topk_prob``)
+    norm_topk_prob: bool = True
 
     @property
     def heads_per_group(self) -> int:
         """Query heads that share one key/value head (grouped-query attention)."""
         return self.num_heads // self.num_kv_heads
 
+    @property
+    def is_moe(self) -> bool:
+        """Whether every layer's MLP is a routed mixture of experts."""
+        return self.num_experts > 0
 
-SUPPORTED_MODEL_TYPES = ("qwen2",)
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3_moe")
 
 
 def qwen2_shape(hf_config: Any) -> Qwen2Shape:
-    """Read and check an HF Qwen2 config; ``ValueError`` naming what this engine does not support."""
+    """Read and check an HF Qwen2 or Qwen3-MoE config; ``ValueError`` naming what this engine does not support."""
     model_type = getattr(hf_config, "model_type", None)
+    if model_type == "qwen2_moe":
+        raise ValueError(
+            "the megatron engine does not convert model_type 'qwen2_moe' (its sigmoid-gated shared expert "
+            "has no tested Megatron mapping yet); use actor.engine=fsdp2 for Qwen2-MoE models"
+        )
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"the megatron engine converts model_type in {SUPPORTED_MODEL_TYPES}, got {model_type!r}"
@@ -86,6 +105,12 @@ def qwen2_shape(hf_config: Any) -> Qwen2Shape:
     head_dim = int(getattr(hf_config, "head_dim", None) or hidden // heads)
     if heads % kv_heads != 0:
         raise ValueError(f"num_attention_heads={heads} must be a multiple of num_key_value_heads={kv_heads}")
+    if model_type == "qwen3_moe":
+        from verity.engines.megatron.moe_model import qwen3_moe_fields
+
+        moe = qwen3_moe_fields(hf_config)
+    else:
+        moe = {}
     return Qwen2Shape(
         vocab_size=int(hf_config.vocab_size),
         hidden_size=hidden,
@@ -97,11 +122,12 @@ def qwen2_shape(hf_config: Any) -> Qwen2Shape:
         rms_norm_eps=float(hf_config.rms_norm_eps),
         rope_theta=float(theta),
         tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        **moe,
     )
 
 
-def check_divisible(shape: Qwen2Shape, tp: int, pp: int) -> None:
-    """``ValueError`` when the model cannot be cut into ``tp`` x ``pp`` pieces."""
+def check_divisible(shape: Qwen2Shape, tp: int, pp: int, ep: int = 1) -> None:
+    """``ValueError`` when the model cannot be cut into ``tp`` x ``pp`` pieces and its experts over ``ep`` ranks."""
     for what, value, by, name in (
         ("num_attention_heads", shape.num_heads, tp, "tensor_parallel_size"),
         ("num_key_value_heads", shape.num_kv_heads, tp, "tensor_parallel_size"),
@@ -110,6 +136,9 @@ def check_divisible(shape: Qwen2Shape, tp: int, pp: int) -> None:
     ):
         if value % by != 0:
             raise ValueError(f"megatron engine: {what}={value} is not divisible by {name}={by}")
+    from verity.engines.megatron.moe_model import check_expert_split
+
+    check_expert_split(shape, tp, ep)
 
 
 def padded_vocab_size(vocab_size: int, tp: int) -> int:
@@ -175,11 +204,12 @@ class SDPACoreAttention(nn.Module):
 
 
 def build_gpt_model(
-    shape: Qwen2Shape, tp: int, pp: int, device: torch.device, dtype: torch.dtype
+    shape: Qwen2Shape, tp: int, pp: int, device: torch.device, dtype: torch.dtype, ep: int = 1
 ) -> nn.Module:
     """This rank's stage of a Megatron ``GPTModel`` shaped like ``shape`` (weights uninitialised).
 
-    Model-parallel state (``megatron.core.parallel_state``) must be initialised. With
+    A mixture-of-experts shape gets MoE layers holding this rank's ``E / ep`` experts
+    (:mod:`.moe_model`). Model-parallel state (``megatron.core.parallel_state``) must be initialised. With
     tied embeddings and ``pp == 1`` the output layer reuses the embedding parameter;
     with ``pp > 1`` the last stage gets its own copy (``output_layer.weight``) that the
     engine keeps equal to the first stage's embedding (same values, summed gradients).
@@ -189,7 +219,9 @@ def build_gpt_model(
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    check_divisible(shape, tp, pp)
+    from verity.engines.megatron.moe_model import moe_config_fields, use_moe_layer
+
+    check_divisible(shape, tp, pp, ep)
     config = TransformerConfig(
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
@@ -198,7 +230,8 @@ def build_gpt_model(
         num_query_groups=shape.num_kv_heads,
         kv_channels=shape.head_dim,
         add_bias_linear=False,
-        add_qkv_bias=True,
+        add_qkv_bias=shape.qkv_bias,
+        qk_layernorm=shape.qk_norm,
         gated_linear_unit=True,
         activation_func=F.silu,
         normalization="RMSNorm",
@@ -218,9 +251,13 @@ def build_gpt_model(
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
+        **moe_config_fields(shape, ep),
     )
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(
+        num_experts=shape.num_experts or None, qk_layernorm=shape.qk_norm, normalization="RMSNorm"
+    )
     spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    use_moe_layer(spec, shape)
     first = parallel_state.is_pipeline_first_stage()
     last = parallel_state.is_pipeline_last_stage()
     model = GPTModel(

@@ -2,7 +2,9 @@
 
 The world is cut by ``megatron.core.parallel_state`` (order ``tp-cp-ep-dp-pp``):
 tensor-parallel peers are consecutive ranks, then data-parallel replicas, then
-pipeline stages. This module wraps those groups in :class:`ParallelLayout` and adds
+pipeline stages; for a mixture-of-experts model, each run of ``EP`` consecutive
+data-parallel ranks of a stage splits the experts (an expert-parallel group; the tokens'
+all-to-all stays inside it, and inside a node: :mod:`verity.config.cluster_checks`). This module wraps those groups in :class:`ParallelLayout` and adds
 the few collectives the engine needs beyond Megatron's layers, written with plain
 ``torch.distributed`` calls so that they run on gloo (CPU) and nccl (GPU) alike:
 
@@ -12,7 +14,7 @@ the few collectives the engine needs beyond Megatron's layers, written with plai
 - point-to-point sends of activations and their gradients between pipeline stages;
 - the data-parallel SUM of gradients, and the sum of tied-embedding gradients
   between the first and last pipeline stage;
-- the global gradient norm over all TP/PP shards, counting replicated parameters once.
+- the global gradient norm over all TP/PP shards and experts, counting replicated parameters once.
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ class ParallelLayout:
     dp_group: Any
     mp_group: Any
     world_rank: int
+    #: expert parallelism (MoE): ``ep`` consecutive data-parallel ranks split the experts; the
+    #: ``dp / ep`` ranks holding the same experts (the expert data-parallel group) sum their gradients
+    ep: int = 1
+    ep_rank: int = 0
+    ep_group: Any = None
+    expert_dp_group: Any = None
 
     @property
     def is_first_stage(self) -> bool:
@@ -53,8 +61,9 @@ class ParallelLayout:
         return dist.get_global_rank(self.pp_group, stage) if self.pp_group is not None else self.world_rank
 
 
-def initialize_layout(tp: int, pp: int) -> ParallelLayout:
-    """Cut the default process group into TP x DP x PP with ``megatron.core.parallel_state``.
+def initialize_layout(tp: int, pp: int, ep: int = 1) -> ParallelLayout:
+    """Cut the default process group into TP x DP x PP with ``megatron.core.parallel_state``, and the
+    data-parallel ranks of each stage into groups of ``ep`` consecutive ranks that split the experts.
 
     Re-cuts it if a different layout was initialised before in this process.
     """
@@ -69,6 +78,7 @@ def initialize_layout(tp: int, pp: int) -> ParallelLayout:
         same = (
             ps.get_tensor_model_parallel_world_size() == tp
             and ps.get_pipeline_model_parallel_world_size() == pp
+            and ps.get_expert_model_parallel_world_size() == ep
         )
         if not same:
             ps.destroy_model_parallel()
@@ -76,6 +86,8 @@ def initialize_layout(tp: int, pp: int) -> ParallelLayout:
         ps.initialize_model_parallel(
             tensor_model_parallel_size=tp,
             pipeline_model_parallel_size=pp,
+            expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=1 if ep > 1 else None,
             create_gloo_process_groups=False,
         )
     return ParallelLayout(
@@ -90,22 +102,31 @@ def initialize_layout(tp: int, pp: int) -> ParallelLayout:
         dp_group=ps.get_data_parallel_group(),
         mp_group=ps.get_model_parallel_group(),
         world_rank=dist.get_rank(),
+        ep=ep,
+        ep_rank=ps.get_expert_model_parallel_rank(),
+        ep_group=ps.get_expert_model_parallel_group(),
+        expert_dp_group=ps.get_expert_data_parallel_group(),
     )
 
 
 def model_parallel_nodes(layout: ParallelLayout) -> int:
-    """Distinct nodes this rank's model-parallel group (TP x PP) spans, from each rank's ``NODE_RANK``.
+    """Distinct nodes this rank's model-parallel group (TP x PP) spans, from each rank's ``NODE_RANK``;
+    with expert parallelism, the most of that and of its expert-parallel group.
 
-    1 means the group's collectives stay on one node's fast links; more means every layer's
-    tensor-parallel all-reduce crosses the network, which the placement plan exists to avoid.
+    1 means the groups' collectives stay on one node's fast links; more means every layer's
+    tensor-parallel all-reduce (or token all-to-all) crosses the network, which the placement
+    plan exists to avoid.
     """
     import os
 
     mine = os.environ.get("NODE_RANK", "0")
-    size = dist.get_world_size(layout.mp_group)
-    seen: list[str | None] = [None] * size
-    dist.all_gather_object(seen, mine, group=layout.mp_group)
-    return len(set(seen))
+    groups = [layout.mp_group] + ([layout.ep_group] if layout.ep > 1 else [])
+    spans = []
+    for group in groups:
+        seen: list[str | None] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(seen, mine, group=group)
+        spans.append(len(set(seen)))
+    return max(spans)
 
 
 def comm_device(device: torch.device) -> torch.device:
@@ -192,18 +213,33 @@ def sum_tied_embedding_gradients(
     param.grad = grad + other if layout.is_first_stage else other + grad
 
 
-def global_grad_norm(counted: list[torch.Tensor], layout: ParallelLayout, device: torch.device) -> float:
+def global_grad_norm(
+    counted: list[torch.Tensor],
+    layout: ParallelLayout,
+    device: torch.device,
+    experts: list[torch.Tensor] | None = None,
+) -> float:
     """L2 norm of the whole model's gradient from this rank's share ``counted``.
 
     ``counted`` must hold each gradient element of the model exactly once over the
     model-parallel group (TP-split tensors on every TP rank, replicated ones on TP rank
     0 only, a tied duplicate on one stage only); the squares are summed over that group.
-    Data-parallel replicas hold identical gradients and are not summed.
+    ``experts`` are this rank's experts' gradients, whose squares are first summed over the
+    expert-parallel group (each EP rank holds other experts). Data-parallel replicas hold
+    identical gradients and are not summed.
     """
     total = torch.zeros((), dtype=torch.float64, device=device)
     for g in counted:
         total += g.detach().double().pow(2).sum()
     total = total.to(comm_device(device))
+    if experts is not None:
+        expert_total = torch.zeros((), dtype=torch.float64, device=device)
+        for g in experts:
+            expert_total += g.detach().double().pow(2).sum()
+        expert_total = expert_total.to(comm_device(device))
+        if layout.ep > 1:
+            dist.all_reduce(expert_total, group=layout.ep_group)
+        total = total + expert_total
     if layout.mp_group is not None and dist.get_world_size(layout.mp_group) > 1:
         dist.all_reduce(total, group=layout.mp_group)
     return float(total.sqrt())
