@@ -41,6 +41,13 @@ def test_routing_replay_needs_an_engine_that_records_and_replays(override, messa
         load_config([MOE, REPLAY, override])
 
 
+def test_routing_replay_with_the_agent_loop_is_refused():
+    agent = ["rollout.agent.enabled=true", "rollout.agent.tools=[{class_name: calculator}]"]
+    with pytest.raises(ConfigError, match=r"routing_replay=true needs single-turn rollouts: the agent loop"):
+        load_config([MOE, REPLAY, *agent])
+    assert load_config([MOE, *agent]).rollout.agent.enabled  # without replay the MoE agent run is fine
+
+
 def test_a_negative_coefficient_is_refused():
     with pytest.raises(ConfigError, match=r"actor.moe.aux_loss_coef"):
         load_config([MOE, "actor.moe.aux_loss_coef=-1"])

@@ -71,3 +71,8 @@ def check_moe(cfg: Any) -> None:
         raise ConfigError(
             f"{key} needs rollout.tensor_parallel_size=1, not {cfg.rollout.tensor_parallel_size}"
         )
+    if cfg.rollout.agent.enabled:
+        raise ConfigError(
+            f"{key} needs single-turn rollouts: the agent loop (rollout.agent.enabled=true) generates "
+            "request by request, and its requests record no routes"
+        )
