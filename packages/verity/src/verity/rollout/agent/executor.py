@@ -1,10 +1,16 @@
 """Running tool calls: each in a worker process with a deadline; every failure becomes an answer.
 
-:class:`ToolExecutor` takes the calls of one round (all rows' calls together), checks
-each (known tool, arguments that fit its schema) and runs the rest in a
-:class:`~verity.rewards.process_pool.TimeoutPool` — the pool the reward manager uses —
-with each tool's timeout. Whatever happens, every call gets one :class:`CallOutcome`:
-the text the model reads next and a status, ``ok`` or the kind of failure:
+:class:`ToolExecutor` takes calls one by one as the trajectories write them
+(:meth:`ToolExecutor.submit`, which never waits), checks each (known tool, arguments that
+fit its schema) and runs the rest in a :class:`~verity.rewards.process_pool.TimeoutPool`
+— the pool the reward manager uses — with each tool's timeout; :meth:`ToolExecutor.poll`
+hands back the calls that finished. At most ``workers`` calls run at once
+(``rollout.agent.tool_workers``), and at most a tool's ``max_concurrent`` calls of that
+tool; the others wait in a first-in first-out queue (a call held back by its tool's cap
+does not hold back calls of other tools). A call's deadline counts from when it starts
+running; its time in the queue is reported apart (:attr:`CallOutcome.queued_s`).
+Whatever happens, every call gets one :class:`CallOutcome`: the text the model reads
+next and a status, ``ok`` or the kind of failure:
 
 ==================  =====================================================================
 ``parse``           the model's call could not be read (counted by the loop; see parsers)
@@ -18,10 +24,10 @@ the text the model reads next and a status, ``ok`` or the kind of failure:
 ``crash``           the tool's process died (segfault, ``os._exit``, out of memory)
 ==================  =====================================================================
 
-An error answer reads ``Error: <what happened>``. A round therefore always returns,
-in at most about ``ceil(calls / tool_workers) x timeout`` seconds, however the tools
-behave. With ``tool_workers = 0`` calls run in the calling process without deadlines
-(for debugging trusted tools only: a hanging tool then hangs the rollout).
+An error answer reads ``Error: <what happened>``. Every call therefore finishes within its
+queue wait plus its timeout, however the tools behave, and a hanging call holds only its
+own worker. With ``tool_workers = 0`` calls run in the calling process, one at a time,
+without deadlines (for debugging trusted tools only: a hanging tool then hangs the rollout).
 """
 
 from __future__ import annotations
@@ -62,11 +68,15 @@ class CallRequest:
 
 @dataclass
 class CallOutcome:
-    """What one call produced: the ``text`` the model reads, ``status`` (``ok`` or an error kind), seconds."""
+    """What one call produced: the ``text`` the model reads, ``status`` (``ok`` or an error kind).
+
+    ``seconds``: how long it ran; ``queued_s``: how long it waited for a free worker first.
+    """
 
     text: str
     status: str = "ok"
     seconds: float = 0.0
+    queued_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -105,12 +115,25 @@ def _cleanup_after_killed_worker(pid: int) -> None:
     cleanup_after_worker(pid)
 
 
+@dataclass
+class _Call:
+    """A submitted call the executor still owes an outcome for."""
+
+    ticket: int
+    spec: ToolSpec
+    task: tuple
+    submitted: float
+    started: float | None = None
+
+
 class ToolExecutor:
-    """Runs rounds of tool calls (see the module docstring).
+    """Runs tool calls with caps, a queue and deadlines (see the module docstring).
 
     Args:
-        specs: the resolved tools (:func:`verity.rollout.agent.tools.resolve_tools`).
-        workers: worker processes (0: run in this process, no deadlines).
+        specs: the resolved tools (:func:`verity.rollout.agent.tools.resolve_tools`); each
+            spec's ``max_concurrent`` caps its own calls running at once.
+        workers: worker processes, and so calls running at once (0: run in this process,
+            one at a time, no deadlines).
         max_chars: characters of an answer kept before tokenization.
     """
 
@@ -119,6 +142,10 @@ class ToolExecutor:
         self.workers = workers
         self.max_chars = max_chars
         self._pool: Any = None
+        self._next_ticket = 0
+        self._queue: list[_Call] = []  # waiting to start, in submission order
+        self._running: dict[int, _Call] = {}  # pool ticket -> call
+        self._finished: list[tuple[int, CallOutcome]] = []  # answered, not yet handed back by poll
 
     def _get_pool(self) -> Any:
         if self._pool is None:
@@ -129,60 +156,107 @@ class ToolExecutor:
             )
         return self._pool
 
-    def run(self, requests: list[CallRequest]) -> list[CallOutcome]:
-        """One :class:`CallOutcome` per request, in order (never raises for a tool's behaviour)."""
-        outcomes: list[CallOutcome | None] = [None] * len(requests)
-        runnable: list[int] = []
-        for index, request in enumerate(requests):
-            spec = self.specs.get(request.name)
-            if spec is None:
-                known = ", ".join(sorted(self.specs))
-                outcomes[index] = CallOutcome(
-                    error_answer(f"there is no tool {request.name!r}; tools: {known}"), "unknown_tool"
-                )
-                continue
-            problems = argument_problems(request.arguments, spec.schema.parameters)
-            if problems:
-                outcomes[index] = CallOutcome(
-                    error_answer(f"bad arguments for {spec.name}: {'; '.join(problems[:3])}"), "bad_arguments"
-                )
-                continue
-            runnable.append(index)
-        tasks = [
-            (self.specs[requests[i].name], requests[i].arguments, requests[i].row_kwargs, self.max_chars)
-            for i in runnable
-        ]
-        for index, outcome in zip(runnable, self._execute(tasks), strict=True):
-            outcomes[index] = outcome
-        return [o if o is not None else CallOutcome(error_answer("lost call"), "crash") for o in outcomes]
+    # ------------------------------------------------------------------ one call at a time
+    def submit(self, request: CallRequest) -> int:
+        """Queue ``request`` (it starts at once when the caps allow); return its ticket, never waiting.
 
-    def _execute(self, tasks: list[tuple]) -> list[CallOutcome]:
-        if not tasks:
-            return []
+        A call to an unknown tool or with arguments that do not fit the schema is answered
+        at once (its outcome comes from the next :meth:`poll`).
+        """
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        now = time.monotonic()
+        spec = self.specs.get(request.name)
+        if spec is None:
+            known = ", ".join(sorted(self.specs))
+            message = f"there is no tool {request.name!r}; tools: {known}"
+            self._finished.append((ticket, CallOutcome(error_answer(message), "unknown_tool")))
+            return ticket
+        problems = argument_problems(request.arguments, spec.schema.parameters)
+        if problems:
+            message = f"bad arguments for {spec.name}: {'; '.join(problems[:3])}"
+            self._finished.append((ticket, CallOutcome(error_answer(message), "bad_arguments")))
+            return ticket
+        task = (spec, request.arguments, request.row_kwargs, self.max_chars)
+        self._queue.append(_Call(ticket, spec, task, now))
+        self._start_queued()
+        return ticket
+
+    def busy(self) -> int:
+        """Calls submitted and not yet handed back by :meth:`poll` (queued, running or answered)."""
+        return len(self._queue) + len(self._running) + len(self._finished)
+
+    def poll(self, wait: bool = False) -> list[tuple[int, CallOutcome]]:
+        """``(ticket, outcome)`` of the calls answered since the last poll, in the order they finished.
+
+        ``wait``: block until at least one call is answered (returns at once when none is
+        submitted); otherwise never blocks.
+        """
+        while True:
+            self._start_queued()
+            if self._running:
+                self._collect(None if wait and not self._finished else 0.0)
+                self._start_queued()
+            if self._finished or not wait or not (self._queue or self._running):
+                done, self._finished = self._finished, []
+                return done
+
+    def _start_queued(self) -> None:
+        """Start queued calls, oldest first, while the worker cap and their tools' caps allow."""
         if self.workers == 0:
-            results = []
-            for task in tasks:
-                start = time.perf_counter()
-                kind, text = run_call(*task)
-                results.append(self._answer(task[0], kind, text, time.perf_counter() - start))
-            return results
-        timeouts = [task[0].timeout_s for task in tasks]
-        pool_outcomes = self._get_pool().map(run_call, tasks, timeouts)
-        results = []
-        for task, outcome in zip(tasks, pool_outcomes, strict=True):
-            spec = task[0]
-            if outcome.status == "ok":
-                kind, text = outcome.value
-                results.append(self._answer(spec, kind, text, outcome.elapsed_s))
-            elif outcome.status == "timeout":
-                message = f"{spec.name} did not answer within {spec.timeout_s:g} s"
-                results.append(CallOutcome(error_answer(message), "timeout", outcome.elapsed_s))
-            else:
-                reason = (outcome.error or "").strip().splitlines()
-                reason_text = reason[0] if reason else "no reason"
-                message = f"{spec.name} crashed ({reason_text})"
-                results.append(CallOutcome(error_answer(message), "crash", outcome.elapsed_s))
-        return results
+            while self._queue:
+                call = self._queue.pop(0)
+                start = time.monotonic()
+                kind, text = run_call(*call.task)
+                outcome = self._answer(call.spec, kind, text, time.monotonic() - start)
+                outcome.queued_s = start - call.submitted
+                self._finished.append((call.ticket, outcome))
+            return
+        per_tool: dict[str, int] = {}
+        for call in self._running.values():
+            per_tool[call.spec.name] = per_tool.get(call.spec.name, 0) + 1
+        waiting: list[_Call] = []
+        for call in self._queue:
+            cap = call.spec.max_concurrent
+            if len(self._running) >= self.workers or (cap is not None and per_tool.get(call.spec.name, 0) >= cap):
+                waiting.append(call)
+                continue
+            call.started = time.monotonic()
+            self._running[self._get_pool().submit(run_call, call.task, call.spec.timeout_s)] = call
+            per_tool[call.spec.name] = per_tool.get(call.spec.name, 0) + 1
+        self._queue = waiting
+
+    def _collect(self, wait_s: float | None) -> None:
+        for pool_ticket, outcome in self._get_pool().collect(wait_s).items():
+            call = self._running.pop(pool_ticket)
+            result = self._from_pool(call.spec, outcome)
+            result.queued_s = (call.started or call.submitted) - call.submitted
+            self._finished.append((call.ticket, result))
+
+    # ------------------------------------------------------------------ a round at once
+    def run(self, requests: list[CallRequest]) -> list[CallOutcome]:
+        """One :class:`CallOutcome` per request, in order (never raises for a tool's behaviour).
+
+        Submits them all and waits for every one; calls submitted before and not yet
+        polled are polled here too, and their outcomes are dropped.
+        """
+        tickets = [self.submit(request) for request in requests]
+        outcomes: dict[int, CallOutcome] = {}
+        wanted = set(tickets)
+        while not wanted.issubset(outcomes):
+            outcomes.update(self.poll(wait=True))
+        return [outcomes[t] for t in tickets]
+
+    def _from_pool(self, spec: ToolSpec, outcome: Any) -> CallOutcome:
+        if outcome.status == "ok":
+            kind, text = outcome.value
+            return self._answer(spec, kind, text, outcome.elapsed_s)
+        if outcome.status == "timeout":
+            message = f"{spec.name} did not answer within {spec.timeout_s:g} s"
+            return CallOutcome(error_answer(message), "timeout", outcome.elapsed_s)
+        reason = (outcome.error or "").strip().splitlines()
+        reason_text = reason[0] if reason else "no reason"
+        return CallOutcome(error_answer(f"{spec.name} crashed ({reason_text})"), "crash", outcome.elapsed_s)
 
     @staticmethod
     def _answer(spec: ToolSpec, kind: str, text: str, seconds: float) -> CallOutcome:
@@ -193,7 +267,8 @@ class ToolExecutor:
         return CallOutcome(error_answer(f"{spec.name} failed: {text}"), kind, seconds)
 
     def close(self) -> None:
-        """Stop the worker processes (a later :meth:`run` starts new ones)."""
+        """Stop the worker processes and drop unfinished calls (a later call starts new workers)."""
+        self._queue, self._running, self._finished = [], {}, []
         if self._pool is not None:
             with contextlib.suppress(Exception):
                 self._pool.close()
@@ -202,4 +277,5 @@ class ToolExecutor:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_pool"] = None
+        state["_queue"], state["_running"], state["_finished"] = [], {}, []
         return state
