@@ -73,7 +73,9 @@ def test_a_tool_cap_queues_its_calls_in_order_while_other_tools_run() -> None:
     assert [t for t, _ in finished if t in stamps] == stamps
     assert by_ticket[stamps[0]].queued_s < by_ticket[stamps[1]].queued_s < by_ticket[stamps[2]].queued_s
     # the echo call, submitted after the queued stamps, was not held behind them
-    assert [t for t, _ in finished].index(echo) < [t for t, _ in finished].index(stamps[1])
+    assert [t for t, _ in finished].index(echo) < [t for t, _ in finished].index(stamps[1]), [
+        (t, o.status, round(o.seconds, 3), round(o.queued_s, 3), o.text[:30]) for t, o in finished
+    ]
     assert by_ticket[echo].ok
 
 
@@ -108,7 +110,8 @@ def test_hanging_raising_and_flooding_tools_are_answered_and_hold_up_nothing_els
         executor.close()
     order = [t for t, _ in finished]
     outcome = dict(finished)
-    assert order[-1] == hang and sorted(order[:-1]) == sorted(others)
+    details = [(t, o.status, round(o.seconds, 3), round(o.queued_s, 3)) for t, o in finished]
+    assert order[-1] == hang and sorted(order[:-1]) == sorted(others), details
     assert outcome[hang].status == "timeout" and outcome[hang].text == "Error: hang did not answer within 3 s"
     assert outcome[others[0]].status == "exception"
     assert outcome[others[1]].ok and outcome[others[1]].text == "y" * 1000  # cut to max_chars

@@ -1,7 +1,7 @@
 """Agent rollouts with a slow, heavy-tailed tool: request-level loop against the turn-synchronous barrier.
 
     python packages/verity/benchmarks/bench_agent_rollout.py [--rows 64] [--tool-workers 32]
-        [--slow-share 0.2] [--slow-s 2.0] [--fast-s 0.05] [--repeats 2] [--hidden 128] [--layers 4]
+        [--slow-share 0.2] [--slow-s 2.0] [--fast-s 0.05] [--repeats 2] [--hidden 64] [--layers 2]
 
 Each of ``rows`` trajectories calls the tool ``lookup`` 2, 3 or 4 times (3-5 model turns,
 chosen by a seeded draw per row) and then answers. Every call sleeps ``slow-s`` seconds with
@@ -153,8 +153,8 @@ def main() -> None:
     parser.add_argument("--slow-s", type=float, default=2.0)
     parser.add_argument("--fast-s", type=float, default=0.05)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--budget", type=int, default=400)
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -370,17 +370,23 @@ class TimeoutPool:
             self._send_submitted()
         return ticket
 
-    def collect(self, wait_s: float | None = 0.0) -> dict[int, TaskOutcome]:
+    def collect(self, wait_s: float | None = 0.0, wake: Sequence[Any] = ()) -> dict[int, TaskOutcome]:
         """Outcomes of submitted tasks that finished since the last call, by ticket.
 
-        Waits at most ``wait_s`` seconds (None: until a task finishes, a deadline passes or
-        a worker starts or dies) when nothing has finished yet; may return an empty dict.
+        Waits at most ``wait_s`` seconds (None: until a task finishes, a deadline passes, a
+        worker starts or dies, or one of ``wake`` — file descriptors or connections — is
+        readable) when nothing has finished yet; may return an empty dict.
         """
         with self._lock:
             self._send_submitted()
             busy = any(w.task_index is not None for w in self._workers)
             if not self._submitted_done and (busy or self._submitted_queue):
-                self._wait_and_collect(self._submitted_done, self._submitted_timeouts, max_wait=wait_s)  # type: ignore[arg-type]
+                self._wait_and_collect(
+                    self._submitted_done,  # type: ignore[arg-type]
+                    self._submitted_timeouts,  # type: ignore[arg-type]
+                    max_wait=wait_s,
+                    wake=wake,
+                )
                 self._send_submitted()
             done, self._submitted_done = self._submitted_done, {}
             for ticket in done:
@@ -444,6 +450,7 @@ class TimeoutPool:
         timeouts: list[float],
         watch_stalls: bool = False,
         max_wait: float | None = None,
+        wake: Sequence[Any] = (),
     ) -> None:
         """Wait for the next result, worker start, death, deadline or stall (at most ``max_wait`` s), and record what happened."""
         now = time.monotonic()
@@ -455,7 +462,7 @@ class TimeoutPool:
         limit = max(0.0, min(deadlines) - now) if deadlines else None
         if max_wait is not None:
             limit = max_wait if limit is None else min(limit, max_wait)
-        ready = set(wait(watched, timeout=limit))
+        ready = set(wait([*watched, *wake], timeout=limit))
         now = time.monotonic()
         for worker in list(self._workers):
             has_message = worker.conn in ready or (worker.process.sentinel in ready and worker.conn.poll())

@@ -33,6 +33,8 @@ without deadlines (for debugging trusted tools only: a hanging tool then hangs t
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,6 +111,15 @@ def run_call(
     return "ok", text
 
 
+def _import_modules(names: tuple[str, ...]) -> None:
+    """A tool process's start-up step: import the executor and the tools' modules (never charged to a call)."""
+    import importlib
+
+    for name in names:
+        with contextlib.suppress(Exception):  # a broken tool module shows up as its calls' errors
+            importlib.import_module(name)
+
+
 def _cleanup_after_killed_worker(pid: int) -> None:
     from verity.rewards.sandbox import cleanup_after_worker
 
@@ -142,17 +153,29 @@ class ToolExecutor:
         self.workers = workers
         self.max_chars = max_chars
         self._pool: Any = None
+        self._init_runtime()
+
+    def _init_runtime(self) -> None:
+        """The queue, the running calls and the thread that starts and collects them."""
+        self._cv = threading.Condition()
         self._next_ticket = 0
         self._queue: list[_Call] = []  # waiting to start, in submission order
         self._running: dict[int, _Call] = {}  # pool ticket -> call
         self._finished: list[tuple[int, CallOutcome]] = []  # answered, not yet handed back by poll
+        self._pump: threading.Thread | None = None
+        self._closing = False
+        self._wake_r, self._wake_w = -1, -1
 
     def _get_pool(self) -> Any:
         if self._pool is None:
             from verity.rewards.process_pool import TimeoutPool
 
+            modules = {__name__, *(spec.target.partition(":")[0] for spec in self.specs.values())}
             self._pool = TimeoutPool(
-                self.workers, preload=_PRELOAD, on_worker_killed=_cleanup_after_killed_worker
+                self.workers,
+                preload=_PRELOAD,
+                on_worker_killed=_cleanup_after_killed_worker,
+                initializer=(_import_modules, (tuple(sorted(modules)),)),
             )
         return self._pool
 
@@ -161,30 +184,43 @@ class ToolExecutor:
         """Queue ``request`` (it starts at once when the caps allow); return its ticket, never waiting.
 
         A call to an unknown tool or with arguments that do not fit the schema is answered
-        at once (its outcome comes from the next :meth:`poll`).
+        at once (its outcome comes from the next :meth:`poll`). With ``workers = 0`` the
+        call runs here, before this returns.
         """
-        ticket = self._next_ticket
-        self._next_ticket += 1
-        now = time.monotonic()
+        with self._cv:
+            ticket = self._next_ticket
+            self._next_ticket += 1
         spec = self.specs.get(request.name)
         if spec is None:
             known = ", ".join(sorted(self.specs))
             message = f"there is no tool {request.name!r}; tools: {known}"
-            self._finished.append((ticket, CallOutcome(error_answer(message), "unknown_tool")))
+            self._deliver([(ticket, CallOutcome(error_answer(message), "unknown_tool"))])
             return ticket
         problems = argument_problems(request.arguments, spec.schema.parameters)
         if problems:
             message = f"bad arguments for {spec.name}: {'; '.join(problems[:3])}"
-            self._finished.append((ticket, CallOutcome(error_answer(message), "bad_arguments")))
+            self._deliver([(ticket, CallOutcome(error_answer(message), "bad_arguments"))])
             return ticket
         task = (spec, request.arguments, request.row_kwargs, self.max_chars)
-        self._queue.append(_Call(ticket, spec, task, now))
-        self._start_queued()
+        call = _Call(ticket, spec, task, time.monotonic())
+        if self.workers == 0:
+            start = time.monotonic()
+            kind, text = run_call(*task)
+            outcome = self._answer(spec, kind, text, time.monotonic() - start)
+            outcome.queued_s = start - call.submitted
+            self._deliver([(ticket, outcome)])
+            return ticket
+        with self._cv:
+            self._queue.append(call)
+            self._ensure_pump()
+            self._cv.notify_all()
+        os.write(self._wake_w, b"x")  # the pump may be waiting on the pool: start the call now
         return ticket
 
     def busy(self) -> int:
         """Calls submitted and not yet handed back by :meth:`poll` (queued, running or answered)."""
-        return len(self._queue) + len(self._running) + len(self._finished)
+        with self._cv:
+            return len(self._queue) + len(self._running) + len(self._finished)
 
     def poll(self, wait: bool = False) -> list[tuple[int, CallOutcome]]:
         """``(ticket, outcome)`` of the calls answered since the last poll, in the order they finished.
@@ -192,46 +228,97 @@ class ToolExecutor:
         ``wait``: block until at least one call is answered (returns at once when none is
         submitted); otherwise never blocks.
         """
+        with self._cv:
+            while wait and not self._finished and (self._queue or self._running):
+                self._cv.wait()
+            done, self._finished = self._finished, []
+        return done
+
+    def _deliver(self, outcomes: list[tuple[int, CallOutcome]]) -> None:
+        with self._cv:
+            self._finished += outcomes
+            self._cv.notify_all()
+
+    def _ensure_pump(self) -> None:
+        """Start the thread that starts and collects calls (the caller holds the condition)."""
+        if self._pump is not None and self._pump.is_alive():
+            return
+        if self._wake_r < 0:
+            self._wake_r, self._wake_w = os.pipe()
+            os.set_blocking(self._wake_r, False)
+        self._closing = False
+        self._pump = threading.Thread(target=self._pump_loop, name="verity-tool-calls", daemon=True)
+        self._pump.start()
+
+    def _pump_loop(self) -> None:
+        """Start queued calls as the caps allow and hand back finished ones, until closed.
+
+        Runs in its own thread, so calls start and finish while the loop's thread is in the
+        engine; it waits on the pool's workers and on a wake-up pipe, never spins.
+        """
         while True:
-            self._start_queued()
-            if self._running:
-                self._collect(None if wait and not self._finished else 0.0)
-                self._start_queued()
-            if self._finished or not wait or not (self._queue or self._running):
-                done, self._finished = self._finished, []
-                return done
+            with self._cv:
+                while not self._closing and not self._queue and not self._running:
+                    self._cv.wait()
+                if self._closing:
+                    return
+                try:
+                    self._start_queued()
+                except Exception as err:  # noqa: BLE001 - the pool cannot start: every queued call is answered
+                    started = set(map(id, self._running.values()))
+                    self._fail([c for c in self._queue if id(c) not in started], err)
+                    self._queue = []
+                running = bool(self._running)
+            self._drain_wake()
+            if not running:
+                continue
+            try:
+                done = self._get_pool().collect(None, wake=[self._wake_r])
+            except Exception as err:  # noqa: BLE001 - the pool broke: every running call is answered
+                with self._cv:
+                    self._fail(list(self._running.values()), err)
+                    self._running.clear()
+                continue
+            finished = []
+            with self._cv:
+                for pool_ticket, outcome in done.items():
+                    call = self._running.pop(pool_ticket, None)
+                    if call is None:
+                        continue  # dropped by close()
+                    result = self._from_pool(call.spec, outcome)
+                    result.queued_s = (call.started or call.submitted) - call.submitted
+                    finished.append((call.ticket, result))
+                self._finished += finished
+                self._cv.notify_all()
+
+    def _fail(self, calls: list[_Call], err: Exception) -> None:
+        """Answer ``calls`` with a crash (the lock held)."""
+        for call in calls:
+            text = error_answer(f"{call.spec.name} could not run (tool pool: {err})")
+            self._finished.append((call.ticket, CallOutcome(text, "crash")))
+        self._cv.notify_all()
+
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            while os.read(self._wake_r, 4096):
+                pass
 
     def _start_queued(self) -> None:
-        """Start queued calls, oldest first, while the worker cap and their tools' caps allow."""
-        if self.workers == 0:
-            while self._queue:
-                call = self._queue.pop(0)
-                start = time.monotonic()
-                kind, text = run_call(*call.task)
-                outcome = self._answer(call.spec, kind, text, time.monotonic() - start)
-                outcome.queued_s = start - call.submitted
-                self._finished.append((call.ticket, outcome))
-            return
+        """Start queued calls, oldest first, while the worker cap and their tools' caps allow (lock held)."""
         per_tool: dict[str, int] = {}
         for call in self._running.values():
             per_tool[call.spec.name] = per_tool.get(call.spec.name, 0) + 1
         waiting: list[_Call] = []
         for call in self._queue:
             cap = call.spec.max_concurrent
-            if len(self._running) >= self.workers or (cap is not None and per_tool.get(call.spec.name, 0) >= cap):
+            full = len(self._running) >= self.workers
+            if full or (cap is not None and per_tool.get(call.spec.name, 0) >= cap):
                 waiting.append(call)
                 continue
             call.started = time.monotonic()
             self._running[self._get_pool().submit(run_call, call.task, call.spec.timeout_s)] = call
             per_tool[call.spec.name] = per_tool.get(call.spec.name, 0) + 1
         self._queue = waiting
-
-    def _collect(self, wait_s: float | None) -> None:
-        for pool_ticket, outcome in self._get_pool().collect(wait_s).items():
-            call = self._running.pop(pool_ticket)
-            result = self._from_pool(call.spec, outcome)
-            result.queued_s = (call.started or call.submitted) - call.submitted
-            self._finished.append((call.ticket, result))
 
     # ------------------------------------------------------------------ a round at once
     def run(self, requests: list[CallRequest]) -> list[CallOutcome]:
@@ -268,14 +355,30 @@ class ToolExecutor:
 
     def close(self) -> None:
         """Stop the worker processes and drop unfinished calls (a later call starts new workers)."""
-        self._queue, self._running, self._finished = [], {}, []
+        with self._cv:
+            self._closing = True
+            self._queue, self._running, self._finished = [], {}, []
+            self._cv.notify_all()
+        if self._wake_w >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"x")
+        if self._pump is not None:
+            self._pump.join(timeout=30)
+            self._pump = None
         if self._pool is not None:
             with contextlib.suppress(Exception):
                 self._pool.close()
             self._pool = None
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._wake_r, self._wake_w = -1, -1
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_pool"] = None
-        state["_queue"], state["_running"], state["_finished"] = [], {}, []
-        return state
+        return {"specs": self.specs, "workers": self.workers, "max_chars": self.max_chars}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pool = None
+        self._init_runtime()
