@@ -128,6 +128,11 @@ def test_run_still_answers_a_round_in_order() -> None:
 
 
 def test_max_concurrent_is_checked_with_the_tools() -> None:
-    bad = AgentConfig(enabled=True, tools=[ToolConfig(class_name="calculator", max_concurrent=0)])
-    with pytest.raises(ValueError, match=r"tools\[0\].max_concurrent: expected null or an int >= 1, got 0"):
-        bad.validate()
+    from verity.config import ConfigError, load_config
+
+    on = "rollout.agent.enabled=true"
+    cfg = load_config([on, "rollout.agent.tools=[{class_name: calculator, max_concurrent: 2}]"])
+    assert resolve_tools(cfg.rollout.agent)[0].max_concurrent == 2
+    message = r"rollout.agent.tools\[0\].max_concurrent: expected null or an int >= 1, got 0"
+    with pytest.raises(ConfigError, match=message):
+        load_config([on, "rollout.agent.tools=[{class_name: calculator, max_concurrent: 0}]"])
