@@ -45,6 +45,7 @@ from verity.rollout.batch_io import build_rollout_output, read_prompt_rows, reso
 from verity.rollout.gqa_attention import grouped_attention_name, grouped_sdpa, takes_grouped_sdpa
 from verity.rollout.kv_cache import reserved_cache
 from verity.rollout.prompts import position_ids_from_mask
+from verity.rollout.requests import RequestScheduler
 from verity.rollout.sampling import SamplingParams, sample_next_token
 
 # a decode step drops the finished rows from the batch once they are at least this share of it
@@ -141,6 +142,27 @@ class HFRollout(RolloutEngine):
         self._seed = seed
         self._generator = self._new_generator(seed)
 
+    def sync_generator_device(self) -> None:
+        """Restart the random stream from the seed on the model's device if the model has moved
+        since the generator was made (a generator draws on one device only)."""
+        if self._generator.device.type != self.device.type:
+            self._generator = self._new_generator(self._seed)
+
+    # ------------------------------------------------------------------ request-level generation
+
+    def request_scheduler(self, params: SamplingParams) -> RequestScheduler:
+        """A continuous-batching scheduler over this engine's model (:mod:`verity.rollout.hf_requests`):
+        requests join the decode batch and leave it between decode steps."""
+        from verity.rollout.hf_requests import HFRequestScheduler
+
+        return HFRequestScheduler(self, params)
+
+    def check_prefill_lockstep(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
+    ) -> None:
+        """Before a prefill of ``prompt_ids`` / ``prompt_mask`` ``[B, P]``: nothing on one process
+        (a tensor-parallel engine checks its ranks agree, and raises where they do not)."""
+
     # ------------------------------------------------------------------ generate
 
     def generate(self, batch: Batch | Mapping[str, Any], params: SamplingParams | None = None) -> Batch:
@@ -180,9 +202,7 @@ class HFRollout(RolloutEngine):
         ``max(prompt positions) + 1 + t`` on all three axes.
         """
         device = self.device
-        if self._generator.device.type != device.type:
-            # the model was moved after construction: restart the stream on its device
-            self._generator = self._new_generator(self._seed)
+        self.sync_generator_device()
         prompt_ids = prompt_ids.to(device).long()
         attention_mask = prompt_mask.to(device).long()
         rows, length = prompt_ids.shape[0], params.max_new_tokens

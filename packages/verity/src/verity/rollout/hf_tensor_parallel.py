@@ -311,6 +311,13 @@ class TensorParallelHFRollout(HFRollout):
         self._check_lockstep(prompt_ids, prompt_mask, params)
         return super()._decode(prompt_ids, prompt_mask, params, images)
 
+    def check_prefill_lockstep(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
+    ) -> None:
+        """Before a request scheduler's prefill (:mod:`verity.rollout.hf_requests`): raise on every
+        rank unless the ranks admit the same contexts with the same parameters and generator state."""
+        self._check_lockstep(prompt_ids, prompt_mask, params)
+
     def _check_lockstep(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
     ) -> None:

@@ -10,16 +10,20 @@ grows (doubling), so ``capacity`` is a hint, not a limit.
 
     cache = reserved_cache(capacity=prompt_len + max_new_tokens)
     model(input_ids, past_key_values=cache, use_cache=True)     # prefill, then decode steps
+
+:func:`stack_left_padded` builds one such cache out of rows of several (the request scheduler's
+running batch and the requests it admits), each part's positions right-aligned to a common
+width, so a part that is shorter reads as left padding.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-__all__ = ["ReservedLayer", "reserved_cache"]
+__all__ = ["CacheRows", "ReservedLayer", "reserved_cache", "stack_left_padded"]
 
 
 class ReservedLayer(DynamicLayer):
@@ -108,3 +112,60 @@ def reserved_cache(capacity: int) -> DynamicCache:
     cache = DynamicCache()
     cache.layer_class_to_replicate = lambda: ReservedLayer(capacity)  # type: ignore[assignment]
     return cache
+
+
+CacheRows = tuple[DynamicCache, "torch.Tensor | None", int]
+"""A part of :func:`stack_left_padded`: ``(cache, rows, start)``: rows ``rows`` (an int64 index
+tensor; None: all) of ``cache``, positions ``start`` onwards."""
+
+
+def stack_left_padded(parts: Sequence[CacheRows], capacity: int) -> DynamicCache:
+    """One reserved cache holding the rows of ``parts`` in order, right-aligned to a common width.
+
+    Each part ``(cache, rows, start)`` contributes ``len(rows)`` rows of its filled positions
+    ``[start, length)``; the result has ``W = max(length - start)`` filled positions and each
+    part's rows occupy the last ``length - start`` of them, the columns before reading zeros
+    (give them attention mask 0). Every layer is a :class:`ReservedLayer` whose buffers have
+    room for ``max(capacity, W)`` positions; the parts are left as they were. Keys and values
+    ``[B, H_kv, W, D]`` per layer, ``B`` the rows of all parts.
+    """
+    if not parts:
+        raise ValueError("stack_left_padded: expected at least one part, got none")
+    layer_count = len(parts[0][0].layers)
+    if any(len(cache.layers) != layer_count for cache, _, _ in parts):
+        raise ValueError("stack_left_padded: the parts' caches have different numbers of layers")
+    width = max(cache.get_seq_length() - start for cache, _, start in parts)
+    room = max(capacity, width)
+    stacked = reserved_cache(room)
+    for index in range(layer_count):
+        layer = ReservedLayer(room)
+        keys = [_rows_from(cache.layers[index].keys, rows, start) for cache, rows, start in parts]
+        values = [_rows_from(cache.layers[index].values, rows, start) for cache, rows, start in parts]
+        layer.lazy_initialization(keys[0], values[0])
+        layer._key_buffer = _right_aligned(keys, width, room)
+        layer._value_buffer = _right_aligned(values, width, room)
+        layer._length = width
+        layer._view()
+        stacked.layers.append(layer)
+    return stacked
+
+
+def _rows_from(states: torch.Tensor, rows: torch.Tensor | None, start: int) -> torch.Tensor:
+    """``states [B, H, length, D]`` at ``rows`` (None: all), positions ``start`` onwards (a view where it can)."""
+    states = states[..., start:, :]
+    return states if rows is None else states.index_select(0, rows.to(states.device))
+
+
+def _right_aligned(pieces: list[torch.Tensor], width: int, room: int) -> torch.Tensor:
+    """``pieces`` ``[b_i, H, w_i, D]`` stacked along rows into a ``[sum b_i, H, room, D]`` buffer,
+    each at positions ``[width - w_i, width)``, zeros before; positions from ``width`` on are unset."""
+    first = pieces[0]
+    rows = sum(piece.shape[0] for piece in pieces)
+    buffer = first.new_empty((rows, first.shape[1], room, first.shape[-1]))
+    row = 0
+    for piece in pieces:
+        count, length = piece.shape[0], piece.shape[-2]
+        buffer[row : row + count, :, : width - length].zero_()
+        buffer[row : row + count, :, width - length : width] = piece
+        row += count
+    return buffer
