@@ -13,6 +13,7 @@ process, one that returns bytes and one that raises.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -85,7 +86,8 @@ def test_multi_turn_rl_on_two_workers_trains_only_the_models_tokens(tmp_path, mo
     tests_dir = str(Path(__file__).resolve().parents[1])
     probes = tmp_path / "probes"
     probes.mkdir()
-    monkeypatch.setenv("PYTHONPATH", tests_dir)  # the Ray workers and tool processes import helpers/
+    # the Ray workers and tool processes import helpers/ (and the same verity as this process)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (tests_dir, os.environ.get("PYTHONPATH")) if p))
     monkeypatch.setenv("VERITY_PLUGINS", "helpers.agent_plugin:register")
     monkeypatch.setenv("VERITY_AGENT_PROBE_DIR", str(probes))
     paths = _write_inputs(tmp_path)
@@ -147,6 +149,10 @@ def test_multi_turn_rl_on_two_workers_trains_only_the_models_tokens(tmp_path, mo
         assert step["actor/probe/model_grad_max"] > 0.0
         assert step["agent/tool_call_rate"] == 1.0
         assert step["reward/errors"] == 0.0
+        # the request-level loop's own measures came back from both workers
+        assert step["agent/tool_wait_s_mean"] > 0.0 and step["agent/tool_queue_s_mean"] >= 0.0
+        assert 0.0 < step["agent/engine_busy_fraction"] <= 1.0
+        assert 1.0 <= step["agent/requests_in_flight_mean"] <= step["agent/requests_in_flight_max"] <= 4.0
     first, second = metrics
     # each misbehaving tool cost one error message per sample (n=2) and was counted
     assert first["agent/tool_errors/timeout"] == 2.0 and first["agent/tool_errors/crash"] == 2.0

@@ -115,7 +115,13 @@ _ANSWERS = re.compile(r"^((?:\[[^\]]*\])*)(.*)$", re.DOTALL)
 
 
 def intended_turn(what: str, argument: str, turn: int, answer: str | None) -> str:
-    """The whole text of the scripted policy's ``turn``-th turn (0-based), given the last tool answer."""
+    """The whole text of the scripted policy's ``turn``-th turn (0-based), given the last tool answer.
+
+    ``what`` = ``<tool>*<n>``: ``n`` turns each calling ``<tool>`` with the argument, then the answer.
+    """
+    if "*" in what:
+        tool, _, times = what.partition("*")
+        return call_text(tool, {"text": argument}) if turn < int(times) else "=" + (answer or "")[:24]
     if what == "plain":
         return "=" + argument
     if turn > 0 and what != "loop":
@@ -198,6 +204,12 @@ class ScriptedRollout(HFRollout):
     def __init__(self, model: Any, tokenizer: Any, **kwargs: Any) -> None:
         super().__init__(model, tokenizer, **kwargs)
         self.tokenizer = tokenizer
+
+    def request_scheduler(self, params: SamplingParams) -> Any:
+        """One scripted ``generate`` call per step (HFRollout's own scheduler would decode the model)."""
+        from verity.rollout.requests import BatchedCallScheduler
+
+        return BatchedCallScheduler(self, params, self.pad_token_id)
 
     @property
     def serving_attention(self) -> str | None:

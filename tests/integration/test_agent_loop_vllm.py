@@ -85,3 +85,19 @@ def test_vllm_under_the_agent_loop_interleaves_turns_and_matches_the_trainer(set
         )
     assert torch.allclose(out["rollout_logprobs"][mask], trained[mask], atol=1e-4)
     assert bool((out["rollout_logprobs"][~mask] == 0).all())
+
+
+def test_vllm_greedy_rollouts_are_the_same_request_level_and_turn_synchronous(setup) -> None:
+    from verity.rollout.agent.scheduling import REQUEST_LEVEL, TURN_BARRIER
+
+    _, tokenizer, agent = setup
+    encoded = encode_prompts(tokenizer, [[{"role": "user", "content": p}] for p in ["7*8=", "tools", "x", "abc"]])
+    batch = Batch.from_dict({"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]})
+    params = SamplingParams(max_new_tokens=64, temperature=0.0)
+    request = agent.generate_with_policy(batch, params, REQUEST_LEVEL)
+    barrier = agent.generate_with_policy(batch, params, TURN_BARRIER)
+    assert int(request["tool_calls"].sum()) > 0
+    for key in ("responses", "response_mask", "attention_mask", "num_turns", "tool_calls"):
+        assert torch.equal(request[key], barrier[key]), key
+    assert torch.allclose(request["rollout_logprobs"], barrier["rollout_logprobs"], atol=1e-6, rtol=0)
+    assert request["trajectory"] == barrier["trajectory"]

@@ -390,6 +390,26 @@ _CORE_KEYS = [
         "1 on every real response token, the model's and the tools' (agent loop; response_mask: the model's)",
     ),
     ("tool_tokens", ("B",), "int", "response tokens written by tools, attended but not trained (agent loop)"),
+    ("tool_wait_s", ("B",), "float", "seconds the response waited for its tool answers, queue included (agent loop)"),
+    ("tool_queue_s", ("B",), "float", "seconds its tool calls waited for a free tool worker (agent loop)"),
+    (
+        "agent_engine_busy_fraction",
+        ("B",),
+        "float",
+        "share of its generate call's wall time the engine was decoding (agent loop; same on every row of a call)",
+    ),
+    (
+        "agent_requests_in_flight_mean",
+        ("B",),
+        "float",
+        "requests the engine held per decode step, mean over its generate call (agent loop; same per call)",
+    ),
+    (
+        "agent_requests_in_flight_max",
+        ("B",),
+        "float",
+        "most requests the engine held at one step of its generate call (agent loop; same per call)",
+    ),
     (
         "trajectory",
         ("B",),

@@ -20,6 +20,13 @@ Tasks are a picklable module-level function plus picklable arguments. The pool c
 used from any thread of the driver or of a Ray actor; calls to :meth:`map` are
 serialised by a lock.
 
+Besides the blocking :meth:`TimeoutPool.map`, tasks can be started one by one without
+waiting (:meth:`TimeoutPool.submit`, which returns a ticket) and their outcomes picked up
+as they finish (:meth:`TimeoutPool.collect`); the agent loop does this so a tool call
+runs while the model writes. Such tasks keep the same deadlines and replacements but
+never widen the pool: a submitted task waits for one of the ``num_workers`` workers. The
+two ways are not mixed: :meth:`map` refuses to run while submitted tasks are unfinished.
+
 Start-up is never charged to a task: a worker takes tasks only once it has started and
 run its warm-up steps (``initializer`` and every :meth:`TimeoutPool.warm_up` step, e.g.
 loading the reward functions it will run), which together are bounded by
@@ -241,6 +248,11 @@ class TimeoutPool:
         self.workers_replaced = 0
         self.startup_timeout_s = float(startup_timeout_s)
         self._startup_failures = 0
+        self._next_ticket = 0
+        self._submitted: dict[int, tuple[Callable[..., Any], tuple]] = {}  # ticket -> (func, args)
+        self._submitted_timeouts: dict[int, float] = {}
+        self._submitted_queue: deque[int] = deque()  # tickets not yet sent to a worker, in order
+        self._submitted_done: dict[int, TaskOutcome] = {}
 
     @property
     def num_workers(self) -> int:
@@ -311,6 +323,8 @@ class TimeoutPool:
             raise ValueError("timeout_s: every timeout must be > 0 seconds")
         outcomes: list[TaskOutcome | None] = [None] * len(args_list)
         with self._lock:
+            if self._submitted:
+                raise RuntimeError("TimeoutPool.map: submitted tasks are still unfinished (collect them first)")
             self._ensure_workers()
             self._wide = False
             pending = deque(range(len(args_list)))
@@ -333,6 +347,67 @@ class TimeoutPool:
             finally:
                 self._shrink()
         return [o if o is not None else TaskOutcome("error", error="lost task") for o in outcomes]
+
+    def submit(self, func: Callable[..., Any], args: tuple, timeout_s: float) -> int:
+        """Start ``func(*args)`` on a free worker, or queue it; return its ticket at once.
+
+        ``timeout_s``: seconds it may run, counted from when a started worker receives it
+        (time spent queued behind busy workers is not charged). Its outcome comes back
+        from :meth:`collect` under the ticket.
+        """
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s: expected > 0 seconds, got {timeout_s!r}")
+        with self._lock:
+            if not self._workers or all(w.task_index is None for w in self._workers):
+                self._ensure_workers()
+            elif self._closed:
+                raise RuntimeError("TimeoutPool: used after close()")
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            self._submitted[ticket] = (func, tuple(args))
+            self._submitted_timeouts[ticket] = float(timeout_s)
+            self._submitted_queue.append(ticket)
+            self._send_submitted()
+        return ticket
+
+    def collect(self, wait_s: float | None = 0.0, wake: Sequence[Any] = ()) -> dict[int, TaskOutcome]:
+        """Outcomes of submitted tasks that finished since the last call, by ticket.
+
+        Waits at most ``wait_s`` seconds (None: until a task finishes, a deadline passes, a
+        worker starts or dies, or one of ``wake`` — file descriptors or connections — is
+        readable) when nothing has finished yet; may return an empty dict.
+        """
+        with self._lock:
+            self._send_submitted()
+            busy = any(w.task_index is not None for w in self._workers)
+            if not self._submitted_done and (busy or self._submitted_queue):
+                self._wait_and_collect(
+                    self._submitted_done,  # type: ignore[arg-type]
+                    self._submitted_timeouts,  # type: ignore[arg-type]
+                    max_wait=wait_s,
+                    wake=wake,
+                )
+                self._send_submitted()
+            done, self._submitted_done = self._submitted_done, {}
+            for ticket in done:
+                self._submitted.pop(ticket, None)
+                self._submitted_timeouts.pop(ticket, None)
+        return done
+
+    def _send_submitted(self) -> None:
+        """Send queued submitted tasks to the ready, idle workers (the caller holds the lock)."""
+        for worker in self._workers:
+            if not self._submitted_queue:
+                return
+            if worker.ready and worker.task_index is None:
+                ticket = self._submitted_queue.popleft()
+                func, args = self._submitted[ticket]
+                worker.task_index = ticket
+                worker.started = time.monotonic()
+                worker.deadline = worker.started + self._submitted_timeouts[ticket]
+                worker.stall_at = worker.deadline
+                with contextlib.suppress(OSError):  # a dead worker shows up in _wait_and_collect
+                    worker.conn.send(("task", func, args))
 
     def _stall_after(self, timeout: float) -> float:
         return self._stall_s if self._stall_s is not None else min(1.0, timeout / 4)
@@ -370,16 +445,24 @@ class TimeoutPool:
             worker.kill()
 
     def _wait_and_collect(
-        self, outcomes: list[TaskOutcome | None], timeouts: list[float], watch_stalls: bool = False
+        self,
+        outcomes: list[TaskOutcome | None],
+        timeouts: list[float],
+        watch_stalls: bool = False,
+        max_wait: float | None = None,
+        wake: Sequence[Any] = (),
     ) -> None:
-        """Wait for the next result, worker start, death, deadline or stall, and record what happened."""
+        """Wait for the next result, worker start, death, deadline or stall (at most ``max_wait`` s), and record what happened."""
         now = time.monotonic()
         deadlines = [w.deadline for w in self._workers if w.task_index is not None]
         if watch_stalls:
             deadlines += [w.stall_at for w in self._workers if w.task_index is not None and w.stall_at > now]
         deadlines += [w.spawned + self.startup_timeout_s for w in self._workers if not w.ready]
         watched = [w.conn for w in self._workers] + [w.process.sentinel for w in self._workers]
-        ready = set(wait(watched, timeout=max(0.0, min(deadlines) - now) if deadlines else None))
+        limit = max(0.0, min(deadlines) - now) if deadlines else None
+        if max_wait is not None:
+            limit = max_wait if limit is None else min(limit, max_wait)
+        ready = set(wait([*watched, *wake], timeout=limit))
         now = time.monotonic()
         for worker in list(self._workers):
             has_message = worker.conn in ready or (worker.process.sentinel in ready and worker.conn.poll())
@@ -456,6 +539,8 @@ class TimeoutPool:
         for worker in self._workers:
             worker.stop()
         self._workers = []
+        self._submitted.clear()
+        self._submitted_queue.clear()
         self._closed = True
 
     def __enter__(self) -> TimeoutPool:

@@ -14,6 +14,7 @@ the form verl's tool config files use::
           - class_name: my_package.tools.Search # pkg.module.Class, pkg.module:Class or :function
             config: {index: /data/index}        # given to the class's constructor
             timeout_s: 30
+            max_concurrent: 4                   # calls of it running at once (null: tool_workers only)
             tool_schema:                        # the OpenAI function schema
               type: function
               function:
@@ -50,6 +51,8 @@ class ToolConfig:
     # the OpenAI function schema {type: function, function: {name, description, parameters}}; {}: a built-in's own
     tool_schema: dict[str, Any] = field(default_factory=dict)
     timeout_s: float | None = None  # seconds one call may take; null: rollout.agent.tool_timeout_s
+    # calls of this tool running at once per rollout worker (more wait in a queue); null: only the tool_workers cap
+    max_concurrent: int | None = None
 
 
 @dataclass
@@ -68,7 +71,9 @@ class AgentConfig:
     tool_timeout_s: float = (
         10.0  # seconds one tool call may take before it is killed and answered with an error
     )
-    tool_workers: int = 1  # processes per rollout worker that run tool calls; 0: in-process, no time limit
+    # processes per rollout worker that run tool calls, so also its cap on calls running at once
+    # (more wait in a queue); 0: in-process, one at a time, no time limit
+    tool_workers: int = 1
     max_tool_response_tokens: int = 256  # a longer tool answer is cut to this many tokens
     tool_response_truncate_side: str = (
         "middle"  # which part of a long tool answer is dropped: left | right | middle
@@ -145,7 +150,7 @@ def read_tool_config_file(path: str) -> list[ToolConfig]:
     if not isinstance(entries, list):
         raise ValueError(f"tool_config_path: {path!r} must hold a mapping with a 'tools:' list")
     out = []
-    known = {"class_name", "config", "tool_schema", "timeout_s"}
+    known = {"class_name", "config", "tool_schema", "timeout_s", "max_concurrent"}
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict) or set(entry) - known:
             extra = sorted(set(entry) - known) if isinstance(entry, dict) else type(entry).__name__
@@ -158,6 +163,7 @@ def read_tool_config_file(path: str) -> list[ToolConfig]:
                 config=dict(entry.get("config") or {}),
                 tool_schema=dict(entry.get("tool_schema") or {}),
                 timeout_s=entry.get("timeout_s"),
+                max_concurrent=entry.get("max_concurrent"),
             )
         )
     return out

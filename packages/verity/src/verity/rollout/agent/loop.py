@@ -1,37 +1,48 @@
 """The agent loop: multi-turn generation with tool calls around any rollout engine.
 
 :class:`AgentRollout` is itself a :class:`~verity.rollout.base.RolloutEngine` that wraps
-another one (``hf``, ``vllm``, ``sglang`` or a plug-in's) and uses only its interface::
+another one (``hf``, ``vllm``, ``sglang`` or a plug-in's) and uses only its interface. Each
+row is a trajectory that advances on its own, request by request, through the engine's
+:meth:`~verity.rollout.base.RolloutEngine.request_scheduler` (continuous batching)::
 
-    repeat until every row is finished:
-        1. generate: one engine call for all unfinished rows, each row's context being
-           its prompt + its response so far (left-padded, as any prompt);
-        2. for each row whose model turn ended (stop token, or max_turn_tokens):
-           parse its tool calls (rollout.agent.tool_parser);
+    every trajectory, independently, until it is finished:
+        1. its context (prompt + response so far) is added to the scheduler as a request,
+           asking for what its turn may still write;
+        2. when the request finishes and the model turn ended (stop token, or
+           max_turn_tokens), its tool calls are parsed (rollout.agent.tool_parser):
            no call -> finished ("answer"); the max_turns-th turn -> finished ("max_turns");
-        3. run all rows' calls together (ToolExecutor: deadlines, errors as answers);
-        4. append each row's tool answers as the chat template renders them (ToolMessageRenderer),
-           cut to max_tool_response_tokens each and to the response budget.
+        3. its calls start at once (ToolExecutor: caps, queue, deadlines, errors as
+           answers) while the engine goes on decoding the other trajectories;
+        4. when all its answers are back they are appended as the chat template renders
+           them (ToolMessageRenderer), cut to max_tool_response_tokens each and to the
+           response budget, and its next request is added at once.
+
+The event loop is :mod:`~verity.rollout.agent.scheduling` (with the turn-synchronous
+``barrier`` policy it keeps for comparison and for ``tensor_parallel_size > 1``); the
+per-trajectory rules are :class:`~verity.rollout.agent.turns.TurnRules`.
 
 **Budget.** ``max_new_tokens`` (``data.max_response_length`` in training) counts every
 response token, the model's and the tools'; a row whose budget runs out is finished
-("budget"), also in the middle of a tool answer. Each engine call asks for the largest
-number of tokens any unfinished row may still write in its turn (capped so the longest
-context fits ``max_model_len``) and each row keeps what it may; cutting a sampled
-sequence at ``k`` tokens is exactly sampling at most ``k`` tokens, so this changes no
-distribution. A row cut short by the ``max_model_len`` cap continues its turn in the
-next call.
+("budget"), also in the middle of a tool answer. Each request asks for what its row may
+still write in its turn, capped so its context fits ``max_model_len`` (a context that
+leaves no room raises ValueError); a turn cut short by that cap continues in a new
+request. An engine may sample more and cut (cutting a sampled sequence at ``k`` tokens
+is exactly sampling at most ``k`` tokens, so this changes no distribution).
 
 **Output** (keys of ``verity.rollout.base``, plus the agent's): ``responses`` holds
 model and tool tokens interleaved; ``response_mask`` is 1 on the model's tokens only, so
 the tool tokens get no policy gradient and no KL or entropy term;
 ``attention_mask[:, P:]`` is 1 on both (the tool tokens are context); ``rollout_logprobs``
 are the sampler's log-probs of the model's tokens (0 on tool tokens). Per row:
-``num_turns``, ``tool_calls``, ``tool_errors`` ([B] int64) and ``trajectory`` (a dict:
-the turns as chat messages with the calls and the answers, counters, why it stopped;
-:meth:`TrajectoryState.record`). Positions are ``cumsum(attention_mask) - 1`` in the
-engine calls and in the trainer alike, so the trainer's log-prob of every model token
-is computed on the same context the sampler saw.
+``num_turns``, ``tool_calls``, ``tool_errors`` ([B] int64), ``tool_wait_s`` and
+``tool_queue_s`` ([B] float32 seconds: waiting for the row's tool answers, of which
+queued behind busy workers), the call's ``agent_engine_busy_fraction``,
+``agent_requests_in_flight_mean`` and ``agent_requests_in_flight_max`` ([B] float32, the
+same on every row of one call, so rows of several workers concatenate) and
+``trajectory`` (a dict: the turns as chat messages with the calls and the answers,
+counters, why it stopped; :meth:`TrajectoryState.record`). Positions are
+``cumsum(attention_mask) - 1`` in the engine and in the trainer alike, so the trainer's
+log-prob of every model token is computed on the same context the sampler saw.
 """
 
 from __future__ import annotations
@@ -45,14 +56,15 @@ import torch
 
 from verity.batch import Batch
 from verity.rollout.agent.config import AgentConfig
-from verity.rollout.agent.executor import CallOutcome, CallRequest, ToolExecutor, error_answer
+from verity.rollout.agent.executor import ToolExecutor
 from verity.rollout.agent.parsers import get_tool_parser
 from verity.rollout.agent.render import ToolMessageRenderer
-from verity.rollout.agent.tools import resolve_tools, row_tool_kwargs
+from verity.rollout.agent.scheduling import REQUEST_LEVEL, TURN_BARRIER, LoopStats, run_trajectories
+from verity.rollout.agent.tools import resolve_tools
 from verity.rollout.agent.trajectory import TrajectoryState, assemble
+from verity.rollout.agent.turns import TurnRules
 from verity.rollout.base import RolloutEngine
 from verity.rollout.batch_io import build_rollout_output, read_prompt_rows, resolve_sampling
-from verity.rollout.prompts import left_pad
 from verity.rollout.sampling import SamplingParams
 
 __all__ = ["AgentRollout"]
@@ -80,6 +92,7 @@ class AgentRollout(RolloutEngine):
         self.parser = get_tool_parser(config.tool_parser)
         self.renderer = ToolMessageRenderer(tokenizer)
         self.executor = ToolExecutor(resolve_tools(config), workers=config.tool_workers)
+        self.last_stats: LoopStats | None = None  # what the last generate measured
         eos = engine.eos_token_ids or [tokenizer.eos_token_id]
         self.eos_token_ids = {int(i) for i in eos if i is not None}
         pad = engine.pad_token_id
@@ -152,6 +165,20 @@ class AgentRollout(RolloutEngine):
     # ------------------------------------------------------------------ the loop
     def generate(self, batch: Batch | Mapping[str, Any], params: SamplingParams | None = None) -> Batch:
         """Multi-turn responses for left-padded prompts (keys and shapes in the module docstring)."""
+        return self.generate_with_policy(batch, params, self._policy())
+
+    def _policy(self) -> str:
+        """``barrier`` when the engine's tensor-parallel ranks must step alike, else ``request``."""
+        return TURN_BARRIER if self.engine.tensor_parallel_size > 1 else REQUEST_LEVEL
+
+    def generate_with_policy(
+        self, batch: Batch | Mapping[str, Any], params: SamplingParams | None, policy: str
+    ) -> Batch:
+        """:meth:`generate` with an explicit scheduling ``policy`` (``request`` | ``barrier``).
+
+        The ``barrier`` (turn-synchronous) policy is internal: it is here for the benchmark
+        and the tests that compare both (see :mod:`verity.rollout.agent.scheduling`).
+        """
         params = resolve_sampling(batch, self.sampling, params)
         rows = read_prompt_rows(batch, params.n)
         budget = params.max_new_tokens
@@ -162,10 +189,22 @@ class AgentRollout(RolloutEngine):
             TrajectoryState(prompt=ids[i][mask[i]].tolist(), extra_info=extras[i])
             for i in range(ids.shape[0])
         ]
-        while any(not s.done for s in states):
-            active = [s for s in states if not s.done]
-            self._model_step(active, params, budget)
-            self._tool_step([s for s in active if s.turn_over], budget)
+        rules = TurnRules(
+            self.tokenizer,
+            self.config,
+            self.parser,
+            self.renderer,
+            self.eos_token_ids,
+            budget=budget,
+            max_model_len=self.max_model_len,
+            ignore_eos=params.ignore_eos,
+        )
+        scheduler = self.engine.request_scheduler(replace(params, n=1))
+        try:
+            stats = run_trajectories(states, scheduler, self.executor, rules, policy)
+        finally:
+            scheduler.close()
+        self.last_stats = stats
         responses, response_mask, attention, logprobs = assemble(states, budget, self.pad_token_id)
         out = build_rollout_output(rows, responses, response_mask, logprobs, response_attention=attention)
         out["num_turns"] = torch.tensor([s.turns for s in states], dtype=torch.long)
@@ -174,137 +213,17 @@ class AgentRollout(RolloutEngine):
         # tool-answer tokens: attended in the response window but not the model's (not trained)
         out["tool_tokens"] = (attention.long().sum(-1) - response_mask.long().sum(-1)).cpu()
         out["response_attention"] = attention.long().cpu()  # what the reward decodes: model and tool tokens
+        out["tool_wait_s"] = torch.tensor(stats.tool_wait_s, dtype=torch.float32)
+        out["tool_queue_s"] = torch.tensor(stats.tool_queue_s, dtype=torch.float32)
+        rows_of_call = len(states)
+        for key, value in (
+            ("agent_engine_busy_fraction", stats.busy_fraction),
+            ("agent_requests_in_flight_mean", stats.in_flight_mean),
+            ("agent_requests_in_flight_max", float(stats.in_flight_max)),
+        ):
+            out[key] = torch.full((rows_of_call,), value, dtype=torch.float32)
         out.non_tensors["trajectory"] = [s.record() for s in states]
         return out
-
-    def _turn_limit(self, state: TrajectoryState, budget: int) -> int:
-        """Tokens ``state`` may still write in its current turn."""
-        left = budget - len(state.tokens)
-        if self.config.max_turn_tokens:
-            left = min(left, self.config.max_turn_tokens - len(state.turn_tokens))
-        return left
-
-    def _model_step(self, active: list[TrajectoryState], params: SamplingParams, budget: int) -> None:
-        """One engine call for every active row; each row keeps at most its own limit."""
-        limits = [self._turn_limit(s, budget) for s in active]
-        contexts = [s.prompt + s.tokens for s in active]
-        new_tokens = max(limits)
-        if self.max_model_len is not None:
-            new_tokens = min(new_tokens, self.max_model_len - max(len(c) for c in contexts))
-        if new_tokens < 1:
-            raise ValueError(
-                f"max_model_len={self.max_model_len}: a context of {max(len(c) for c in contexts)} tokens "
-                "leaves no room to generate; raise max_model_len or lower the budget"
-            )
-        input_ids, attention_mask = left_pad(contexts, self.pad_token_id)
-        out = self.engine.generate(
-            {"input_ids": input_ids, "attention_mask": attention_mask},
-            replace(params, n=1, max_new_tokens=new_tokens),
-        )
-        responses, lengths = out["responses"].cpu(), out["response_mask"].cpu().sum(-1)
-        logprobs = out["rollout_logprobs"].cpu()
-        for row, (state, limit) in enumerate(zip(active, limits, strict=True)):
-            keep = min(int(lengths[row]), limit)
-            tokens = responses[row, :keep].tolist()
-            state.add_model(tokens, logprobs[row, :keep].tolist())
-            if tokens and tokens[-1] in self.eos_token_ids and not params.ignore_eos:
-                state.turn_over, state.stop_token = True, tokens[-1]
-            elif self.config.max_turn_tokens and len(state.turn_tokens) >= self.config.max_turn_tokens:
-                state.turn_over = True
-            elif len(state.tokens) >= budget:
-                self._close_turn(state, calls=[])
-                state.finish("budget")
-            # else: the max_model_len cap cut this row short; its turn continues in the next call
-
-    def _turn_text(self, state: TrajectoryState) -> str:
-        tokens = state.turn_tokens
-        if state.stop_token is not None:
-            tokens = tokens[:-1]
-        return self.tokenizer.decode(tokens, skip_special_tokens=False)
-
-    def _close_turn(self, state: TrajectoryState, calls: list[Any]) -> None:
-        """Record the finished model turn as an assistant message."""
-        message: dict[str, Any] = {"role": "assistant", "content": self._turn_text(state)}
-        if calls:
-            message["tool_calls"] = [
-                {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
-            ]
-        state.messages.append(message)
-        state.turns += 1
-
-    def _tool_step(self, ended: list[TrajectoryState], budget: int) -> None:
-        """Parse the ended turns, run their calls together, append the answers."""
-        requests: list[CallRequest] = []
-        plans: list[tuple[TrajectoryState, list[tuple[str, int | CallOutcome]]]] = []
-        for state in ended:
-            parsed = self.parser(self._turn_text(state))
-            self._close_turn(state, parsed.calls)
-            if parsed.attempted == 0:
-                state.finish("answer")
-                continue
-            if state.turns >= self.config.max_turns:
-                state.finish("max_turns")  # calls of the last allowed turn are not run
-                continue
-            if len(state.tokens) >= budget:
-                state.finish("budget")
-                continue
-            state.tool_calls += parsed.attempted
-            answers: list[tuple[str, int | CallOutcome]] = []
-            for index, call in enumerate(parsed.calls):
-                if index >= self.config.max_parallel_calls:
-                    limit = self.config.max_parallel_calls
-                    text = error_answer(f"at most {limit} tool call(s) per turn; this one was not run")
-                    answers.append((call.name, CallOutcome(text, "too_many_calls")))
-                    continue
-                answers.append((call.name, len(requests)))
-                requests.append(
-                    CallRequest(call.name, call.arguments, row_tool_kwargs(state.extra_info, call.name))
-                )
-            for problem in parsed.errors:
-                answers.append(("parse", CallOutcome(error_answer(problem), "parse")))
-            plans.append((state, answers))
-        outcomes = self.executor.run(requests) if requests else []
-        for state, answers in plans:
-            messages = []
-            for name, answer in answers:
-                outcome = outcomes[answer] if isinstance(answer, int) else answer
-                if not outcome.ok:
-                    state.tool_errors += 1
-                    state.error_kinds[outcome.status] += 1
-                text = self._cut(outcome.text)
-                messages.append({"role": "tool", "name": name, "content": text, "status": outcome.status})
-            state.messages += messages
-            stop_text = (
-                self.tokenizer.decode([state.stop_token], skip_special_tokens=False)
-                if state.stop_token is not None
-                else None
-            )
-            rendered = self.renderer.encode(
-                [{"role": m["role"], "name": m["name"], "content": m["content"]} for m in messages], stop_text
-            )
-            room = budget - len(state.tokens)
-            state.add_tool(rendered[:room])
-            if len(rendered) >= room:
-                state.finish("budget")
-
-    def _cut(self, text: str) -> str:
-        """``text`` cut to ``max_tool_response_tokens`` tokens on the configured side."""
-        limit = self.config.max_tool_response_tokens
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) <= limit:
-            return text
-        side = self.config.tool_response_truncate_side
-        if side == "left":
-            kept = ids[-limit:]
-            return "..." + self.tokenizer.decode(kept, skip_special_tokens=True)
-        if side == "right":
-            return self.tokenizer.decode(ids[:limit], skip_special_tokens=True) + "..."
-        head, tail = ids[: limit // 2], ids[len(ids) - (limit - limit // 2) :]
-        return (
-            self.tokenizer.decode(head, skip_special_tokens=True)
-            + "..."
-            + self.tokenizer.decode(tail, skip_special_tokens=True)
-        )
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

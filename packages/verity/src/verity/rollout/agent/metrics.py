@@ -13,6 +13,13 @@ validation reports the same rates on the held-out set under ``val/agent/``:
 ``agent/turns_mean``            model turns per response
 ``agent/tool_tokens_mean``      tool-answer tokens per response (context, not trained)
 ``agent/stop/<reason>``         share of responses that ended by ``answer``, ``max_turns``, ``budget``
+``agent/tool_wait_s_mean``      seconds a response waited for its tool answers (queue included),
+                                summed over its turns, mean over responses
+``agent/tool_queue_s_mean``     of which its calls waited for a free tool worker (the caps)
+``agent/engine_busy_fraction``  share of the rollout's wall time the engine was decoding requests
+                                (mean over the rollout workers' generate calls, by rows)
+``agent/requests_in_flight_mean``  requests the engine held per decode step (mean, by rows)
+``agent/requests_in_flight_max``   most requests the engine held at one step
 ==============================  ===========================================================
 """
 
@@ -47,6 +54,17 @@ def agent_batch_metrics(batch: Any, prefix: str = "agent/") -> dict[str, float]:
         width = batch["response_mask"].shape[1]
         tool_tokens = batch["attention_mask"][:, -width:].float() - batch["response_mask"].float()
         out[f"{prefix}tool_tokens_mean"] = float(tool_tokens.sum(-1).mean())
+    for key, name in (("tool_wait_s", "tool_wait_s_mean"), ("tool_queue_s", "tool_queue_s_mean")):
+        if key in keys:
+            out[f"{prefix}{name}"] = float(batch[key].float().mean())
+    for key, name in (
+        ("agent_engine_busy_fraction", "engine_busy_fraction"),
+        ("agent_requests_in_flight_mean", "requests_in_flight_mean"),
+    ):
+        if key in keys:
+            out[f"{prefix}{name}"] = float(batch[key].float().mean())
+    if "agent_requests_in_flight_max" in keys:
+        out[f"{prefix}requests_in_flight_max"] = float(batch["agent_requests_in_flight_max"].float().max())
     records = batch["trajectory"] if "trajectory" in getattr(batch, "non_tensors", {}) else []
     kinds: Counter = Counter()
     stops: Counter = Counter()

@@ -92,6 +92,7 @@ class ToolSpec:
     target: str  # "pkg.module:Attribute"
     config: dict[str, Any]
     timeout_s: float
+    max_concurrent: int | None = None  # calls of this tool running at once per rollout worker; None: no own cap
 
     def key(self) -> str:
         """What identifies the built tool inside one process (implementation and settings)."""
@@ -167,7 +168,10 @@ def resolve_tools(agent: Any) -> list[ToolSpec]:
         timeout = agent.tool_timeout_s if tool.timeout_s is None else float(tool.timeout_s)
         if not timeout > 0:
             raise ValueError(f"{where}.timeout_s: expected > 0 seconds, got {tool.timeout_s!r}")
-        spec = ToolSpec(schema.name, schema, target, dict(tool.config), timeout)
+        cap = getattr(tool, "max_concurrent", None)
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+            raise ValueError(f"{where}.max_concurrent: expected null or an int >= 1, got {cap!r}")
+        spec = ToolSpec(schema.name, schema, target, dict(tool.config), timeout, cap)
         _check_tool_settings(spec, impl, where)
         specs.append(spec)
     names = [s.name for s in specs]
