@@ -165,9 +165,11 @@ class BalancedGroupCall:
 
     # ------------------------------------------------------------------ the caller's side
     def result(self, timeout_s: float | None = None) -> Batch:
-        """Wait for every chunk; the answers joined in the batch's order, ``meta["rows_per_replica"]`` added."""
+        """Wait for every chunk (at most ``timeout_s``, default the group's call timeout); the answers
+        joined in the batch's order, ``meta["rows_per_replica"]`` added."""
         if self._done:
             return self._value
+        timeout_s = timeout_s or self._group.call_timeout_s
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             raise WorkerTimeoutError(

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from verity.batch import Batch, materialize, register_key
+from verity.controller.balanced_call import BalancedGroupCall
 from verity.trainer.role_handles import ActorHandle
 from verity.trainer.stages import Stage, StepContext, replica_rows_metrics, training_rows
 from verity.workers.registry import RoleDef, register_role
@@ -108,8 +109,10 @@ class AsyncRollout:
         ``async/weight_sync_*`` metrics.
         """
         published = actor.publish_weights()
-        if self._pending is not None:  # a load-balanced generation hands out chunks until it ends: not
-            self._resolve()  # one of them may run with the new weights (Ray queues a call behind the others)
+        if self._pending is not None and isinstance(self._pending[2], BalancedGroupCall):
+            # a load-balanced generation hands out chunks until its last: none may run with the new
+            # weights (an equal split's calls are queued on each worker ahead of the load already)
+            self._resolve()
         answers = self.group.load_weights(published["refs"], version)
         self.version = int(version)
         loaded = [float(a["bytes"]) for a in answers]
