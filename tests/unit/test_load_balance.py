@@ -49,7 +49,7 @@ def test_groups_that_are_not_consecutive_are_refused():
 
 def test_default_chunk_size_gives_a_few_chunks_per_replica():
     request = LoadBalanceRequest()
-    assert request.rows_per_chunk(64, replicas=2) == 8
+    assert request.rows_per_chunk(64, replicas=2) == 4
     assert request.rows_per_chunk(3, replicas=2) == 1
     assert LoadBalanceRequest(chunk_rows=5).rows_per_chunk(64, 2) == 5
     with pytest.raises(ValueError, match="chunk_rows"):

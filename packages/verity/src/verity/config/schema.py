@@ -102,7 +102,7 @@ class RolloutConfig:
     # (docs/rollout-engines.md, "Load-balanced generation")
     balance: Annotated[str, OneOf("load", "split")] = "load"
     # rollout.balance=load: rows per chunk, rounded up to whole prompt groups (n rows each); null: the
-    # batch in 4 chunks per replica
+    # batch in 8 chunks per replica (smaller chunks balance finer; each is one engine call of its rows)
     balance_chunk_rows: Annotated[int, AtLeast(1)] | None = None
     # ranks one rollout replica spans (tensor parallelism): trainer.mode=sync makes the actor's workers
     # n_workers / tensor_parallel_size replicas of consecutive ranks (inside one node), each rank holding

@@ -51,7 +51,7 @@ class LoadBalanceRequest:
     chunk_rows: int | None = None
     group_key: str = "group"
     in_flight: int = 2
-    chunks_per_replica: int = 4
+    chunks_per_replica: int = 8
     before: str | None = "prepare_generate"
     after: str | None = "release_generate"
 
