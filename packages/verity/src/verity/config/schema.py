@@ -140,7 +140,9 @@ class RolloutConfig:
             parts.append(IdlePart("rollout.nnodes", f"{why}, on the actor's nodes", fix))
         if self.balance == "split":
             why = "rollout.balance=split: each replica gets one equal part, no chunks"
-            parts.append(IdlePart("rollout.balance_chunk_rows", why, "set rollout.balance=load to cut chunks"))
+            parts.append(
+                IdlePart("rollout.balance_chunk_rows", why, "set rollout.balance=load to cut chunks")
+            )
         if self.val_temperature == 0:
             why = "rollout.val_temperature=0: held-out answers are greedy"
             parts.append(IdlePart("rollout.val_top_p", why, "set rollout.val_temperature > 0 to sample them"))

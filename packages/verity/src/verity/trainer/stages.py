@@ -175,7 +175,10 @@ def replica_rows_metrics(batch: Batch) -> dict[str, float]:
     rows = batch.meta.pop(ROWS_PER_REPLICA_META, None)
     if not rows:
         return {}
-    return {"rollout/rows_per_replica_max": float(max(rows)), "rollout/rows_per_replica_min": float(min(rows))}
+    return {
+        "rollout/rows_per_replica_max": float(max(rows)),
+        "rollout/rows_per_replica_min": float(min(rows)),
+    }
 
 
 def generate(ctx: StepContext, prompts: Batch) -> Batch:

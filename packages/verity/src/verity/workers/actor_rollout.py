@@ -290,7 +290,9 @@ class ActorRolloutRefWorker(Worker):
         if not chunk:
             self.prepare_generate()
         elif self.rollout.needs_weight_sync:  # a weight sync is collective: only prepare_generate may run it
-            raise RuntimeError("generate: a load-balanced chunk arrived before prepare_generate synced the rollout")
+            raise RuntimeError(
+                "generate: a load-balanced chunk arrived before prepare_generate synced the rollout"
+            )
         replica = self._dp_layout().layout_for("rollout").dp_rank
         out = generate_batch(self.rollout, batch, self.cfg.rollout.micro_batch_size, replica)
         if not chunk:
