@@ -32,8 +32,8 @@ def test_async_rollout_group_balanced_by_load_reruns_the_same(tiny_grpo_override
     first, second = runs
     assert len(first) == len(second) == 2
     for a, b in zip(first, second, strict=True):
-        assert a["rollout/rows_per_replica_max"] + a["rollout/rows_per_replica_min"] == 32
-        assert a["rollout/rows_per_replica_min"] % 4 == 0  # whole prompt groups
+        assert a["perf/rollout_rows_per_replica_max"] + a["perf/rollout_rows_per_replica_min"] == 32
+        assert a["perf/rollout_rows_per_replica_min"] % 4 == 0  # whole prompt groups
         for key in ("reward/mean", "response_length/mean", "actor/loss", "actor/grad_norm"):
             assert a[key] == b[key], (key, a[key], b[key])
         assert a["async/staleness_max"] <= 1.0

@@ -89,8 +89,8 @@ def test_chunk_rows_are_idle_without_load_balance():
 def test_replica_rows_become_metrics_and_leave_the_meta():
     batch = Batch.from_dict({"x": torch.zeros(5)}, meta={"rows_per_replica": [3, 2]})
     assert replica_rows_metrics(batch) == {
-        "rollout/rows_per_replica_max": 3.0,
-        "rollout/rows_per_replica_min": 2.0,
+        "perf/rollout_rows_per_replica_max": 3.0,
+        "perf/rollout_rows_per_replica_min": 2.0,
     }
     assert "rows_per_replica" not in batch.meta
     assert replica_rows_metrics(batch) == {}

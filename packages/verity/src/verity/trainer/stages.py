@@ -170,14 +170,15 @@ def with_load_balance(cfg: VerityConfig, rows: Batch) -> Batch:
 
 
 def replica_rows_metrics(batch: Batch) -> dict[str, float]:
-    """``rollout/rows_per_replica_max`` / ``_min``: rows each rollout replica generated in a load-balanced
-    call (taken out of the answer's meta); empty for a call split in equal parts."""
+    """``perf/rollout_rows_per_replica_max`` / ``_min``: rows each rollout replica generated in a
+    load-balanced call (taken out of the answer's meta); empty for a call split in equal parts. Under
+    ``perf/``: which replica took which chunk depends on timing, not on the seed."""
     rows = batch.meta.pop(ROWS_PER_REPLICA_META, None)
     if not rows:
         return {}
     return {
-        "rollout/rows_per_replica_max": float(max(rows)),
-        "rollout/rows_per_replica_min": float(min(rows)),
+        "perf/rollout_rows_per_replica_max": float(max(rows)),
+        "perf/rollout_rows_per_replica_min": float(min(rows)),
     }
 
 
