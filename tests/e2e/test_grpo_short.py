@@ -51,6 +51,8 @@ def test_grpo_runs_end_to_end_and_is_deterministic(tiny_model_and_task, tmp_path
     ):
         assert key in rows[-1], key
     assert rows[-1]["actor/optimizer_steps"] == 2.0  # 8 prompts / mini-batch of 4
+    # rollout.balance=load (the default) over the 2 replicas: every one of the 32 rows generated once
+    assert rows[-1]["perf/rollout_rows_per_replica_max"] + rows[-1]["perf/rollout_rows_per_replica_min"] == 32
     # the step's rows crossed the driver: at least the generated responses came back to it
     responses = 8 * rows[-1]["response_length/mean"]  # tokens of 8 prompts x n samples, > 0
     assert rows[-1]["perf/driver_bytes_received"] >= responses > 0

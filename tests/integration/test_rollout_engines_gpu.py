@@ -1,4 +1,5 @@
-"""vLLM (official ``vllm``) and SGLang rollouts on a CUDA device: greedy vs HF, weight sync, sleep/wake.
+"""vLLM (official ``vllm``) and SGLang rollouts on a CUDA device: greedy vs HF, weight sync, sleep/wake,
+greedy requests through each engine's request scheduler vs its ``generate``.
 
 Skipped without a GPU or without the engine's package. The model is the tiny character
 Qwen2 of the CPU tests (float32, decisive logits), so HF greedy is the reference.
@@ -42,6 +43,31 @@ def _check_engine(rollout, model, other, tokenizer):
     assert torch.equal(rollout.generate(batch, GREEDY)["responses"].cpu(), _hf(other, tokenizer, batch))
 
 
+def _check_request_scheduler(rollout, tokenizer):
+    """Greedy requests through the engine's request scheduler, added at different steps, give generate's tokens."""
+    from verity.rollout.requests import GenerationRequest
+
+    batch = _prompts(tokenizer)
+    out = rollout.generate(batch, GREEDY)
+    expected = [
+        tokens[: int(mask.sum())].tolist()
+        for tokens, mask in zip(out["responses"].cpu(), out["response_mask"].cpu(), strict=True)
+    ]
+    contexts = [
+        ids[m.bool()].tolist() for ids, m in zip(batch["input_ids"], batch["attention_mask"], strict=True)
+    ]
+    scheduler = rollout.request_scheduler(GREEDY)
+    finished, steps = {}, 0
+    while scheduler.pending() or steps < 2:
+        if steps < 2:  # half at the first step, half at the second
+            for i in range(steps, len(contexts), 2):
+                scheduler.add(GenerationRequest(i, contexts[i], GREEDY.max_new_tokens))
+        finished.update({done.request_id: done for done in scheduler.step()})
+        steps += 1
+    assert [finished[i].token_ids for i in range(len(contexts))] == expected
+    assert all(len(f.logprobs) == len(f.token_ids) for f in finished.values())
+
+
 def test_vllm_on_gpu(tmp_path):
     pytest.importorskip("vllm")
     from verity.rollout.vllm_rollout import VLLMRollout
@@ -53,6 +79,7 @@ def test_vllm_on_gpu(tmp_path):
     ) as rollout:
         assert rollout.sleep_mode
         _check_engine(rollout, model, other, tokenizer)
+        _check_request_scheduler(rollout, tokenizer)
 
 
 def test_sglang_on_gpu(tmp_path):
@@ -65,3 +92,4 @@ def test_sglang_on_gpu(tmp_path):
         str(tmp_path / "m"), tokenizer, max_model_len=128, dtype="float32", mem_fraction_static=0.2
     ) as rollout:
         _check_engine(rollout, model, other, tokenizer)
+        _check_request_scheduler(rollout, tokenizer)

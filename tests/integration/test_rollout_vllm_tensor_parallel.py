@@ -3,7 +3,8 @@
 One spawn: both ranks build the engine through the registry with the replica's ``tp_mesh``
 (vLLM's external launcher, TP=2 over the group the "trainer" made), then generate greedily and
 compare with HF's greedy tokens of the whole model, before and after a weight sync of a second
-model's full weights (``sync_weights``: the engine takes full tensors, vLLM cuts each rank's slice).
+model's full weights (``sync_weights``: the engine takes full tensors, vLLM cuts each rank's slice),
+and through the request scheduler, requests added at different steps on both ranks.
 """
 
 from __future__ import annotations
@@ -43,6 +44,29 @@ def _raises(fn) -> str:
     except Exception as error:  # the test reads its type and message
         return f"{type(error).__name__}: {error}"
     return "no error"
+
+
+def _scheduled(rollout, batch, drop: int | None = None) -> list[list[int]]:
+    """Greedy tokens of each prompt through the engine's request scheduler: even prompts added at the
+    first step, odd ones at the third; ``drop``: leave that prompt out."""
+    from verity.rollout.requests import GenerationRequest
+
+    contexts = [
+        ids[m.bool()].tolist() for ids, m in zip(batch["input_ids"], batch["attention_mask"], strict=True)
+    ]
+    plan = {0: [i for i in range(len(contexts)) if i % 2 == 0], 2: [i for i in range(len(contexts)) if i % 2]}
+    scheduler = rollout.request_scheduler(GREEDY)
+    finished, steps = {}, 0
+    try:
+        while scheduler.pending() or steps <= 2:
+            for i in plan.get(steps, []):
+                if i != drop:
+                    scheduler.add(GenerationRequest(i, contexts[i], GREEDY.max_new_tokens))
+            finished.update({done.request_id: done.token_ids for done in scheduler.step()})
+            steps += 1
+    finally:
+        scheduler.close()
+    return [finished[i] for i in range(len(contexts))]
 
 
 def vllm_segments() -> set[str]:
@@ -94,6 +118,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     stats = sync_weights(Qwen2ForCausalLM.from_pretrained(folder_b).eval(), rollout)
     out["synced"] = (stats.num_tensors, stats.received_bytes)
     out["b"] = picked(rollout.generate(batch, GREEDY))
+    out["requests"] = _scheduled(rollout, batch)
+    out["requests_lockstep"] = _raises(
+        lambda: _scheduled(rollout, batch, drop=rank)
+    )  # each rank drops another
     other = {k: v[:3] if rank else v[3:] for k, v in batch.items()}  # the ranks disagree: both must raise
     out["lockstep"] = _raises(lambda: rollout.generate(other, GREEDY))
     cpushm = {name for name in shm_segments() - segments_before if "cpushm" in name}
@@ -145,3 +173,12 @@ def test_tp2_disagreeing_ranks_raise_and_close_keeps_the_group(results):
         assert r["lockstep"].startswith("RuntimeError") and "lockstep" in r["lockstep"]
         assert r["after_close"] == 3.0
         assert r["left_segments"] == []
+
+
+@pytest.mark.slow
+def test_tp2_request_scheduler_gives_generates_tokens_and_checks_lockstep(results):
+    for r in results["ranks"]:
+        mask, responses = r["b"]["response_mask"], r["b"]["responses"]
+        expected = [row[: int(m.sum())].tolist() for row, m in zip(responses, mask, strict=True)]
+        assert r["requests"] == expected
+        assert r["requests_lockstep"].startswith("RuntimeError") and "lockstep" in r["requests_lockstep"]

@@ -43,3 +43,18 @@ def test_generate_wakes_the_rollout_first_and_puts_it_to_sleep_after() -> None:
     out = ActorRolloutRefWorker.generate(worker, prompts)
     assert len(out) == 3
     assert worker.rollout.calls == ["wake", "generate", "generate", "sleep"]  # 2 chunks of <= 2 rows
+
+
+def test_a_load_balanced_chunk_leaves_waking_and_sleeping_to_the_calls_around_it() -> None:
+    worker = ActorRolloutRefWorker.__new__(ActorRolloutRefWorker)
+    worker.cfg = load_config(["rollout.micro_batch_size=4"])
+    worker.rollout = RecordingRollout()
+    worker.pad_token_id = 0
+    worker.score_rows = RowScorer(worker.cfg, tokenizer=None)
+    worker.set_dp_layout(0, 2, True, name="rollout")
+    chunk = Batch.from_dict({"input_ids": torch.ones(3, 4, dtype=torch.long)}, meta={"chunk_index": 5})
+    worker.prepare_generate()
+    ActorRolloutRefWorker.generate(worker, chunk)
+    ActorRolloutRefWorker.generate(worker, chunk)
+    worker.release_generate()
+    assert worker.rollout.calls == ["wake", "generate", "generate", "sleep"]

@@ -97,6 +97,14 @@ class RolloutConfig:
     # nucleus sampling of held-out answers (val_temperature > 0); None: top_p
     val_top_p: Annotated[float, Above(0), AtMost(1)] | None = None
     micro_batch_size: Annotated[int, AtLeast(1)] = 256  # rows per generate call inside a worker
+    # how a training step's generate spreads its rows over the rollout replicas: load (chunks of whole
+    # prompt groups, the next chunk to whichever replica finishes first, rows put back in order; each
+    # chunk seeded by its index) | split (one equal part per replica). One replica: split
+    # (docs/rollout-engines.md, "Load-balanced generation")
+    balance: Annotated[str, OneOf("load", "split")] = "load"
+    # rollout.balance=load: rows per chunk, rounded up to whole prompt groups (n rows each); null: the
+    # batch in 8 chunks per replica (smaller chunks balance finer; each is one engine call of its rows)
+    balance_chunk_rows: Annotated[int, AtLeast(1)] | None = None
     # ranks one rollout replica spans (tensor parallelism): trainer.mode=sync makes the actor's workers
     # n_workers / tensor_parallel_size replicas of consecutive ranks (inside one node), each rank holding
     # and receiving 1/tensor_parallel_size of the weights; async: the rollout group's workers
@@ -121,7 +129,8 @@ class RolloutConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)
 
     def idle_parts(self, cfg: Any) -> list[IdlePart]:
-        """Other engines' options; the async rollout group's size in sync mode; ``val_top_p`` when greedy."""
+        """Other engines' options; the async rollout group's size in sync mode; the chunk size without
+        load balancing; ``val_top_p`` when greedy."""
         from verity.rollout.registry import ROLLOUT_ENGINES
 
         parts = engine_option_parts(self, "rollout", ROLLOUT_ENGINES)
@@ -130,6 +139,11 @@ class RolloutConfig:
             fix = "set trainer.mode=async for a rollout worker group of its own"
             parts.append(IdlePart("rollout.n_workers", why, fix))
             parts.append(IdlePart("rollout.nnodes", f"{why}, on the actor's nodes", fix))
+        if self.balance == "split":
+            why = "rollout.balance=split: each replica gets one equal part, no chunks"
+            parts.append(
+                IdlePart("rollout.balance_chunk_rows", why, "set rollout.balance=load to cut chunks")
+            )
         if self.val_temperature == 0:
             why = "rollout.val_temperature=0: held-out answers are greedy"
             parts.append(IdlePart("rollout.val_top_p", why, "set rollout.val_temperature > 0 to sample them"))

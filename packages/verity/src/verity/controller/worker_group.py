@@ -26,12 +26,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from verity.batch.transport import DRIVER_TRANSFERS
+from verity.controller.balanced_call import BalancedGroupCall, load_balance_request
 from verity.controller.dispatch import (
     CallPlan,
     Collect,
     Dispatch,
     DPLayout,
     MethodSpec,
+    _check_batch,
     answer_wanted,
     collect_results,
     plan_call,
@@ -39,6 +41,7 @@ from verity.controller.dispatch import (
 )
 from verity.controller.errors import ControllerError, WorkerTimeoutError
 from verity.controller.host import SINGLE_ROLE, ColocatedRoles, RoleSpec, WorkerHost
+from verity.controller.load_balance import LOAD_BALANCE_META
 from verity.controller.placement import describe_node
 from verity.controller.rank_failures import explain_failure
 from verity.controller.resource_pool import ResourcePool
@@ -107,8 +110,9 @@ class GroupMethod:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.submit(*args, **kwargs).result()
 
-    def submit(self, *args: Any, **kwargs: Any) -> GroupCall:
-        """Dispatch without waiting; returns a :class:`GroupCall`."""
+    def submit(self, *args: Any, **kwargs: Any) -> GroupCall | BalancedGroupCall:
+        """Dispatch without waiting; returns a :class:`GroupCall` (a :class:`BalancedGroupCall` for a
+        load-balanced batch, :mod:`verity.controller.load_balance`)."""
         return self._group._submit(self._role, self.name, self.spec, args, kwargs)
 
     def __repr__(self) -> str:
@@ -283,12 +287,19 @@ class WorkerGroup:
     def _label(self, role: str, method: str) -> str:
         return f"{self.name}.{method}" if role == SINGLE_ROLE else f"{self.name}/{role}.{method}"
 
-    def _submit(self, role: str, method: str, spec: MethodSpec, args: tuple, kwargs: dict) -> GroupCall:
+    def _submit(
+        self, role: str, method: str, spec: MethodSpec, args: tuple, kwargs: dict
+    ) -> GroupCall | BalancedGroupCall:
         import ray
 
         if self._closed:
             raise ControllerError(f"worker group {self.name!r} was shut down; cannot call {method}")
         label = self._label(role, method)
+        if spec.dispatch is Dispatch.DP_SPLIT:
+            balanced = self._balanced(role, method, spec, args, kwargs)
+            if isinstance(balanced, BalancedGroupCall):
+                return balanced
+            args, kwargs = balanced
         plan = plan_call(label, spec, args, kwargs, self._layouts[role], share=ray.put)
         DRIVER_TRANSFERS.add(sent=plan.payload)
         refs = [
@@ -296,6 +307,24 @@ class WorkerGroup:
             for rank, a, kw in plan.calls
         ]
         return GroupCall(self, role, method, spec, plan, refs)
+
+    def _balanced(
+        self, role: str, method: str, spec: MethodSpec, args: tuple, kwargs: dict
+    ) -> BalancedGroupCall | tuple[tuple, dict]:
+        """A load-balanced call where the batch asks for one and there are several replicas to balance
+        over (:mod:`verity.controller.load_balance`); otherwise the arguments without the request."""
+        request, batch = load_balance_request(args, kwargs)
+        if request is None:
+            return args, kwargs
+        layouts = [layout.layout_for(spec.layout) for layout in self._layouts[role]]
+        if len({layout.dp_size for layout in layouts}) == 1 and layouts[0].dp_size > 1 and len(batch):
+            if spec.check_schema:
+                _check_batch(self._label(role, method), "argument 0", batch)
+            return BalancedGroupCall(self, role, method, spec, batch, request)
+        plain = batch.select(*batch.keys())
+        plain.pad_rows = batch.pad_rows
+        plain.meta.pop(LOAD_BALANCE_META, None)
+        return (plain,), {}
 
     def _adhoc(self, role: str, method: str, spec: MethodSpec, args: tuple, kwargs: dict) -> Any:
         cls = self._role_classes[role]

@@ -31,6 +31,9 @@ each part maps onto SGLang (checked against the source of ``sglang`` 0.5.23):
   :class:`~verity.rollout.process_guard.OrphanReaper` kills them if the owner dies
   without :meth:`close`.
 
+- **Request by request**: :meth:`SGLangRollout.request_scheduler` starts each request as its own
+  ``async_generate`` coroutine on the engine's event loop (:mod:`verity.rollout.sglang_requests`).
+
 Not run on a GPU here yet: only the pure parts (request building, output conversion,
 seeds, weight bucketing, sleep/wake calls) are tested, against fakes.
 """
@@ -40,7 +43,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -58,6 +61,9 @@ from verity.rollout.batch_io import (
 from verity.rollout.options import SGLangOptions
 from verity.rollout.process_guard import OrphanReaper, child_processes, shm_segments
 from verity.rollout.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from verity.rollout.sglang_requests import SGLangRequestScheduler
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +187,7 @@ class SGLangRollout(RolloutEngine):
         self.pad_token_id = int(self.eos_token_ids[0] if pad_token_id is None else pad_token_id)
         self._generator = torch.Generator().manual_seed(seed)
         self._asleep = False
+        self._scheduler: SGLangRequestScheduler | None = None  # the one holding requests in the engine
         self._reaper: OrphanReaper | None = None
         self.engine = engine if engine is not None else self._start_engine(seed)
 
@@ -222,10 +229,44 @@ class SGLangRollout(RolloutEngine):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _engine(self) -> Any:
+    def _engine(self, busy_check: str | None = None) -> Any:
+        """The engine; with ``busy_check`` (a method's name), refuse while a scheduler holds requests."""
         if self.engine is None:
             raise RuntimeError("SGLangRollout: the engine was closed")
+        if busy_check is not None and self._scheduler is not None:
+            raise RuntimeError(
+                f"SGLangRollout.{busy_check}: a request scheduler holds {self._scheduler.pending()} request(s) "
+                "in the engine; step it until none is pending, or close() it, first"
+            )
         return self.engine
+
+    def _request_params(self, params: SamplingParams, count: int) -> list[dict[str, Any]]:
+        """``count`` request dicts; sampled rows get seeds from the stream with deterministic inference."""
+        seeds = None
+        if self.options.enable_deterministic_inference and not params.greedy:
+            seeds = draw_request_seeds(self._generator, count)
+        return sglang_request_params(params, self.eos_token_ids, seeds, count)
+
+    def request_scheduler(self, params: SamplingParams) -> SGLangRequestScheduler:
+        """Requests started and finished in SGLang's engine one by one (:mod:`verity.rollout.sglang_requests`).
+
+        ``params``: every request's sampling parameters (``n`` = 1), as in :meth:`generate`.
+        """
+        from verity.rollout.sglang_requests import SGLangRequestScheduler
+
+        return SGLangRequestScheduler(self, params)
+
+    def _claim_scheduler(self, scheduler: SGLangRequestScheduler) -> None:
+        if self._scheduler is not None and self._scheduler is not scheduler:
+            raise RuntimeError(
+                "SGLangRollout.request_scheduler: another scheduler still holds requests in this engine; "
+                "step it until none is pending, or close() it, first"
+            )
+        self._scheduler = scheduler
+
+    def _release_scheduler(self, scheduler: SGLangRequestScheduler) -> None:
+        if self._scheduler is scheduler:
+            self._scheduler = None
 
     def set_seed(self, seed: int) -> None:
         """Restart the per-request seed stream (used with ``enable_deterministic_inference``)."""
@@ -233,16 +274,13 @@ class SGLangRollout(RolloutEngine):
 
     def generate(self, batch: Batch | Mapping[str, Any], params: SamplingParams | None = None) -> Batch:
         """Sample responses for left-padded prompts; keys and shapes in ``verity.rollout.base``."""
-        engine = self._engine()
+        engine = self._engine("generate")
         if self._asleep:
             raise RuntimeError("SGLangRollout.generate: the engine is asleep; call wake() first")
         params = resolve_sampling(batch, self.sampling, params)
         rows = read_prompt_rows(batch, params.n)
         prompts = prompt_token_lists(rows, params.max_new_tokens, self.max_model_len)
-        seeds = None
-        if self.options.enable_deterministic_inference and not params.greedy:
-            seeds = draw_request_seeds(self._generator, len(prompts))
-        requests = sglang_request_params(params, self.eos_token_ids, seeds, len(prompts))
+        requests = self._request_params(params, len(prompts))
         outputs = engine.generate(input_ids=prompts, sampling_params=requests, return_logprob=True)
         if isinstance(outputs, Mapping):
             outputs = [outputs]
@@ -254,7 +292,7 @@ class SGLangRollout(RolloutEngine):
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Send checkpoint-named full tensors bucket by bucket, then flush the prefix cache once; returns the count."""
-        engine = self._engine()
+        engine = self._engine("load_weights")
         sent = 0
         for bucket in tensor_buckets(named_tensors, self.options.bucket_bytes):
             result = engine.update_weights_from_tensor(named_tensors=bucket, flush_cache=False)
@@ -265,7 +303,7 @@ class SGLangRollout(RolloutEngine):
 
     def sleep(self) -> None:
         """Release the engine's GPU memory (weights and KV cache) until :meth:`wake`."""
-        engine = self._engine()
+        engine = self._engine("sleep")
         if not self.options.enable_memory_saver:
             raise RuntimeError("SGLangRollout.sleep: needs enable_memory_saver=true")
         if not self._asleep:

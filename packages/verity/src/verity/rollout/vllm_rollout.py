@@ -61,7 +61,7 @@ import logging
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -93,7 +93,13 @@ from verity.rollout.vllm_replica import (
     unlink_broadcast_buffers,
     unlink_shm_segments,
 )
+from verity.rollout.vllm_warnings import drop_expected_vllm_warnings, quiet_tokenizer_free_warmup
 from verity.rollout.vllm_weights import VerityWorkerExtension, to_safetensors_bytes, with_tied_lm_head
+
+if TYPE_CHECKING:
+    from verity.rollout.vllm_requests import VLLMRequestScheduler
+
+__all__ = ["VLLMOptions", "VLLMRollout", "drop_expected_vllm_warnings"]
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +169,7 @@ class VLLMRollout(RolloutEngine):
         self._generator = torch.Generator().manual_seed(seed)
         self._warned: set[str] = set()
         self._asleep = False
+        self._scheduler: VLLMRequestScheduler | None = None  # the one holding requests in the engine
         self._reaper: OrphanReaper | None = None
         drop_expected_vllm_warnings()
         if self.options.enable_sleep_mode and _platform_is_cpu():
@@ -192,7 +199,7 @@ class VLLMRollout(RolloutEngine):
             env.update(launcher_env())
             token = job_token()
             launcher = external_launcher_ident(token)
-        with preserved_process_state(env), _quiet_tokenizer_free_warmup(), launcher:
+        with preserved_process_state(env), quiet_tokenizer_free_warmup(), launcher:
             from vllm import LLM
 
             self.on_cpu = _platform_is_cpu()
@@ -261,10 +268,39 @@ class VLLMRollout(RolloutEngine):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _engine(self) -> Any:
+    def _engine(self, busy_check: str | None = None) -> Any:
+        """The ``vllm.LLM``; with ``busy_check`` (a method's name), refuse while a scheduler holds requests."""
         if self.llm is None:
             raise RuntimeError("VLLMRollout: the engine was closed")
+        if busy_check is not None and self._scheduler is not None:
+            raise RuntimeError(
+                f"VLLMRollout.{busy_check}: a request scheduler holds {self._scheduler.pending()} request(s) "
+                "in the engine; step it until none is pending, or close() it, first"
+            )
         return self.llm
+
+    # ------------------------------------------------------------------ request scheduler
+
+    def request_scheduler(self, params: SamplingParams) -> VLLMRequestScheduler:
+        """Requests added to and finished in vLLM's engine one by one (:mod:`verity.rollout.vllm_requests`).
+
+        ``params``: every request's sampling parameters (``n`` = 1), as in :meth:`generate`.
+        """
+        from verity.rollout.vllm_requests import VLLMRequestScheduler
+
+        return VLLMRequestScheduler(self, params)
+
+    def _claim_scheduler(self, scheduler: VLLMRequestScheduler) -> None:
+        if self._scheduler is not None and self._scheduler is not scheduler:
+            raise RuntimeError(
+                "VLLMRollout.request_scheduler: another scheduler still holds requests in this engine; "
+                "step it until none is pending, or close() it, first"
+            )
+        self._scheduler = scheduler
+
+    def _release_scheduler(self, scheduler: VLLMRequestScheduler) -> None:
+        if self._scheduler is scheduler:
+            self._scheduler = None
 
     # ------------------------------------------------------------------ generate
 
@@ -280,7 +316,7 @@ class VLLMRollout(RolloutEngine):
         updated by sampling keys in the batch's meta (as :meth:`HFRollout.generate`).
         Raises ValueError when a prompt plus ``max_new_tokens`` exceeds ``max_model_len``.
         """
-        llm = self._engine()
+        llm = self._engine("generate")
         if self._asleep:
             raise RuntimeError("VLLMRollout.generate: the engine is asleep; call wake() first")
         params = resolve_sampling(batch, self.sampling, params)
@@ -364,7 +400,7 @@ class VLLMRollout(RolloutEngine):
         With tied embeddings the embedding is also sent as ``lm_head.weight``.
         Returns the number of tensors handed to vLLM.
         """
-        llm = self._engine()
+        llm = self._engine("load_weights")
         stream = with_tied_lm_head(named_tensors, self.tied_embeddings)
         if self.options.runs_in_process:
             count = _CountingStream(stream)
@@ -380,7 +416,7 @@ class VLLMRollout(RolloutEngine):
 
     def sleep(self) -> None:
         """Free the engine's device memory until :meth:`wake` (GPU sleep mode); a no-op on CPU."""
-        llm = self._engine()
+        llm = self._engine("sleep")
         if not self.sleep_mode:
             if "sleep" not in self._warned:  # called every step by the worker: said once, not a warning
                 self._warned.add("sleep")
@@ -495,53 +531,3 @@ def _tied_embeddings(model_path: str) -> bool:
     config = AutoConfig.from_pretrained(model_path)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     return bool(getattr(text, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)))
-
-
-# vLLM warnings that this engine causes on purpose, with why each is expected
-EXPECTED_VLLM_WARNINGS = {
-    # vLLM runs without a tokenizer here; the EOS and pad ids come from the trainer's tokenizer
-    "vllm.renderers.base": (
-        "Using None for EOS token id because tokenizer is not initialized",
-        "Using None for BOS token id because tokenizer is not initialized",
-    ),
-    # a weight sync reloads weights only: the rotary cos/sin cache is not one, and vLLM keeps its own
-    "vllm.model_executor.model_loader.reload.layerwise": ("RotaryEmbedding: Failed to load weights",),
-}
-
-
-class _DropExpected(logging.Filter):
-    def __init__(self, messages: tuple[str, ...]) -> None:
-        super().__init__()
-        self.messages = messages
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage() not in self.messages
-
-
-def drop_expected_vllm_warnings() -> None:
-    """Filter :data:`EXPECTED_VLLM_WARNINGS` out of vLLM's loggers in this process (once; idempotent).
-
-    They read like errors in a run's output (``RotaryEmbedding: Failed to load weights
-    [repeated 5x across cluster]`` at every weight sync) and say nothing wrong.
-    """
-    for name, messages in EXPECTED_VLLM_WARNINGS.items():
-        target = logging.getLogger(name)
-        if not any(isinstance(f, _DropExpected) for f in target.filters):
-            target.addFilter(_DropExpected(messages))
-
-
-class _quiet_tokenizer_free_warmup:
-    """Drop vLLM's "Chat template warmup failed" record: it starts without a tokenizer on purpose."""
-
-    def __enter__(self) -> None:
-        self.logger = logging.getLogger("vllm.renderers.base")
-        self.filter = _DropChatWarmup()
-        self.logger.addFilter(self.filter)
-
-    def __exit__(self, *exc: object) -> None:
-        self.logger.removeFilter(self.filter)
-
-
-class _DropChatWarmup(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Chat template warmup failed" not in record.getMessage()

@@ -33,8 +33,9 @@ from typing import Any
 import torch
 
 from verity.batch import Batch, materialize, register_key
+from verity.controller.balanced_call import BalancedGroupCall
 from verity.trainer.role_handles import ActorHandle
-from verity.trainer.stages import Stage, StepContext, training_rows
+from verity.trainer.stages import Stage, StepContext, replica_rows_metrics, training_rows
 from verity.workers.registry import RoleDef, register_role
 from verity.workers.rollout_worker import RolloutWorker
 
@@ -108,6 +109,10 @@ class AsyncRollout:
         ``async/weight_sync_*`` metrics.
         """
         published = actor.publish_weights()
+        if self._pending is not None and isinstance(self._pending[2], BalancedGroupCall):
+            # a load-balanced generation hands out chunks until its last: none may run with the new
+            # weights (an equal split's calls are queued on each worker ahead of the load already)
+            self._resolve()
         answers = self.group.load_weights(published["refs"], version)
         self.version = int(version)
         loaded = [float(a["bytes"]) for a in answers]
@@ -177,6 +182,7 @@ def generate_ahead(ctx: StepContext, prompts: Batch) -> Batch:
         rollout.submit(ctx.step, training_rows(ctx.cfg, prompts, ctx.step))
         upcoming = None if last else ctx.loader.next_batch()
     batch = rollout.take(ctx.step)
+    ctx.metrics.update(replica_rows_metrics(batch))
     if not last and upcoming is not None:
         rollout.submit(ctx.step + 1, training_rows(ctx.cfg, upcoming, ctx.step + 1))
     staleness = (ctx.step - 1) - batch["policy_version"].float()

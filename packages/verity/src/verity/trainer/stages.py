@@ -41,6 +41,8 @@ from verity.config.derived import (
     skips_zero_advantage_rows,
 )
 from verity.config.schema import VerityConfig
+from verity.controller.balanced_call import ROWS_PER_REPLICA_META
+from verity.controller.load_balance import LOAD_BALANCE_META, LoadBalanceRequest
 from verity.data.vision_inputs import VISION_KEYS
 from verity.engines.train_rows import rows_with_advantage
 from verity.rewards.manager import response_span, token_rewards_from_scores
@@ -140,7 +142,8 @@ def generate_baseline(ctx: StepContext, prompts: Batch) -> Batch:
         "max_new_tokens": ctx.cfg.data.max_response_length,
         "n": 1,
     }
-    out = ctx.actor.generate(greedy)
+    out = ctx.actor.generate(with_load_balance(ctx.cfg, greedy))
+    replica_rows_metrics(out)  # the training rows' generate records the replicas' rows
     scores = score_rows(ctx, out)[0]
     prompts["baseline_scores"] = scores.float()
     ctx.metrics["reward/baseline_mean"] = float(scores.float().mean())
@@ -155,12 +158,35 @@ def training_rows(cfg: VerityConfig, prompts: Batch, step: int) -> Batch:
     rows["group"] = torch.arange(base, base + len(prompts), dtype=torch.long).repeat_interleave(n)
     rows.meta["sampling"] = sampling_for_training(cfg)
     rows.meta["seed"] = cfg.trainer.seed * 1_000_003 + step
+    return with_load_balance(cfg, rows)
+
+
+def with_load_balance(cfg: VerityConfig, rows: Batch) -> Batch:
+    """``rows`` asking the generate call to balance them over the rollout replicas by load
+    (``rollout.balance=load``; :mod:`verity.controller.load_balance`), in chunks of whole groups."""
+    if cfg.rollout.balance == "load":
+        rows.meta[LOAD_BALANCE_META] = LoadBalanceRequest(chunk_rows=cfg.rollout.balance_chunk_rows)
     return rows
+
+
+def replica_rows_metrics(batch: Batch) -> dict[str, float]:
+    """``perf/rollout_rows_per_replica_max`` / ``_min``: rows each rollout replica generated in a
+    load-balanced call (taken out of the answer's meta); empty for a call split in equal parts. Under
+    ``perf/``: which replica took which chunk depends on timing, not on the seed."""
+    rows = batch.meta.pop(ROWS_PER_REPLICA_META, None)
+    if not rows:
+        return {}
+    return {
+        "perf/rollout_rows_per_replica_max": float(max(rows)),
+        "perf/rollout_rows_per_replica_min": float(min(rows)),
+    }
 
 
 def generate(ctx: StepContext, prompts: Batch) -> Batch:
     """Repeat each prompt ``rollout.n`` times (interleaved) and sample one response per row."""
-    return ctx.actor.generate(training_rows(ctx.cfg, prompts, ctx.step))
+    out = ctx.actor.generate(training_rows(ctx.cfg, prompts, ctx.step))
+    ctx.metrics.update(replica_rows_metrics(out))
+    return out
 
 
 def score_rows(ctx: StepContext, rows: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:

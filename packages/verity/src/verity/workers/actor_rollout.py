@@ -77,6 +77,7 @@ from verity.workers.rollout_side import (
     RowScorer,
     build_role_rollout,
     generate_batch,
+    is_balanced_chunk,
     pad_id,
     rollout_replica_mesh,
     rollout_weight_bytes,
@@ -285,19 +286,41 @@ class ActorRolloutRefWorker(Worker):
         """
         assert self.rollout is not None, "init_model() must run first"
         maybe_stall("generate")
-        self.rollout.wake()  # a no-op unless the last call put it to sleep
-        if self.rollout.needs_weight_sync:  # released since the last sync (a second round of one step)
-            sync_weights(self.actor, self.rollout, bucket_bytes=self.sync_bucket_bytes)
+        chunk = is_balanced_chunk(batch)  # one chunk of a load-balanced call: prepared and released around it
+        if not chunk:
+            self.prepare_generate()
+        elif self.rollout.needs_weight_sync:  # a weight sync is collective: only prepare_generate may run it
+            raise RuntimeError(
+                "generate: a load-balanced chunk arrived before prepare_generate synced the rollout"
+            )
         replica = self._dp_layout().layout_for("rollout").dp_rank
         out = generate_batch(self.rollout, batch, self.cfg.rollout.micro_batch_size, replica)
-        # colocated, the rollout gives its memory back to the training stages until the next weight
-        # sync (vLLM sleep mode at rollout.vllm.sleep_level; HF: the model to host memory on an
-        # accelerator, its weights released on a CPU); what it gave back goes with the next update's metrics
+        if not chunk:
+            self.release_generate()
+        return rows_for_driver(self.cfg, out, self.pad_token_id)
+
+    @register(Dispatch.BROADCAST, collect=Collect.NONE)
+    def prepare_generate(self) -> None:
+        """Wake the rollout and give it the actor's weights where its sleep released them (a second
+        round of one step); every rank at once, before the chunks of a load-balanced ``generate``."""
+        assert self.rollout is not None, "init_model() must run first"
+        self.rollout.wake()  # a no-op unless the last call put it to sleep
+        if self.rollout.needs_weight_sync:  # released since the last sync
+            sync_weights(self.actor, self.rollout, bucket_bytes=self.sync_bucket_bytes)
+
+    @register(Dispatch.BROADCAST, collect=Collect.NONE)
+    def release_generate(self) -> None:
+        """Put the rollout to sleep after a ``generate`` (after the last chunk of a load-balanced one).
+
+        Colocated, the rollout gives its memory back to the training stages until the next weight
+        sync (vLLM sleep mode at rollout.vllm.sleep_level; HF: the model to host memory on an
+        accelerator, its weights released on a CPU); what it gave back goes with the next update's metrics.
+        """
+        assert self.rollout is not None, "init_model() must run first"
         held = rollout_weight_bytes(self.rollout)
         self.rollout.sleep()
         if held is not None:
             self.rollout_released_bytes = held - (rollout_weight_bytes(self.rollout) or 0)
-        return rows_for_driver(self.cfg, out, self.pad_token_id)
 
     @register(Dispatch.DP_SPLIT)
     def score(self, batch: Batch) -> Batch:

@@ -18,6 +18,7 @@ from torch import nn
 from verity.batch import Batch, keep_resident
 from verity.config.derived import old_logprobs_source, scores_on_workers
 from verity.config.schema import VerityConfig
+from verity.controller.load_balance import CHUNK_INDEX_META, CHUNK_SEED_META
 from verity.rewards.on_workers import check_reward_files_here, score_on_worker, worker_reward_manager
 from verity.rollout import RolloutBuildContext, RolloutEngine, SamplingParams, build_rollout_engine
 
@@ -87,16 +88,24 @@ def rollout_replica_mesh(device: torch.device, world_size: int, tp: int) -> Any:
     return mesh["tp"]
 
 
+def is_balanced_chunk(batch: Batch) -> bool:
+    """Whether ``batch`` is one chunk of a load-balanced call (its engine was prepared for the whole call)."""
+    return CHUNK_INDEX_META in batch.meta
+
+
 def generate_batch(rollout: RolloutEngine, batch: Batch, chunk_rows: int, dp_rank: int) -> Batch:
     """One sampled response per row of ``batch``, ``chunk_rows`` rows per engine call, in order.
 
     ``batch.meta`` may carry ``sampling`` (a dict of :class:`SamplingParams` fields) and
     ``seed`` (the call's seed; the engine is seeded ``seed * 1009 + dp_rank`` so the same
     step draws the same tokens on every rerun and ranks sharing a data-parallel shard
-    draw the same).
+    draw the same). A chunk of a load-balanced call (:mod:`verity.controller.load_balance`)
+    carries its own seed instead, so its rows do not depend on the replica that ran it.
     """
     params = SamplingParams(**batch.meta.get("sampling", {}))
-    if "seed" in batch.meta:
+    if CHUNK_SEED_META in batch.meta:
+        rollout.set_seed(int(batch.meta[CHUNK_SEED_META]))
+    elif "seed" in batch.meta:
         rollout.set_seed(int(batch.meta["seed"]) * 1009 + dp_rank)
     parts = [
         rollout.generate(batch.index(slice(i, i + chunk_rows)), params)
