@@ -45,7 +45,6 @@ from verity.engines.megatron.checkpoint import ExpertMesh, StageMesh, build_stat
 from verity.engines.megatron.full_tensors import iter_full_tensor_buckets
 from verity.engines.megatron.imports import quiet_megatron_import
 from verity.engines.megatron.model import build_gpt_model, check_divisible, qwen2_shape, rotary_inv_freq
-from verity.engines.megatron.moe_files import ExpertTensors, expected_file_shapes
 from verity.engines.megatron.moe_routing import prepare_forward, stage_router_terms
 from verity.engines.megatron.moe_steps import even_micro_batches, is_expert, real_results, split_expert_params
 from verity.engines.megatron.options import MegatronOptions
@@ -60,6 +59,7 @@ from verity.engines.megatron.parallel import (
     sum_tied_embedding_gradients,
 )
 from verity.engines.megatron.schedule import run_micro_batches
+from verity.engines.megatron.stage_files import stage_tensors
 from verity.engines.micro_batches import (
     LOGPROB_KEYS,
     TRAIN_KEYS,
@@ -73,8 +73,6 @@ from verity.engines.micro_batches import (
 from verity.engines.model_source import ModelSource
 from verity.engines.moe_router import RouterSettings
 from verity.engines.optim import OptimConfig, build_lr_scheduler, build_optimizer, scale_gradients
-from verity.engines.safetensors_files import CheckpointError, CheckpointFiles
-from verity.engines.streamed_loading import TensorsOnDemand
 from verity.engines.train_rows import rows_to_run, step_totals
 from verity.resharding.gather import DEFAULT_BUCKET_BYTES
 
@@ -472,32 +470,6 @@ class MegatronEngine(TrainingEngine):
         if self.lr_scheduler is not None and state.get("lr_scheduler"):
             self.lr_scheduler.load_state_dict(dict(state["lr_scheduler"]))
         self.global_step = int(state.get("global_step", 0))
-
-
-def stage_tensors(source: ModelSource, shape: Any, dtype: torch.dtype) -> Mapping[str, torch.Tensor]:
-    """``source``'s tensors, read on demand in ``dtype``, after checking every shape against ``shape``.
-
-    Raises :class:`~verity.engines.safetensors_files.CheckpointError` naming the first HF
-    tensor the files lack or hold at another shape than the config gives.
-    """
-    files = CheckpointFiles(source.path)
-    expected_shapes = convert.hf_shapes(shape)
-    if shape.is_moe:  # experts may be stored one by one (save_pretrained's layout): moe_files
-        expected_shapes = expected_file_shapes(expected_shapes, set(files.names()))
-    for name, expected in expected_shapes.items():
-        if name not in files:
-            raise CheckpointError(
-                f"{source.path}: the checkpoint has no tensor {name!r}; a shard is missing or the files "
-                "belong to another architecture"
-            )
-        found = files.entries[name].shape
-        if found != tuple(expected):
-            raise CheckpointError(
-                f"{source.path}: tensor {name!r} has shape {list(found)} in {files.entries[name].file.name}, "
-                f"but the folder's config.json makes it {list(expected)}"
-            )
-    tensors = TensorsOnDemand(files, dtype)
-    return ExpertTensors(tensors, shape.num_experts) if shape.is_moe else tensors
 
 
 def _refuse_images(batch: Any) -> None:
