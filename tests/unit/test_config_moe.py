@@ -31,14 +31,22 @@ def test_moe_keys_on_a_dense_model_are_refused(key):
             r"routing_replay=true needs a rollout that records .* rollout.engine=hf, not 'vllm'",
         ),
         (
-            "actor.engine=megatron",
-            r"routing_replay=true needs actor.engine=fsdp2: the 'megatron' engine does not read actor.moe",
+            "actor.megatron.pipeline_parallel_size=2",
+            r"routing_replay=true needs actor.megatron.pipeline_parallel_size=1, not 2",
         ),
     ],
 )
 def test_routing_replay_needs_an_engine_that_records_and_replays(override, message):
+    extra = ["actor.engine=megatron", "trainer.n_workers=2"] if "megatron" in override else []
     with pytest.raises(ConfigError, match=message):
-        load_config([MOE, REPLAY, override])
+        load_config([MOE, REPLAY, override, *extra])
+
+
+def test_the_megatron_engine_takes_router_losses_and_routing_replay():
+    keys = ["actor.moe.aux_loss_coef=0.01", "actor.moe.z_loss_coef=0.001", REPLAY]
+    cfg = load_config([MOE, "actor.engine=megatron", "actor.megatron.expert_parallel_size=2", *keys])
+    assert cfg.actor.engine == "megatron" and cfg.actor.moe.routing_replay
+    assert cfg.actor.moe.z_loss_coef == 0.001
 
 
 def test_routing_replay_with_the_agent_loop_is_refused():

@@ -96,3 +96,37 @@ def test_bad_moe_settings_are_refused_before_compute(group):
         qwen2_shape(Qwen2MoeConfig())
     with pytest.raises(ValueError, match="must divide the data-parallel size 1"):
         MegatronOptions(expert_parallel_size=2).data_parallel_size(1)
+
+
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def test_the_top_k_child_routes_as_hf(norm_topk_prob):
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+    from verity.engines.megatron.moe_routing import ReplayableTopKRouter, routing_map
+
+    config = tiny_moe_config(norm_topk_prob=norm_topk_prob)
+    hf = Qwen3MoeTopKRouter(config)
+    torch.nn.init.normal_(hf.weight, std=0.5)
+    hidden = torch.randn(40, config.hidden_size, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        logits, want_weights, want_experts = hf(hidden)
+    child = ReplayableTopKRouter(config.num_experts, config.num_experts_per_tok, norm_topk_prob)
+    _, weights, experts = child(logits)
+    assert torch.equal(experts, want_experts) and torch.equal(weights, want_weights)
+    probs, chosen = routing_map(logits, weights, experts)
+    assert torch.equal(chosen.sum(-1), torch.full((40,), config.num_experts_per_tok))
+    assert torch.equal(probs.gather(1, experts), weights) and float(probs[~chosen].abs().max()) == 0.0
+
+
+def test_router_settings_are_refused_where_they_cannot_run(group):
+    from helpers.tiny_models import tiny_qwen2
+    from verity.engines.megatron.moe_routing import stage_router_terms
+    from verity.engines.moe_router import RouterSettings
+
+    replay = RouterSettings(routing_replay=True)
+    with pytest.raises(ValueError, match="need pipeline_parallel_size=1 \\(got 2\\)"):
+        stage_router_terms(torch.nn.Linear(2, 2), replay, 2)
+    assert stage_router_terms(torch.nn.Linear(2, 2), RouterSettings(), 2) is None
+    with pytest.raises(ValueError, match="need a mixture-of-experts model"):
+        MegatronEngine(tiny_qwen2(), None, router=RouterSettings(aux_loss_coef=0.1))
+    engine = MegatronEngine(tiny_moe(), None)  # an MoE model's router metrics: always
+    assert engine.router_terms is not None and engine.router_terms.tap.num_layers == 2

@@ -1,8 +1,8 @@
 """``actor.moe``: the settings of a mixture-of-experts policy (router losses, rollout routing replay).
 
-The section is read by every training engine that trains an MoE model (the FSDP2 engine on the
-HF path; the Megatron-core engine maps the same keys). On a dense model every key must stay at its
-default: :mod:`verity.config.moe_checks` refuses them before any worker starts.
+The section is read by the training engines that train an MoE model (the FSDP2 engine on the
+HF path; the Megatron-core engine on one pipeline stage, through the same router code). On a
+dense model every key must stay at its default: :mod:`verity.config.moe_checks` refuses them before any worker starts.
 """
 
 from __future__ import annotations

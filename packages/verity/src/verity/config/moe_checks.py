@@ -2,7 +2,8 @@
 
 Every key of the section needs a mixture-of-experts policy (a model whose config names routed
 experts: Qwen2-MoE, Qwen3-MoE); on a dense model a key set away from its default is refused.
-The keys are read by the ``fsdp2`` training engine (the Megatron-core engine does not read them yet).
+The keys are read by the ``fsdp2`` and ``megatron`` training engines (the Megatron-core engine on
+one pipeline stage: ``actor.megatron.pipeline_parallel_size=1``).
 Rollout routing replay (``actor.moe.routing_replay``) needs a rollout that records routes (the
 ``hf`` engine without tensor parallelism; vLLM and SGLang do not return them), the synchronous loop
 (the rollout in the actor's workers) and no sequence parallelism (routes are replayed on the padded
@@ -15,10 +16,12 @@ from typing import Any
 
 from verity.config.errors import ConfigError
 
-__all__ = ["MOE_MODEL_TYPES", "check_moe", "is_moe_config"]
+__all__ = ["MOE_ENGINES", "MOE_MODEL_TYPES", "check_moe", "is_moe_config"]
 
 #: HF model types whose sparse blocks verity reads routes from and replays routes into
 MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")
+#: training engines that read actor.moe (router losses, metrics, routing replay)
+MOE_ENGINES = ("fsdp2", "megatron")
 
 
 def is_moe_config(text_config: Any) -> bool:
@@ -46,9 +49,16 @@ def check_moe(cfg: Any) -> None:
             f"{set_keys[0]} needs a mixture-of-experts model ({', '.join(MOE_MODEL_TYPES)}), but model.path is "
             f"a {model_type!r} model without routed experts; leave actor.moe at its defaults"
         )
-    if cfg.actor.engine != "fsdp2":
+    if cfg.actor.engine not in MOE_ENGINES:
         raise ConfigError(
-            f"{set_keys[0]} needs actor.engine=fsdp2: the {cfg.actor.engine!r} engine does not read actor.moe yet"
+            f"{set_keys[0]} needs actor.engine fsdp2 or megatron: the {cfg.actor.engine!r} engine does not "
+            "read actor.moe"
+        )
+    stages = int(cfg.actor.megatron.pipeline_parallel_size)
+    if cfg.actor.engine == "megatron" and stages != 1:
+        raise ConfigError(
+            f"{set_keys[0]} needs actor.megatron.pipeline_parallel_size=1, not {stages}: the megatron engine "
+            "computes router terms and replays routes on one pipeline stage only"
         )
     if not moe.routing_replay:
         return

@@ -65,22 +65,28 @@ class RouterTerms:
         """``logprobs_fn`` that keeps the routers' logits of each call and replays routes where given."""
 
         def run(model: nn.Module, micro: Mapping[str, Any], *, layout: Any = None, **head: Any) -> Any:
-            self.tap.clear()
-            self.tap.replay(None)
             routes = micro.get("routed_experts") if self.settings.routing_replay else None
             plan = micro if layout is None else layout
             response_len = micro["responses"].shape[1]
             if routes is None:
-                self._mask = None  # the layout decides the positions; metrics then count every position
+                self.prepare(None, None)  # the layout decides the positions; metrics count every position
                 return logprobs_fn(model, micro, layout=layout, **head)
             first, kept = padding_free_window(plan["attention_mask"], response_len)
             end = micro["input_ids"].shape[1] - (response_len - kept)
             window = routes[:, first:end]
-            self.tap.replay(window.reshape(-1, *window.shape[2:]))
-            self._mask = micro["attention_mask"][:, first:end].reshape(-1).bool()
+            mask = micro["attention_mask"][:, first:end].reshape(-1).bool()
+            self.prepare(window.reshape(-1, *window.shape[2:]), mask)
             return response_logprobs(model, micro, layout=layout, share_prompts=False, **head)
 
         return run
+
+    def prepare(self, routes: torch.Tensor | None, mask: torch.Tensor | None) -> None:
+        """Before a forward: forget the last one's logits, replay ``routes`` ``[N, L, k]`` (the forward's N
+        positions in the order its routers see them; only with ``routing_replay``; None: the routers
+        choose) and count the router terms over the positions ``mask`` ``[N]`` bool keeps (None: all)."""
+        self.tap.clear()
+        self.tap.replay(routes if self.settings.routing_replay else None)
+        self._mask = mask
 
     def last_routes(self) -> torch.Tensor:
         """The experts of the last forward, ``[N, L, k]`` (N: its positions)."""

@@ -190,7 +190,14 @@ def _build_megatron(ctx: EngineBuildContext) -> TrainingEngine:
             "the megatron engine does not implement activation recomputation (model.gradient_checkpointing)"
         )
     model = ctx.source if ctx.source is not None else ctx.load_model()
-    return MegatronEngine(model, ctx.optim, ctx.options, total_steps=ctx.total_steps, device=ctx.device)
+    return MegatronEngine(
+        model,
+        ctx.optim,
+        ctx.options,
+        total_steps=ctx.total_steps,
+        device=ctx.device,
+        router=_router_settings(ctx),
+    )
 
 
 register_training_engine("megatron", _build_megatron, trains_values=False, supports_adapters=False)

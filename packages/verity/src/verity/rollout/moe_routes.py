@@ -13,7 +13,8 @@ every such router for the span of a ``with`` block:
   router still learns through the weights and the router losses.
 
 The rollout records with it (:mod:`verity.rollout.hf_rollout`) and the training engines replay and
-measure with it (:mod:`verity.engines.fsdp2`), so both sides read routers the same way.
+measure with it (:mod:`verity.engines.fsdp2`; the Megatron engine through its router's top-k child,
+:mod:`verity.engines.megatron.moe_routing`), so both sides read routers the same way.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from verity.engines.megatron.checkpoint import ExpertMesh, StageMesh, build_stat
 from verity.engines.megatron.full_tensors import iter_full_tensor_buckets
 from verity.engines.megatron.imports import quiet_megatron_import
 from verity.engines.megatron.model import build_gpt_model, check_divisible, qwen2_shape, rotary_inv_freq
-from verity.engines.megatron.moe_files import ExpertTensors, expected_file_shapes
+from verity.engines.megatron.moe_routing import prepare_forward, stage_router_terms
 from verity.engines.megatron.moe_steps import even_micro_batches, is_expert, real_results, split_expert_params
 from verity.engines.megatron.options import MegatronOptions
 from verity.engines.megatron.parallel import (
@@ -59,6 +59,7 @@ from verity.engines.megatron.parallel import (
     sum_tied_embedding_gradients,
 )
 from verity.engines.megatron.schedule import run_micro_batches
+from verity.engines.megatron.stage_files import stage_tensors
 from verity.engines.micro_batches import (
     LOGPROB_KEYS,
     TRAIN_KEYS,
@@ -70,9 +71,8 @@ from verity.engines.micro_batches import (
     validate_layout,
 )
 from verity.engines.model_source import ModelSource
+from verity.engines.moe_router import RouterSettings
 from verity.engines.optim import OptimConfig, build_lr_scheduler, build_optimizer, scale_gradients
-from verity.engines.safetensors_files import CheckpointError, CheckpointFiles
-from verity.engines.streamed_loading import TensorsOnDemand
 from verity.engines.train_rows import rows_to_run, step_totals
 from verity.resharding.gather import DEFAULT_BUCKET_BYTES
 
@@ -87,6 +87,11 @@ class MegatronEngine(TrainingEngine):
         options: TP / PP sizes (:class:`MegatronOptions`); default TP=PP=1.
         total_steps: optimizer steps of the whole run, the horizon of the LR schedule.
         device: where this rank computes (default ``cuda:$LOCAL_RANK`` or ``cpu``).
+        router: a mixture-of-experts model's router losses and routing replay
+            (:mod:`verity.engines.moe_router`, the FSDP2 engine's definitions, through
+            :mod:`.moe_routing`); the router metrics are recorded for every MoE model run on one
+            pipeline stage. ``ValueError`` when set away from its defaults on a dense model or
+            with ``pipeline_parallel_size > 1``.
     """
 
     name = "megatron"  # what a run records as the engine that trained
@@ -104,6 +109,7 @@ class MegatronEngine(TrainingEngine):
         *,
         total_steps: int = 1,
         device: torch.device | str | None = None,
+        router: RouterSettings | None = None,
     ) -> None:
         from verity.engines.device import resolve_device
 
@@ -148,6 +154,8 @@ class MegatronEngine(TrainingEngine):
                 model_parallel_cuda_manual_seed(self.options.seed)
             self._module = build_gpt_model(self.shape, tp, pp, self.device, dtype, ep=ep)
         self.layouts = convert.param_layouts(self._module, self.shape)
+        # an MoE model's routers: logits kept per forward, routes replayed where a micro-batch has them
+        self.router_terms = stage_router_terms(self._module, router, pp)
         convert.load_hf_into_stage(self._module, self.layouts, weights, self.shape, tp, self.layout.tp_rank)
         del weights
         self.hf_shapes = convert.hf_shapes(self.shape)
@@ -206,6 +214,7 @@ class MegatronEngine(TrainingEngine):
             hidden_size=self.shape.hidden_size,
             dtype=self.dtype,
             backward=backward,
+            before_forward=lambda inputs: prepare_forward(self.router_terms, inputs),
         )
         return real_results(results)
 
@@ -301,6 +310,10 @@ class MegatronEngine(TrainingEngine):
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
                 raise TypeError("loss_fn must return (scalar loss tensor, metrics dict)")
             mask = get_tensor(micro, "response_mask").float()
+            if self.router_terms is not None:  # the router losses, weighted by the micro-batch's share of tokens
+                term, router_metrics = self.router_terms.loss_and_metrics(mask.sum() / agg.global_tokens)
+                loss = loss + term
+                metrics = {**(metrics or {}), **router_metrics}
             entropy_sum = float((entropy.detach() * mask).sum())
             return loss, (float(loss.detach()), dict(metrics or {}), entropy_sum, float(mask.sum()))
 
@@ -457,32 +470,6 @@ class MegatronEngine(TrainingEngine):
         if self.lr_scheduler is not None and state.get("lr_scheduler"):
             self.lr_scheduler.load_state_dict(dict(state["lr_scheduler"]))
         self.global_step = int(state.get("global_step", 0))
-
-
-def stage_tensors(source: ModelSource, shape: Any, dtype: torch.dtype) -> Mapping[str, torch.Tensor]:
-    """``source``'s tensors, read on demand in ``dtype``, after checking every shape against ``shape``.
-
-    Raises :class:`~verity.engines.safetensors_files.CheckpointError` naming the first HF
-    tensor the files lack or hold at another shape than the config gives.
-    """
-    files = CheckpointFiles(source.path)
-    expected_shapes = convert.hf_shapes(shape)
-    if shape.is_moe:  # experts may be stored one by one (save_pretrained's layout): moe_files
-        expected_shapes = expected_file_shapes(expected_shapes, set(files.names()))
-    for name, expected in expected_shapes.items():
-        if name not in files:
-            raise CheckpointError(
-                f"{source.path}: the checkpoint has no tensor {name!r}; a shard is missing or the files "
-                "belong to another architecture"
-            )
-        found = files.entries[name].shape
-        if found != tuple(expected):
-            raise CheckpointError(
-                f"{source.path}: tensor {name!r} has shape {list(found)} in {files.entries[name].file.name}, "
-                f"but the folder's config.json makes it {list(expected)}"
-            )
-    tensors = TensorsOnDemand(files, dtype)
-    return ExpertTensors(tensors, shape.num_experts) if shape.is_moe else tensors
 
 
 def _refuse_images(batch: Any) -> None:

@@ -42,6 +42,8 @@ from megatron.core.transformer.moe.moe_utils import get_default_pg_collection
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
 
+from verity.engines.megatron.moe_routing import ReplayableTopKRouter, routing_map
+
 
 def _as_sizes(splits: Any) -> list[int] | None:
     """Split sizes as a list of ints (Megatron keeps them as tensors or numpy arrays)."""
@@ -189,7 +191,24 @@ _ROUTER_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
 class HostTopKRouter(TopKRouter):
     """Megatron's top-k router, whose gate stays where the model is (Megatron's moves a host weight to CUDA,
-    and its gating function needs Transformer Engine's GEMM); on a host a plain ``linear`` in the router dtype."""
+    and its gating function needs Transformer Engine's GEMM); on a host a plain ``linear`` in the router dtype.
+
+    Its top-k choice is a :class:`~verity.engines.megatron.moe_routing.ReplayableTopKRouter` child
+    (``choice``), HF's router interface, which the shared router code reads and replays.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.choice = ReplayableTopKRouter(
+            self.config.num_moe_experts, self.topk, norm_topk_prob=not self.config.moe_router_pre_softmax
+        )
+
+    def routing(self, logits: torch.Tensor, padding_mask: torch.Tensor | None = None):
+        """``(probs [N, E], routing_map [N, E] bool)`` from logits ``[..., E]`` through ``choice`` (softmax
+        top-k as HF's router; no aux loss, no capacity: see :mod:`.moe_model`)."""
+        flat = logits.reshape(-1, logits.shape[-1])
+        flat, weights, experts = self.choice(flat)
+        return routing_map(flat, weights, experts)
 
     def gating(self, input: torch.Tensor) -> torch.Tensor:
         """Router logits ``[tokens, E]`` in the router dtype from hidden states ``[..., H]``."""

@@ -7,12 +7,14 @@ then a routed MLP: the router ``gate`` (``[E, H]``, no bias) scores every expert
     top-k experts by p; weights w = p_topk (/ sum p_topk when norm_topk_prob)
     out = sum_k w_k * down_k(silu(gate_k(h)) * up_k(h))
 
-Megatron-core's ``TopKRouter`` with the softmax score function computes the same:
-with ``moe_router_pre_softmax=False`` it takes the top-k logits and softmaxes over
-them, which is the renormalised top-k of the full softmax (``norm_topk_prob=True``);
-with ``moe_router_pre_softmax=True`` it softmaxes over all experts first
-(``norm_topk_prob=False``). No load-balancing or z-loss is added (the log-prob pass
-and the RL loss see the model's output only), no input jitter, no capacity limit
+The router's top-k step runs exactly these lines
+(:class:`~verity.engines.megatron.moe_routing.ReplayableTopKRouter`, which the shared router
+code taps for the router losses and metrics and replays routes into); the config still says
+what it means in Megatron's terms: ``moe_router_pre_softmax=False`` for
+``norm_topk_prob=True`` (softmax of the top-k logits is the renormalised top-k of the full
+softmax), ``True`` otherwise. Megatron's own load-balancing loss, z-loss and router replay
+stay off: ``actor.moe``'s terms are computed from the router logits by
+:mod:`verity.engines.moe_router`, as on the FSDP2 engine. No input jitter, no capacity limit
 (no token is dropped), no shared expert.
 
 Experts are Megatron's ``SequentialMLP`` (one ``linear_fc1 = [gate; up]`` and

@@ -44,6 +44,7 @@ def run_micro_batches(
     hidden_size: int,
     dtype: torch.dtype,
     backward: bool,
+    before_forward: Callable[[dict[str, torch.Tensor]], None] | None = None,
 ) -> list[Any]:
     """Run every micro-batch through this rank's stage (and backward when ``backward``).
 
@@ -55,6 +56,8 @@ def run_micro_batches(
             and a result kept for the caller.
         keep_last: sequence positions the output layer is applied to (the last ones).
         backward: run the backward phase (gradients accumulate into ``.grad``).
+        before_forward: called with each micro-batch's inputs just before its forward (an MoE
+            model's routes and real positions: :func:`.moe_routing.prepare_forward`).
 
     Returns:
         the ``last_stage_fn`` results in micro-batch order on the last stage; ``[]`` elsewhere.
@@ -71,6 +74,8 @@ def run_micro_batches(
             hidden_in = recv_from((s, b, hidden_size), dtype, device, layout, stage - 1)
             if backward:
                 hidden_in.requires_grad_(True)
+        if before_forward is not None:
+            before_forward(inputs)
         out = stage_forward(model, inputs, hidden_in, inv_freq, keep_last=keep_last if last else None)
         if last:
             loss, result = last_stage_fn(index, out)
