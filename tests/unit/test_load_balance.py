@@ -79,6 +79,17 @@ def test_training_rows_ask_for_load_balance_as_configured():
     assert "load_balance" not in split.meta
 
 
+def test_agent_rollouts_split_unless_asked_to_balance_by_load():
+    prompts = Batch.from_dict({"input_ids": torch.ones(4, 3, dtype=torch.long)})
+    agent = ["rollout.n=2", "rollout.agent.enabled=true", "rollout.agent.tools=[{class_name: calculator}]"]
+    assert "load_balance" not in training_rows(load_config(agent), prompts, step=1).meta
+    asked = load_config([*agent, "rollout.balance=load"])
+    assert training_rows(asked, prompts, step=1).meta["load_balance"] == LoadBalanceRequest()
+    assert "load_balance" in training_rows(load_config(["rollout.n=2"]), prompts, step=1).meta
+    with pytest.raises(Exception, match="rollout.balance_chunk_rows"):  # idle: the agent loop splits
+        load_config([*agent, "rollout.balance_chunk_rows=8"])
+
+
 def test_chunk_rows_are_idle_without_load_balance():
     with pytest.raises(Exception, match="rollout.balance_chunk_rows"):
         load_config(["rollout.balance=split", "rollout.balance_chunk_rows=8"])

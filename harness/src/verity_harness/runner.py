@@ -254,7 +254,9 @@ def _n_params(tracking_uri: str, run_id: str | None) -> int | None:
         return None
     from mlflow import MlflowClient
 
-    value = MlflowClient(tracking_uri=tracking_uri).get_run(run_id).data.params.get("model.n_params")
+    params = MlflowClient(tracking_uri=tracking_uri).get_run(run_id).data.params
+    # MFU counts what a token computes with: a mixture-of-experts model's active parameters
+    value = params.get("model.n_active_params") or params.get("model.n_params")
     return int(value) if value else None
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "generate_balance",
     "needs_baseline",
     "needs_critic",
     "needs_reference",
@@ -24,6 +25,19 @@ VANISHING_POLICY_LOSSES = frozenset({"ppo", "vanilla", "gspo", "gpg", "cispo"})
 """Built-in policy losses whose every token term is ``A_t`` times a finite factor: exactly 0, with
 gradient exactly 0, where the advantage is 0 (clip-cov / kl-cov pick tokens by statistics of
 the whole batch, so leaving rows out changes them)."""
+
+
+def generate_balance(cfg: Any) -> str:
+    """How a training step's generate spreads rows over the rollout replicas: ``rollout.balance``;
+    when null, ``split`` for agent rollouts and ``load`` otherwise.
+
+    A load-balanced chunk is one engine call, and the agent loop overlaps a trajectory's tool
+    waits only with the other trajectories of its call: cutting a replica's rows into chunks
+    would make each chunk wait for its own slowest trajectory in turn.
+    """
+    if cfg.rollout.balance is not None:
+        return str(cfg.rollout.balance)
+    return "split" if cfg.rollout.agent.enabled else "load"
 
 
 def rollout_dtype_name(cfg: Any, on_accelerator: bool) -> str:

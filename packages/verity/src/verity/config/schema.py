@@ -99,9 +99,10 @@ class RolloutConfig:
     micro_batch_size: Annotated[int, AtLeast(1)] = 256  # rows per generate call inside a worker
     # how a training step's generate spreads its rows over the rollout replicas: load (chunks of whole
     # prompt groups, the next chunk to whichever replica finishes first, rows put back in order; each
-    # chunk seeded by its index) | split (one equal part per replica). One replica: split
-    # (docs/rollout-engines.md, "Load-balanced generation")
-    balance: Annotated[str, OneOf("load", "split")] = "load"
+    # chunk seeded by its index) | split (one equal part per replica) | null: load, but split with the
+    # agent loop (a chunk is one call, whose trajectories overlap their tool waits only among
+    # themselves). One replica: split (docs/rollout-engines.md, "Load-balanced generation")
+    balance: Annotated[str, OneOf("load", "split")] | None = None
     # rollout.balance=load: rows per chunk, rounded up to whole prompt groups (n rows each); null: the
     # batch in 8 chunks per replica (smaller chunks balance finer; each is one engine call of its rows)
     balance_chunk_rows: Annotated[int, AtLeast(1)] | None = None
@@ -139,8 +140,10 @@ class RolloutConfig:
             fix = "set trainer.mode=async for a rollout worker group of its own"
             parts.append(IdlePart("rollout.n_workers", why, fix))
             parts.append(IdlePart("rollout.nnodes", f"{why}, on the actor's nodes", fix))
-        if self.balance == "split":
-            why = "rollout.balance=split: each replica gets one equal part, no chunks"
+        from verity.config.derived import generate_balance
+
+        if generate_balance(cfg) == "split":
+            why = f"rollout.balance={self.balance or 'null (split with the agent loop)'}: each replica gets one equal part, no chunks"
             parts.append(
                 IdlePart("rollout.balance_chunk_rows", why, "set rollout.balance=load to cut chunks")
             )

@@ -275,7 +275,7 @@ def _train(cfg: VerityConfig, inputs: ResolvedInputs, out_dir: Path, claim: Outp
             {
                 ("model" if name == "actor" else name) + f".{key}": getattr(report, key)
                 for name, report in groups.reports.items()
-                for key in ("n_params", "n_trainable_params")
+                for key in ("n_params", "n_trainable_params", "n_active_params")
                 if getattr(report, key) is not None
             }
         )

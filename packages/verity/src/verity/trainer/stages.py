@@ -33,6 +33,7 @@ from verity.algorithms.kl_control import apply_kl_penalty
 from verity.batch import Batch, register_key
 from verity.batch.balance import BALANCE_META, BalanceRequest, row_tokens
 from verity.config.derived import (
+    generate_balance,
     needs_baseline,
     needs_critic,
     needs_reference,
@@ -163,8 +164,9 @@ def training_rows(cfg: VerityConfig, prompts: Batch, step: int) -> Batch:
 
 def with_load_balance(cfg: VerityConfig, rows: Batch) -> Batch:
     """``rows`` asking the generate call to balance them over the rollout replicas by load
-    (``rollout.balance=load``; :mod:`verity.controller.load_balance`), in chunks of whole groups."""
-    if cfg.rollout.balance == "load":
+    (``rollout.balance`` resolved by :func:`~verity.config.derived.generate_balance`;
+    :mod:`verity.controller.load_balance`), in chunks of whole groups."""
+    if generate_balance(cfg) == "load":
         rows.meta[LOAD_BALANCE_META] = LoadBalanceRequest(chunk_rows=cfg.rollout.balance_chunk_rows)
     return rows
 

@@ -58,6 +58,7 @@ from verity.engines.model_source import ModelSource
 from verity.engines.options import FSDP2Options
 from verity.engines.train_rows import rows_with_advantage
 from verity.hardware import get_backend
+from verity.hardware.flops import active_parameters
 from verity.resharding import iter_engine_weights, sync_weights
 from verity.resharding.object_store import publish_weight_buckets
 from verity.rollout import RolloutEngine
@@ -267,6 +268,7 @@ class ActorRolloutRefWorker(Worker):
             device_name=backend.device_name(device.index or 0),  # "NVIDIA H200", a CPU's model
             n_params=n_params,
             n_trainable_params=n_params if trainable is None else int(trainable),
+            n_active_params=active_parameters(n_params, _text_config(source.config())),
             training=TrainingFacts.of(self.actor),
             rollout=RolloutFacts.of(self.rollout),
             reference_engine=self.ref.name if self.ref is not None else None,
@@ -453,3 +455,8 @@ class ActorRolloutRefWorker(Worker):
         self.rollout.wake()
         sync_weights(self.actor, self.rollout, bucket_bytes=self.sync_bucket_bytes)
         return info
+
+
+def _text_config(config: Any) -> Any:
+    """A model config's language part (a vision-language config's text config; otherwise itself)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config

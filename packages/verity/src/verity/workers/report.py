@@ -99,6 +99,9 @@ class WorkerReport:
         device_name: the runtime's name for the device: a GPU's model, or the CPU's.
         n_params: parameters of the role's model (whole, unsharded).
         n_trainable_params: parameters it trains (fewer with LoRA adapters).
+        n_active_params: parameters one token computes with (fewer than ``n_params`` for a
+            mixture-of-experts model: the routed experts it does not visit are left out); what
+            MFU counts (:func:`verity.hardware.flops.active_parameters`).
         training: the training engine, for a trained role.
         rollout: the rollout engine, for a role that generates.
         reference_engine: what computes the reference log-probs (an engine's name, ``adapters-disabled``).
@@ -114,6 +117,7 @@ class WorkerReport:
     device_name: str | None = None
     n_params: int | None = None
     n_trainable_params: int | None = None
+    n_active_params: int | None = None
     training: TrainingFacts | None = None
     rollout: RolloutFacts | None = None
     reference_engine: str | None = None
