@@ -379,6 +379,22 @@ def render_benchmarks_page(root: Path, bench_dir: Path = BENCH_DIR, baseline: Pa
             ["what", "figure", "machine", "date, commit", "command", "report"],
             _figure_rows(figures, "long_traces"),
         ),
+        "## Agent rollouts\n\n"
+        "Multi-turn rollouts at request level (each trajectory's next turn submitted when its tools answer) "
+        "beside the\nturn-synchronous barrier, the HF engine's continuous-batching scheduler beside `generate` "
+        "in waves, and\ngeneration balanced over replicas by load beside the equal split, each measured side "
+        "by side in one run.\n\n"
+        + _table(
+            ["what", "figure", "machine", "date, commit", "command", "report"],
+            _figure_rows(figures, "agents"),
+        ),
+        "## Mixture of experts\n\n"
+        "The Megatron engine's MoE update at expert parallelism 2 beside 1 on the same rows, and MFU counted on "
+        "the\nparameters a token runs through beside all of them.\n\n"
+        + _table(
+            ["what", "figure", "machine", "date, commit", "command", "report"],
+            _figure_rows(figures, "moe"),
+        ),
         "## The nightly and the quickstart\n\n" + other,
         _nightly_section(_read_json(base, root), _rel(base, root)),
         TAIL,
