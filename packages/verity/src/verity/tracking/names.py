@@ -24,7 +24,7 @@ Per-step training metrics (one value per RL step):
 | ``moe/aux_loss``, ``moe/z_loss`` | a mixture-of-experts actor's load-balancing loss and router z-loss, means over its sparse layers, before ``actor.moe.*_coef`` (docs/algorithms.md, "Mixture of experts") | — |
 | ``moe/router_entropy`` | entropy of the router's distribution over experts, mean over tokens and sparse layers | nats |
 | ``moe/expert_load_max_over_mean``, ``/..._max`` | tokens routed to the busiest expert over the mean per expert, mean over sparse layers / the worst layer (1: balanced) | ratio |
-| ``moe/replay_route_agreement`` | with ``actor.moe.routing_replay``: share of (token, layer) whose own top-k experts equal the rollout's | 0..1 |
+| ``moe/replay_route_agreement`` | with ``actor.moe.routing_replay``: share of (token, layer) whose own top-k experts equal the rollout's, in the update, averaged over its mini-batches (after the first it includes the router's own movement since the rollout) | 0..1 |
 | ``timing/<stage>_s`` | wall seconds spent in one stage of the step | s |
 | ``perf/tokens_per_s`` | tokens (prompt + response) processed per second of step time | tokens/s |
 | ``perf/generated_tokens_per_s`` | response tokens sampled per second of the generate stage | tokens/s |
