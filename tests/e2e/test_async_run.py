@@ -109,6 +109,10 @@ def test_async_run_trains_one_step_off_policy(uninterrupted) -> None:
         assert 0.0 < r["actor/is_weight_mean"] <= 2.0
     # the rollout is not the trainer's process: a stale batch differs from what the trainer would sample
     assert any(r["actor/behaviour_logprob_gap"] > 0 for r in history[1:])
+    # the sampler-vs-trainer gap before the update: step 1 samples and recomputes with the starting weights
+    # (float32 on both sides), every later step's batch is one update older than the trainer
+    gaps = [r["actor/rollout_logprob_gap"] for r in history]
+    assert gaps[0] < 1e-4 and all(gap > 10 * gaps[0] for gap in gaps[1:]), gaps
     summary = json.loads((uninterrupted / "summary.json").read_text())
     assert summary["stage_plan"][0] == "generate" and summary["stage_plan"][-1] == "rollout_sync"
     workers = json.loads((uninterrupted / "workers.json").read_text())

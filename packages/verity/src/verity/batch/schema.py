@@ -345,6 +345,10 @@ _CORE_KEYS = [
         "float",
         "entropy (nats) of the policy's token distribution at each response token",
     ),
+    # the sampler-vs-trainer gap (verity.algorithms.logprob_gap), per row, answered by compute_log_prob
+    ("rollout_logprob_gap_sum", ("B",), "float", "sum over response tokens of |old - rollout log-probs|"),
+    ("rollout_logprob_gap_tokens", ("B",), "float", "response tokens counted in rollout_logprob_gap_sum"),
+    ("rollout_logprob_gap_row_max", ("B",), "float", "largest |old_logprobs - rollout_logprobs| in the row"),
     (
         "token_scores",
         ("B", "R"),

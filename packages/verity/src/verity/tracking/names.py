@@ -18,11 +18,13 @@ Per-step training metrics (one value per RL step):
 | ``actor/grad_norm`` | global gradient L2 norm before clipping | — |
 | ``actor/lr`` | learning rate in effect | — |
 | ``critic/value_loss``, ``critic/vf_clip_frac`` | value loss and its clip fraction (PPO) | — |
-| ``actor/behaviour_logprob_gap`` | mean over response tokens of ``|log pi - log pi_old|`` in the update; with ``actor.old_logprobs=rollout`` the sampler-vs-trainer gap | nats |
+| ``actor/behaviour_logprob_gap`` | mean over response tokens of ``|log pi - log pi_old|`` in the update, averaged over its mini-batches and epochs: after the first mini-batch it includes the policy's own drift; with ``actor.old_logprobs=rollout`` the sampler-vs-trainer gap plus that drift | nats |
+| ``actor/rollout_logprob_gap`` | token mean over response tokens of ``|log pi_old - log mu|``: the trainer's log-probs recomputed before the update against the sampler's ``rollout_logprobs``, no update in between (in ``trainer.mode=async`` one update apart); only when the old log-probs are recomputed (``actor.old_logprobs`` resolves to ``recompute``) and the rollout recorded its own (``verity.algorithms.logprob_gap``) | nats |
+| ``actor/rollout_logprob_gap_max`` | the same difference on the worst response token of the step | nats |
 | ``moe/aux_loss``, ``moe/z_loss`` | a mixture-of-experts actor's load-balancing loss and router z-loss, means over its sparse layers, before ``actor.moe.*_coef`` (docs/algorithms.md, "Mixture of experts") | — |
 | ``moe/router_entropy`` | entropy of the router's distribution over experts, mean over tokens and sparse layers | nats |
 | ``moe/expert_load_max_over_mean``, ``/..._max`` | tokens routed to the busiest expert over the mean per expert, mean over sparse layers / the worst layer (1: balanced) | ratio |
-| ``moe/replay_route_agreement`` | with ``actor.moe.routing_replay``: share of (token, layer) whose own top-k experts equal the rollout's | 0..1 |
+| ``moe/replay_route_agreement`` | with ``actor.moe.routing_replay``: share of (token, layer) whose own top-k experts equal the rollout's, in the update, averaged over its mini-batches (after the first it includes the router's own movement since the rollout) | 0..1 |
 | ``timing/<stage>_s`` | wall seconds spent in one stage of the step | s |
 | ``perf/tokens_per_s`` | tokens (prompt + response) processed per second of step time | tokens/s |
 | ``perf/generated_tokens_per_s`` | response tokens sampled per second of the generate stage | tokens/s |
@@ -67,6 +69,8 @@ ACTOR_LR = "actor/lr"
 CRITIC_VALUE_LOSS = "critic/value_loss"
 CRITIC_VF_CLIP_FRAC = "critic/vf_clip_frac"
 ACTOR_BEHAVIOUR_LOGPROB_GAP = "actor/behaviour_logprob_gap"
+ACTOR_ROLLOUT_LOGPROB_GAP = "actor/rollout_logprob_gap"
+ACTOR_ROLLOUT_LOGPROB_GAP_MAX = "actor/rollout_logprob_gap_max"
 MOE_AUX_LOSS = "moe/aux_loss"
 MOE_Z_LOSS = "moe/z_loss"
 MOE_ROUTER_ENTROPY = "moe/router_entropy"

@@ -30,6 +30,7 @@ import torch
 
 from verity.algorithms.advantages import compute_advantages
 from verity.algorithms.kl_control import apply_kl_penalty
+from verity.algorithms.logprob_gap import GAP_ROW_KEYS, GAP_SUM_KEY, gap_metrics
 from verity.batch import Batch, register_key
 from verity.batch.balance import BALANCE_META, BalanceRequest, row_tokens
 from verity.config.derived import (
@@ -259,7 +260,10 @@ def update_costs(cfg: VerityConfig, batch: Batch) -> torch.Tensor | None:
 def old_log_prob(ctx: StepContext, batch: Batch) -> Batch:
     """The behaviour log-probs ``old_logprobs [B, R]`` of the PPO ratio (``actor.old_logprobs``).
 
-    ``recompute``: the actor's forward before this step's update (also ``entropy``);
+    ``recompute``: the actor's forward before this step's update (also ``entropy``), and, when the
+    rollout recorded ``rollout_logprobs``, the sampler-vs-trainer gap ``actor/rollout_logprob_gap``
+    and ``actor/rollout_logprob_gap_max`` (:mod:`verity.algorithms.logprob_gap`), measured on the
+    workers where those rows are;
     ``rollout``: the sampler's ``rollout_logprobs``; ``policy`` (on-policy runs): nothing
     here, the update uses its own forward's log-probs, detached (see
     :func:`verity.config.derived.old_logprobs_source`).
@@ -272,8 +276,13 @@ def old_log_prob(ctx: StepContext, batch: Batch) -> Batch:
         return batch
     if source == "policy":
         return batch
-    request = balanced(_model_keys(batch, *SEQUENCE_KEYS), ctx.cfg.actor.balance_tokens)
-    return batch.union(ctx.actor.compute_log_prob(request))
+    gap_keys = ("rollout_logprobs", "response_mask") if "rollout_logprobs" in batch else ()
+    request = balanced(_model_keys(batch, *SEQUENCE_KEYS, *gap_keys), ctx.cfg.actor.balance_tokens)
+    answer = ctx.actor.compute_log_prob(request)
+    if GAP_SUM_KEY in answer:  # reduced here over every rank's rows, then dropped
+        parts = [answer.pop(key) for key in GAP_ROW_KEYS]
+        ctx.metrics.update(gap_metrics(*parts))
+    return batch.union(answer)
 
 
 def ref_log_prob(ctx: StepContext, batch: Batch) -> Batch:

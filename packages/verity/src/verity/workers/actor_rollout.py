@@ -45,6 +45,7 @@ import torch
 from verity.algorithms.aggregation import aggregate_loss
 from verity.algorithms.configs import KLConfig, PolicyLossConfig
 from verity.algorithms.kl import kl_loss
+from verity.algorithms.logprob_gap import row_gaps
 from verity.algorithms.off_policy import truncated_importance_weights
 from verity.algorithms.policy_losses import get_policy_loss
 from verity.batch import Batch
@@ -337,12 +338,19 @@ class ActorRolloutRefWorker(Worker):
     # --------------------------------------------------------------- log-probs
     @register(Dispatch.DP_SPLIT)
     def compute_log_prob(self, batch: Batch) -> Batch:
-        """Actor log-probs and entropy of the responses: ``old_logprobs``, ``entropy`` ``[b, R]``."""
+        """Actor log-probs and entropy of the responses: ``old_logprobs``, ``entropy`` ``[b, R]``.
+
+        With ``rollout_logprobs`` and ``response_mask`` in the batch, also the sampler-vs-trainer
+        gap's per-row parts (``[b]``, :func:`verity.algorithms.logprob_gap.row_gaps`).
+        """
         assert self.actor is not None
         logprobs, entropy = self.actor.compute_logprobs(
             batch, self.cfg.actor.micro_batch_size, temperature=self.cfg.rollout.temperature
         )
-        return Batch.from_dict({"old_logprobs": logprobs, "entropy": entropy})
+        out = {"old_logprobs": logprobs, "entropy": entropy}
+        if "rollout_logprobs" in batch and "response_mask" in batch:
+            out.update(row_gaps(logprobs, batch["rollout_logprobs"], batch["response_mask"]))
+        return Batch.from_dict(out)
 
     @register(Dispatch.DP_SPLIT)
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
