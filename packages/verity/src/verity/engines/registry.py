@@ -133,8 +133,8 @@ def build_training_engine(name: str, ctx: EngineBuildContext) -> TrainingEngine:
 
 def _router_settings(ctx: EngineBuildContext) -> Any:
     """``actor.moe`` for the actor's engine (the reference and the critic route on their own); None otherwise."""
-    moe = getattr(getattr(ctx.cfg, "actor", None), "moe", None)
-    if ctx.role != "actor" or moe is None:
+    moe = getattr(getattr(getattr(ctx, "cfg", None), "actor", None), "moe", None)
+    if getattr(ctx, "role", None) != "actor" or moe is None:
         return None
     from verity.engines.moe_router import RouterSettings
 

@@ -304,12 +304,12 @@ class TensorParallelHFRollout(HFRollout):
 
     # ------------------------------------------------------------------ generate
 
-    def _decode(self, prompt_ids, prompt_mask, params, images=None):  # type: ignore[override]
+    def _decode(self, prompt_ids, prompt_mask, params, images=None, recorder=None):  # type: ignore[override]
         """:meth:`HFRollout._decode` after checking that the group's ranks agree on what to decode."""
         if images is not None:
             raise NotImplementedError("the tensor-parallel HF rollout takes text prompts only")
         self._check_lockstep(prompt_ids, prompt_mask, params)
-        return super()._decode(prompt_ids, prompt_mask, params, images)
+        return super()._decode(prompt_ids, prompt_mask, params, images, recorder)
 
     def check_prefill_lockstep(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams

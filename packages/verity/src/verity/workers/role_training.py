@@ -137,12 +137,12 @@ class StepSums:
         self.steps += 1
 
     def means(self, prefix: str, renamed: dict[str, str] | None = None) -> dict[str, float]:
-        """Each metric's mean over the steps, as ``<prefix>/<name>`` (a name already under a section, such as
-        ``actor/`` or ``moe/``, kept), plus ``<prefix>/optimizer_steps``; ``renamed`` maps an engine metric to
-        the name reported."""
+        """Each metric's mean over the steps, as ``<prefix>/<name>`` (a name already under ``prefix`` or
+        under ``moe/``, the router's own section, kept), plus ``<prefix>/optimizer_steps``; ``renamed`` maps
+        an engine metric to the name reported."""
         renamed = renamed or {}
         out = {
-            key if "/" in key else f"{prefix}/{renamed.get(key, key)}": value / self.steps
+            key if key.startswith((f"{prefix}/", "moe/")) else f"{prefix}/{renamed.get(key, key)}": value / self.steps
             for key, value in self.sums.items()
         }
         out[f"{prefix}/optimizer_steps"] = float(self.steps)
