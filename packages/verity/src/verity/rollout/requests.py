@@ -36,7 +36,13 @@ from verity.rollout.sampling import SamplingParams
 if TYPE_CHECKING:
     from verity.rollout.base import RolloutEngine
 
-__all__ = ["BatchedCallScheduler", "FinishedRequest", "GenerationRequest", "RequestScheduler"]
+__all__ = [
+    "BatchedCallScheduler",
+    "FinishedRequest",
+    "GenerationRequest",
+    "RequestScheduler",
+    "checked_context",
+]
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,25 @@ class FinishedRequest:
     request_id: int
     token_ids: list[int]
     logprobs: list[float] = field(default_factory=list)
+
+
+def checked_context(request: GenerationRequest, max_model_len: int) -> list[int]:
+    """``request``'s context as a list of ints, after checking it fits an engine of ``max_model_len``
+    tokens (prompt + response). Raises ValueError naming the request: ``max_new_tokens`` < 1, an
+    empty context, or context + ``max_new_tokens`` > ``max_model_len``."""
+    context = [int(t) for t in request.context]
+    if request.max_new_tokens < 1:
+        raise ValueError(
+            f"request {request.request_id}: max_new_tokens must be >= 1, got {request.max_new_tokens}"
+        )
+    if not context:
+        raise ValueError(f"request {request.request_id}: the context is empty")
+    if len(context) + request.max_new_tokens > max_model_len:
+        raise ValueError(
+            f"max_model_len={max_model_len}: request {request.request_id}'s context ({len(context)} tokens) plus "
+            f"max_new_tokens={request.max_new_tokens} does not fit; raise max_model_len or shorten the context"
+        )
+    return context
 
 
 class RequestScheduler(abc.ABC):

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from verity.rollout.requests import FinishedRequest, GenerationRequest, RequestScheduler
+from verity.rollout.requests import FinishedRequest, GenerationRequest, RequestScheduler, checked_context
 from verity.rollout.sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -60,19 +60,7 @@ class SGLangRequestScheduler(RequestScheduler):
         ``max_model_len`` or ``max_new_tokens`` < 1; RuntimeError when the engine is asleep.
         """
         self._check_usable("add")
-        context = [int(t) for t in request.context]
-        if request.max_new_tokens < 1:
-            raise ValueError(
-                f"request {request.request_id}: max_new_tokens must be >= 1, got {request.max_new_tokens}"
-            )
-        if not context:
-            raise ValueError(f"request {request.request_id}: the context is empty")
-        limit = self.rollout.max_model_len
-        if len(context) + request.max_new_tokens > limit:
-            raise ValueError(
-                f"max_model_len={limit}: request {request.request_id}'s context ({len(context)} tokens) plus "
-                f"max_new_tokens={request.max_new_tokens} does not fit; raise max_model_len or shorten the context"
-            )
+        context = checked_context(request, self.rollout.max_model_len)
         self.rollout._claim_scheduler(self)
         params = replace(self.params, max_new_tokens=request.max_new_tokens)
         (sampling,) = self.rollout._request_params(params, 1)
